@@ -1,0 +1,212 @@
+// TransferEngine: registers memory, finds peers, and moves bytes between this process's
+// registered memory and a peer's, in batches of one-sided WRITE and READ operations.
+//
+// Model (close to Mooncake's Transfer Engine and NIXL's agent):
+//  * Memory is registered once. Every op is checked before a byte moves: its local range
+//    must lie inside one local region, its remote range inside one region the peer
+//    advertises. A peer never writes outside what it was told is registered.
+//  * A peer is named "host:port", the endpoint of its handshake listener. open_peer fetches
+//    the peer's segment descriptor (regions, transports it serves, an incarnation id that
+//    changes when the peer restarts) and caches it.
+//  * submit() validates, merges adjacent ops, picks the transport chosen for the peer and
+//    posts. The returned BatchHandle ends in Completed or in a typed error within the
+//    batch's timeout; completion means the bytes are in the destination's memory.
+//
+// Ownership: the engine owns its listener, worker threads, shared allocations and peer
+// mappings. BatchHandle and PeerHandle are reference-counted views that may outlive
+// nothing: destroy every handle before the engine.
+//
+// Thread-safety: every TransferEngine method is safe to call concurrently from any
+// number of threads unless its comment says otherwise. No global lock is taken on the
+// data path (submit/status/wait).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvferry/status.h"
+#include "kvferry/transport_kind.h"
+
+namespace kvferry {
+
+namespace detail {
+struct BatchState;
+struct PeerState;
+class EngineImpl;
+}  // namespace detail
+
+enum class OpKind : uint8_t { kWrite = 0, kRead = 1 };
+
+// One transfer. WRITE copies [local_addr, +length) to the peer's [remote_addr, +length);
+// READ copies the other way.
+struct TransferOp {
+  OpKind kind = OpKind::kWrite;
+  uint64_t local_addr = 0;
+  uint64_t remote_addr = 0;
+  uint64_t length = 0;
+};
+
+// Where a region lives. Only host memory exists in this build; cuda:N arrives with the
+// cuda_ipc transport.
+struct MemoryLocation {
+  enum class Kind : uint8_t { kHost = 0, kCuda = 1 } kind = Kind::kHost;
+  int device = -1;
+};
+
+struct MemoryRegion {
+  void* addr = nullptr;
+  size_t length = 0;
+  MemoryLocation location{};
+};
+
+struct EngineOptions {
+  std::string name = "kvferry";
+  // Handshake listener, "host:port". Port 0 picks a free port (see endpoint()).
+  std::string listen_address = "127.0.0.1:0";
+  // Where peers find each other. "p2p" (embedded handshake, the default) only for now.
+  std::string metadata_uri = "p2p";
+  // Transports this engine serves and may use. Empty = all built ones.
+  TransportSet allowed_transports{};
+  // When set, every peer uses this transport or open_peer fails saying why.
+  std::optional<TransportKind> forced_transport;
+  // Worker threads for large batches (local and shm copies).
+  int worker_threads = 2;
+  // Default batch timeout (submit can override).
+  std::chrono::milliseconds batch_timeout{30'000};
+  // Timeout for fetching a peer's descriptor.
+  std::chrono::milliseconds handshake_timeout{2'000};
+  // Merge ops that are contiguous on both sides before posting.
+  bool merge_ops = true;
+  // Batches with at most this many bytes run on the submitting thread.
+  uint64_t inline_batch_bytes = 256 * 1024;
+};
+
+struct PeerOptions {
+  // Overrides EngineOptions::forced_transport for this peer.
+  std::optional<TransportKind> transport;
+};
+
+struct SubmitOptions {
+  // Zero = EngineOptions::batch_timeout.
+  std::chrono::milliseconds timeout{0};
+};
+
+// A peer opened by open_peer. Cheap to copy.
+class PeerHandle {
+ public:
+  PeerHandle() = default;
+  bool valid() const { return state_ != nullptr; }
+  const std::string& name() const;
+  TransportKind transport() const;
+  // The peer's incarnation id (changes when the peer process restarts).
+  uint64_t incarnation() const;
+
+ private:
+  friend class detail::EngineImpl;
+  explicit PeerHandle(std::shared_ptr<detail::PeerState> s) : state_(std::move(s)) {}
+  std::shared_ptr<detail::PeerState> state_;
+};
+
+enum class BatchState : uint8_t { kPending = 0, kCompleted, kFailed };
+
+struct BatchTelemetry {
+  uint64_t ops_submitted = 0;
+  uint64_t ops_posted = 0;  // after merging
+  uint64_t bytes = 0;
+  std::chrono::nanoseconds post_time{0};      // submit entry to last op posted
+  std::chrono::nanoseconds complete_time{0};  // submit entry to completion (0 while pending)
+};
+
+struct BatchStatus {
+  BatchState state = BatchState::kPending;
+  Status status;  // the error when kFailed
+  BatchTelemetry telemetry;
+};
+
+// A submitted batch. Cheap to copy; the batch lives while a handle or a worker holds it.
+class BatchHandle {
+ public:
+  BatchHandle() = default;
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  friend class detail::EngineImpl;
+  explicit BatchHandle(std::shared_ptr<detail::BatchState> s) : state_(std::move(s)) {}
+  std::shared_ptr<detail::BatchState> state_;
+};
+
+// Memory handed out by allocate_shared: shareable with same-host peers through shm.
+struct SharedBuffer {
+  void* addr = nullptr;
+  size_t length = 0;
+};
+
+class TransferEngine {
+ public:
+  // Starts the handshake listener and workers. Errors: InvalidArgument for a malformed
+  // option (naming it), Internal if the listener cannot bind.
+  static Result<std::unique_ptr<TransferEngine>> create(EngineOptions options);
+  ~TransferEngine();
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  // "host:port" peers use to reach this engine.
+  const std::string& endpoint() const;
+  const EngineOptions& options() const;
+  uint64_t incarnation() const;
+
+  // Registers a region. Errors: InvalidArgument (null or zero length), AlreadyExists
+  // (overlaps a registered region). The batch form registers all or none and publishes
+  // the descriptor once.
+  Status register_memory(void* addr, size_t length, MemoryLocation location = {});
+  Status register_memory(std::span<const MemoryRegion> regions);
+  // Errors: NotRegistered (no region starts at addr), FailedPrecondition (a batch in
+  // flight uses it). The batch form unregisters all or none.
+  Status unregister_memory(void* addr);
+  Status unregister_memory(std::span<void* const> addrs);
+
+  // Allocates `bytes` (rounded up to the page size) of shared memory, registered, that
+  // same-host peers reach through shm. Freed when the engine is destroyed or by
+  // free_shared (which unregisters it).
+  Result<SharedBuffer> allocate_shared(size_t bytes);
+  Status free_shared(void* addr);
+
+  // Opens (or returns the cached) peer "host:port". The engine's own endpoint yields the
+  // local transport. Errors: InvalidArgument (malformed name), PeerUnreachable (no
+  // answer within handshake_timeout), ProtocolError (bad descriptor), NotSupported
+  // (a forced transport that cannot reach this peer, saying why).
+  Result<PeerHandle> open_peer(std::string_view name, const PeerOptions& options = {});
+
+  // Validates every op, merges, and posts. Small batches may complete before submit
+  // returns. Errors before anything is posted: InvalidArgument (zero length, empty
+  // batch), NotRegistered (an address outside the local or the peer's regions; the
+  // message names it), PeerDisconnected (the peer is gone).
+  Result<BatchHandle> submit(const PeerHandle& peer, std::span<const TransferOp> ops,
+                             const SubmitOptions& options = {});
+
+  // The batch's state now; never blocks.
+  BatchStatus status(const BatchHandle& batch) const;
+  // Waits until the batch ends or `timeout` passes (then the state is still kPending and
+  // the batch keeps running until its own timeout). A batch past its own timeout is
+  // cancelled and ends in Timeout; no byte of it lands after wait returns.
+  BatchStatus wait(const BatchHandle& batch, std::chrono::milliseconds timeout) const;
+  // Stops the batch: ops not yet started never run; returns once nothing of it is being
+  // copied. The batch ends in Cancelled unless it had already ended.
+  void cancel(const BatchHandle& batch);
+
+  // Convenience: submit then wait up to the batch timeout; returns the final status.
+  Status transfer_sync(const PeerHandle& peer, std::span<const TransferOp> ops,
+                       const SubmitOptions& options = {});
+
+ private:
+  explicit TransferEngine(std::unique_ptr<detail::EngineImpl> impl);
+  std::unique_ptr<detail::EngineImpl> impl_;
+};
+
+}  // namespace kvferry
