@@ -1,0 +1,14 @@
+// kvferry: command-line entry point. See README.md for the commands.
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvferry: moves LLM KV cache between prefill and decode workers"};
+  app.require_subcommand(1);
+  kvferry::cli::add_demo_command(app);
+  kvferry::cli::add_bench_command(app);
+  kvferry::cli::add_serve_command(app);
+  CLI11_PARSE(app, argc, argv);
+  return app.get_subcommands().empty() ? 2 : 0;
+}
