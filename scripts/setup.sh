@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
-  libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev
+  libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libxxhash-dev
   clang-format clang-tidy
 )
 

@@ -36,7 +36,7 @@
 namespace kvferry {
 
 namespace detail {
-struct BatchState;
+struct BatchRecord;
 struct PeerState;
 class EngineImpl;
 }  // namespace detail
@@ -137,8 +137,8 @@ class BatchHandle {
 
  private:
   friend class detail::EngineImpl;
-  explicit BatchHandle(std::shared_ptr<detail::BatchState> s) : state_(std::move(s)) {}
-  std::shared_ptr<detail::BatchState> state_;
+  explicit BatchHandle(std::shared_ptr<detail::BatchRecord> s) : state_(std::move(s)) {}
+  std::shared_ptr<detail::BatchRecord> state_;
 };
 
 // Memory handed out by allocate_shared: shareable with same-host peers through shm.

@@ -1,0 +1,158 @@
+#include "core/net.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <charconv>
+
+namespace kvferry {
+namespace {
+
+int remaining_ms(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (left.count() <= 0) return 0;
+  return static_cast<int>(std::min<int64_t>(left.count(), 1 << 30));
+}
+
+// Waits for `events` on fd; Timeout when the deadline passes first.
+Status wait_for(int fd, short events, Clock::time_point deadline, std::string_view what) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    int rc = ::poll(&p, 1, remaining_ms(deadline));
+    if (rc > 0) return Status::Ok();
+    if (rc == 0) return Timeout(std::string(what) + " timed out");
+    if (errno != EINTR) return ErrnoStatus(StatusCode::kInternal, "poll", errno);
+  }
+}
+
+Result<sockaddr_in> resolve(const Endpoint& endpoint) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(endpoint.port);
+  if (inet_pton(AF_INET, endpoint.host.c_str(), &addr.sin_addr) == 1) return addr;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  int rc = getaddrinfo(endpoint.host.c_str(), nullptr, &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    return PeerUnreachable("cannot resolve host '" + endpoint.host + "': " + gai_strerror(rc));
+  }
+  addr.sin_addr = reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr;
+  freeaddrinfo(found);
+  return addr;
+}
+
+}  // namespace
+
+Result<Endpoint> parse_endpoint(std::string_view text, bool allow_port_zero) {
+  auto bad = [&](std::string_view why) {
+    return InvalidArgument("malformed endpoint '" + std::string(text) + "': " + std::string(why) +
+                           " (expected host:port)");
+  };
+  size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos) return bad("no ':'");
+  std::string_view host = text.substr(0, colon);
+  std::string_view port_text = text.substr(colon + 1);
+  if (host.empty()) return bad("empty host");
+  for (char c : host) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '-' || c == '_';
+    if (!ok) return bad("invalid character in host");
+  }
+  unsigned port = 0;
+  auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (ec != std::errc() || end != port_text.data() + port_text.size() || port_text.empty()) {
+    return bad("port is not a number");
+  }
+  if (port > 65535 || (port == 0 && !allow_port_zero)) return bad("port out of range");
+  return Endpoint{std::string(host), static_cast<uint16_t>(port)};
+}
+
+Result<Fd> listen_tcp(const Endpoint& endpoint, Endpoint* bound) {
+  KVF_ASSIGN_OR_RETURN(sockaddr_in addr, resolve(endpoint));
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return ErrnoStatus(StatusCode::kInternal, "socket", errno);
+  int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "bind " + endpoint.to_string(), errno);
+  }
+  if (::listen(fd.get(), 512) != 0) return ErrnoStatus(StatusCode::kInternal, "listen", errno);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len);
+  if (bound != nullptr) *bound = Endpoint{endpoint.host, ntohs(addr.sin_port)};
+  return fd;
+}
+
+Result<Fd> connect_tcp(const Endpoint& endpoint, Clock::time_point deadline) {
+  KVF_ASSIGN_OR_RETURN(sockaddr_in addr, resolve(endpoint));
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd.valid()) return ErrnoStatus(StatusCode::kInternal, "socket", errno);
+  int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  if (rc != 0 && errno != EINPROGRESS) {
+    return ErrnoStatus(StatusCode::kPeerUnreachable, "connect to " + endpoint.to_string(), errno);
+  }
+  if (rc != 0) {
+    Status waited = wait_for(fd.get(), POLLOUT, deadline, "connect to " + endpoint.to_string());
+    if (!waited.ok()) return PeerUnreachable(waited.message());
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) {
+      return ErrnoStatus(StatusCode::kPeerUnreachable, "connect to " + endpoint.to_string(), err);
+    }
+  }
+  int one = 1;
+  ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+Status send_all(int fd, std::span<const std::byte> data, Clock::time_point deadline) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      KVF_RETURN_IF_ERROR(wait_for(fd, POLLOUT, deadline, "send"));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EPIPE || errno == ECONNRESET)) {
+      return ErrnoStatus(StatusCode::kPeerDisconnected, "send", errno);
+    }
+    return ErrnoStatus(StatusCode::kInternal, "send", errno);
+  }
+  return Status::Ok();
+}
+
+Status recv_all(int fd, std::span<std::byte> data, Clock::time_point deadline) {
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::recv(fd, data.data() + done, data.size() - done, MSG_DONTWAIT);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) return PeerDisconnected("connection closed by peer");
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      KVF_RETURN_IF_ERROR(wait_for(fd, POLLIN, deadline, "receive"));
+      continue;
+    }
+    if (errno == EINTR) continue;
+    if (errno == ECONNRESET) return ErrnoStatus(StatusCode::kPeerDisconnected, "recv", errno);
+    return ErrnoStatus(StatusCode::kInternal, "recv", errno);
+  }
+  return Status::Ok();
+}
+
+}  // namespace kvferry

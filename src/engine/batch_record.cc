@@ -1,0 +1,54 @@
+#include "engine/batch_record.h"
+
+#include <thread>
+
+namespace kvferry::detail {
+
+void BatchRecord::release_uses() {
+  if (uses_released.exchange(true)) return;
+  for (RegionUse* use : work.uses) use->in_flight.fetch_sub(1);
+}
+
+void BatchRecord::finalize_locked(const Status& status) {
+  if (state != BatchState::kPending) return;
+  state = status.ok() ? BatchState::kCompleted : BatchState::kFailed;
+  error = status;
+  complete_time = Clock::now() - start;
+  cv.notify_all();
+}
+
+void BatchRecord::finish_task(const Status& task_status) {
+  std::unique_lock lock(mu);
+  if (!task_status.ok() && first_task_error.ok()) first_task_error = task_status;
+  if (pending_tasks.fetch_sub(1) != 1) return;
+  finalize_locked(first_task_error);
+  lock.unlock();
+  release_uses();
+}
+
+void BatchRecord::stop(const Status& why) {
+  cancelled.store(true);
+  // A copier increments active_copies before it checks `cancelled`, so once the count
+  // is zero here no copy can start. Copies are chunked, so this wait is short.
+  while (active_copies.load() != 0) std::this_thread::yield();
+  {
+    std::lock_guard lock(mu);
+    finalize_locked(why);
+  }
+  release_uses();
+}
+
+BatchStatus BatchRecord::snapshot() const {
+  std::lock_guard lock(mu);
+  BatchStatus out;
+  out.state = state;
+  out.status = error;
+  out.telemetry.ops_submitted = ops_submitted;
+  out.telemetry.ops_posted = work.spans.size();
+  out.telemetry.bytes = work.bytes;
+  out.telemetry.post_time = post_time;
+  out.telemetry.complete_time = complete_time;
+  return out;
+}
+
+}  // namespace kvferry::detail

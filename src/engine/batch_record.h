@@ -1,0 +1,61 @@
+// BatchRecord: the engine's state for one submitted batch — its resolved copy work, its
+// progress, and how it ended.
+//
+// Life cycle: submit creates it with `pending_tasks` work items; each item calls
+// finish_task; the last one makes it final (Completed, or the first error). cancel()
+// and timeouts make it final early: they set `cancelled`, then wait until no copy is
+// running (`active_copies` == 0), so nothing of it lands after they return.
+//
+// Thread-safety: all members are atomics or guarded by `mu`.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+
+#include "core/net.h"
+#include "engine/op_resolver.h"
+#include "engine/peer_state.h"
+#include "engine/region_index.h"
+#include "kvferry/transfer_engine.h"
+
+namespace kvferry::detail {
+
+struct BatchRecord {
+  // Immutable after submit.
+  ResolvedBatch work;
+  std::shared_ptr<PeerState> peer;
+  std::shared_ptr<const RegionIndex> local_snapshot;     // keeps RegionUse alive
+  std::shared_ptr<const RemoteSegment> remote_snapshot;  // keeps mappings alive
+  Clock::time_point start;
+  Clock::time_point deadline;
+  std::chrono::milliseconds timeout{0};
+  uint64_t ops_submitted = 0;
+
+  std::atomic<int> pending_tasks{0};
+  std::atomic<int> active_copies{0};
+  std::atomic<bool> cancelled{false};
+  std::atomic<bool> uses_released{false};
+
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  BatchState state = BatchState::kPending;  // guarded by mu
+  Status error;                             // guarded by mu
+  Status first_task_error;                  // guarded by mu
+  std::chrono::nanoseconds post_time{0};    // guarded by mu
+  std::chrono::nanoseconds complete_time{0};  // guarded by mu
+
+  // Records a task's outcome; the last task makes the batch final.
+  void finish_task(const Status& task_status);
+  // Makes the batch final with `why` unless it already is; returns once no copy of it
+  // is running and none will start.
+  void stop(const Status& why);
+  BatchStatus snapshot() const;
+
+ private:
+  void finalize_locked(const Status& status);
+  void release_uses();
+};
+
+}  // namespace kvferry::detail

@@ -1,0 +1,84 @@
+#include <fmt/format.h>
+
+#include "engine/engine_impl.h"
+
+namespace kvferry::detail {
+
+Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const TransferOp> ops,
+                                       const SubmitOptions& options) {
+  if (!handle.valid()) return InvalidArgument("submit: invalid peer handle");
+  if (options.timeout.count() < 0) {
+    return InvalidArgument(fmt::format("submit: negative timeout {} ms", options.timeout.count()));
+  }
+  const std::shared_ptr<PeerState>& peer = handle.state_;
+  auto batch = std::make_shared<BatchRecord>();
+  batch->start = Clock::now();
+  batch->timeout = options.timeout.count() > 0 ? options.timeout : options_.batch_timeout;
+  batch->deadline = batch->start + batch->timeout;
+  batch->ops_submitted = ops.size();
+  batch->peer = peer;
+  if (peer->is_disconnected()) {
+    return PeerDisconnected("peer " + peer->name + " disconnected: " + peer->disconnect_reason());
+  }
+  batch->local_snapshot = local_regions_.load();
+  ResolveOutcome resolved;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!peer->is_self) batch->remote_snapshot = peer->segment.load();
+    const RegionIndex& remote =
+        peer->is_self ? *batch->local_snapshot : batch->remote_snapshot->regions;
+    resolved = resolve_ops(ops, *batch->local_snapshot, remote, peer->name, options_.merge_ops);
+    // A remote miss may be a region the peer registered after we cached its descriptor.
+    if (!resolved.remote_miss || peer->is_self || attempt == 1) break;
+    KVF_RETURN_IF_ERROR(refresh_peer(*peer));
+  }
+  KVF_RETURN_IF_ERROR(resolved.status);
+  batch->work = std::move(resolved.batch);
+  // Pin the local regions (see RegionUse for the protocol).
+  for (size_t i = 0; i < batch->work.uses.size(); ++i) {
+    RegionUse* use = batch->work.uses[i];
+    use->in_flight.fetch_add(1);
+    if (use->removed.load()) {
+      for (size_t k = 0; k <= i; ++k) batch->work.uses[k]->in_flight.fetch_sub(1);
+      return NotRegistered("a local region of this batch was unregistered while submitting");
+    }
+  }
+  copier_.run(batch);
+  return BatchHandle(std::move(batch));
+}
+
+void EngineImpl::enforce_deadline(BatchRecord& b) {
+  if (Clock::now() < b.deadline) return;
+  b.stop(Timeout(fmt::format("batch exceeded its timeout of {} ms", b.timeout.count())));
+}
+
+BatchStatus EngineImpl::status(const BatchHandle& handle) const {
+  if (!handle.valid()) {
+    return BatchStatus{BatchState::kFailed, InvalidArgument("status: invalid batch handle"), {}};
+  }
+  BatchRecord& b = *handle.state_;
+  BatchStatus s = b.snapshot();
+  if (s.state != BatchState::kPending) return s;
+  enforce_deadline(b);
+  return b.snapshot();
+}
+
+BatchStatus EngineImpl::wait(const BatchHandle& handle, std::chrono::milliseconds timeout) const {
+  if (!handle.valid()) {
+    return BatchStatus{BatchState::kFailed, InvalidArgument("wait: invalid batch handle"), {}};
+  }
+  BatchRecord& b = *handle.state_;
+  auto until = std::min(Clock::now() + timeout, b.deadline);
+  {
+    std::unique_lock lock(b.mu);
+    b.cv.wait_until(lock, until, [&] { return b.state != BatchState::kPending; });
+  }
+  enforce_deadline(b);
+  return b.snapshot();
+}
+
+void EngineImpl::cancel(const BatchHandle& handle) {
+  if (!handle.valid()) return;
+  handle.state_->stop(Cancelled("batch cancelled by the caller"));
+}
+
+}  // namespace kvferry::detail

@@ -1,0 +1,95 @@
+// EngineImpl: the TransferEngine behind its public facade (include/kvferry/transfer_engine.h
+// states the contract and thread-safety). Split by concern:
+//   engine_impl.cc        creation, registration, shared allocations, descriptor publishing
+//   engine_peers.cc       open_peer, descriptor refresh, transport choice
+//   engine_batches.cc     submit, status, wait, cancel
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "core/thread_pool.h"
+#include "engine/batch_record.h"
+#include "engine/copy_executor.h"
+#include "engine/peer_monitor.h"
+#include "engine/peer_state.h"
+#include "engine/region_index.h"
+#include "kvferry/transfer_engine.h"
+#include "metadata/handshake.h"
+#include "transport/shm/shm_mapping.h"
+
+namespace kvferry::detail {
+
+class EngineImpl {
+ public:
+  static Result<std::unique_ptr<EngineImpl>> create(EngineOptions options);
+  ~EngineImpl();
+
+  const std::string& endpoint() const { return endpoint_; }
+  const EngineOptions& options() const { return options_; }
+  uint64_t incarnation() const { return incarnation_; }
+
+  Status register_memory(std::span<const MemoryRegion> regions);
+  Status unregister_memory(std::span<void* const> addrs);
+  Result<SharedBuffer> allocate_shared(size_t bytes);
+  Status free_shared(void* addr);
+
+  Result<PeerHandle> open_peer(std::string_view name, const PeerOptions& options);
+
+  Result<BatchHandle> submit(const PeerHandle& peer, std::span<const TransferOp> ops,
+                             const SubmitOptions& options);
+  BatchStatus status(const BatchHandle& batch) const;
+  BatchStatus wait(const BatchHandle& batch, std::chrono::milliseconds timeout) const;
+  void cancel(const BatchHandle& batch);
+
+  static const PeerState& peer_state(const PeerHandle& h) { return *h.state_; }
+
+ private:
+  explicit EngineImpl(EngineOptions options);
+
+  // Registration helpers; registry_mu_ held.
+  Status add_regions_locked(std::span<const MemoryRegion> regions);
+  void publish_locked();
+  std::optional<ShmBacking> shm_backing_locked(uint64_t addr, uint64_t length) const;
+
+  // Peers.
+  Result<std::shared_ptr<PeerState>> connect_peer(const std::string& name,
+                                                  const PeerOptions& options);
+  Result<TransportKind> choose_transport(const SegmentDescriptor& d,
+                                         std::optional<TransportKind> forced) const;
+  Result<std::shared_ptr<const RemoteSegment>> attach_segment(
+      SegmentDescriptor d, const RemoteSegment* previous) const;
+  Status refresh_peer(PeerState& peer);
+
+  // Batches.
+  static void enforce_deadline(BatchRecord& b);
+
+  EngineOptions options_;
+  uint64_t incarnation_ = 0;
+  std::string endpoint_;
+  TransportSet served_;
+
+  // Registration. Writers serialise on registry_mu_; readers load the snapshot.
+  mutable std::mutex registry_mu_;
+  std::atomic<std::shared_ptr<const RegionIndex>> local_regions_;
+  std::map<uint64_t, std::unique_ptr<ShmAllocation>> shared_allocations_;  // by address
+  uint64_t descriptor_version_ = 0;
+  std::atomic<std::shared_ptr<const std::string>> descriptor_json_;
+
+  // Peers by the name they were opened with.
+  std::mutex peers_mu_;
+  std::unordered_map<std::string, std::shared_ptr<PeerState>> peers_;
+  std::shared_ptr<PeerState> self_peer_;
+
+  // Declared last: destroyed first, so no thread touches the state above after it dies.
+  ThreadPool workers_;
+  CopyExecutor copier_;
+  PeerMonitor monitor_;
+  std::unique_ptr<HandshakeServer> handshake_;
+};
+
+}  // namespace kvferry::detail

@@ -1,0 +1,140 @@
+#include <fmt/format.h>
+
+#include "core/host_identity.h"
+#include "core/logging.h"
+#include "engine/engine_impl.h"
+#include "metadata/handshake.h"
+
+namespace kvferry::detail {
+
+Result<PeerHandle> EngineImpl::open_peer(std::string_view name, const PeerOptions& options) {
+  KVF_RETURN_IF_ERROR(parse_endpoint(name).status());
+  std::optional<TransportKind> forced = options.transport ? options.transport
+                                                          : options_.forced_transport;
+  if (name == endpoint_) {
+    if (forced && *forced != TransportKind::kLocal) {
+      return NotSupported(fmt::format("forced transport {} cannot reach {}: it is this engine "
+                                      "itself (only local can)",
+                                      transport_kind_name(*forced), name));
+    }
+    return PeerHandle(self_peer_);
+  }
+  std::string key(name);
+  {
+    std::lock_guard lock(peers_mu_);
+    auto it = peers_.find(key);
+    if (it != peers_.end() && !it->second->is_disconnected() &&
+        (!forced || it->second->transport == *forced)) {
+      return PeerHandle(it->second);
+    }
+  }
+  KVF_ASSIGN_OR_RETURN(auto peer, connect_peer(key, options));
+  std::lock_guard lock(peers_mu_);
+  peers_[key] = peer;
+  return PeerHandle(peer);
+}
+
+Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& name,
+                                                            const PeerOptions& options) {
+  KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(name));
+  KVF_ASSIGN_OR_RETURN(std::string json,
+                       fetch_descriptor(endpoint, Clock::now() + options_.handshake_timeout));
+  KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
+  if (d.incarnation == incarnation_) return self_peer_;  // another name for ourselves
+  std::optional<TransportKind> forced = options.transport ? options.transport
+                                                          : options_.forced_transport;
+  KVF_ASSIGN_OR_RETURN(TransportKind transport, choose_transport(d, forced));
+  auto peer = std::make_shared<PeerState>();
+  peer->name = name;
+  peer->transport = transport;
+  peer->incarnation = d.incarnation;
+  peer->pid = d.pid;
+  KVF_ASSIGN_OR_RETURN(auto segment, attach_segment(std::move(d), nullptr));
+  peer->segment.store(std::move(segment));
+  KVF_RETURN_IF_ERROR(monitor_.watch(peer));
+  log().info("peer {} ('{}', pid {}): transport {}{}", name,
+             peer->segment.load()->descriptor.name, peer->pid, transport_kind_name(transport),
+             forced ? " (forced)" : " (same host, both serve shm)");
+  return peer;
+}
+
+Result<TransportKind> EngineImpl::choose_transport(const SegmentDescriptor& d,
+                                                   std::optional<TransportKind> forced) const {
+  const bool same_host = d.host_id == host_identity();
+  const TransportSet common = served_.intersect(d.transports);
+  auto why_not = [&](TransportKind kind) -> std::string {
+    if (!served_.contains(kind)) return "this engine does not serve it";
+    if (!d.transports.contains(kind)) return "the peer does not serve it";
+    switch (kind) {
+      case TransportKind::kLocal: return "local only reaches this engine itself";
+      case TransportKind::kShm:
+        return same_host ? "" : "the peer is on another host (host id " + d.host_id + ")";
+      default: return "not built";
+    }
+  };
+  if (forced) {
+    std::string reason = why_not(*forced);
+    if (!reason.empty()) {
+      return NotSupported(fmt::format("forced transport {} cannot reach peer {}: {}",
+                                      transport_kind_name(*forced), d.endpoint, reason));
+    }
+    return *forced;
+  }
+  if (common.contains(TransportKind::kShm) && same_host) return TransportKind::kShm;
+  return NotSupported(fmt::format("no transport reaches peer {}: shm: {}", d.endpoint,
+                                  why_not(TransportKind::kShm)));
+}
+
+Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
+    SegmentDescriptor d, const RemoteSegment* previous) const {
+  auto segment = std::make_shared<RemoteSegment>();
+  std::vector<RegionEntry> entries;
+  entries.reserve(d.regions.size());
+  for (const RegionDescriptor& r : d.regions) {
+    RegionEntry entry{r.addr, r.length, nullptr, r.location, r.shm, nullptr};
+    if (r.shm) {
+      std::shared_ptr<ShmMapping> mapping;
+      auto reuse = [&](const std::vector<std::shared_ptr<ShmMapping>>& pool) {
+        for (const auto& m : pool) {
+          if (m->inode() == r.shm->inode && m->bytes() == r.shm->file_bytes) return m;
+        }
+        return std::shared_ptr<ShmMapping>();
+      };
+      mapping = reuse(segment->mappings);
+      if (!mapping && previous != nullptr) mapping = reuse(previous->mappings);
+      if (!mapping) {
+        KVF_ASSIGN_OR_RETURN(mapping, ShmMapping::open(d.pid, r.shm->fd, r.shm->file_bytes, r.shm->inode));
+      }
+      if (std::find(segment->mappings.begin(), segment->mappings.end(), mapping) ==
+          segment->mappings.end()) {
+        segment->mappings.push_back(mapping);
+      }
+      entry.host_ptr = mapping->base() + r.shm->file_offset;
+    }
+    entries.push_back(std::move(entry));
+  }
+  segment->regions = RegionIndex(std::move(entries));
+  segment->descriptor = std::move(d);
+  return std::shared_ptr<const RemoteSegment>(std::move(segment));
+}
+
+Status EngineImpl::refresh_peer(PeerState& peer) {
+  std::lock_guard lock(peer.refresh_mu);
+  KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(peer.name));
+  KVF_ASSIGN_OR_RETURN(std::string json,
+                       fetch_descriptor(endpoint, Clock::now() + options_.handshake_timeout));
+  KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
+  if (d.incarnation != peer.incarnation) {
+    std::string why = fmt::format("restarted (incarnation {:016x} -> {:016x}); open it again",
+                                  peer.incarnation, d.incarnation);
+    peer.mark_disconnected(why);
+    return PeerDisconnected("peer " + peer.name + " " + why);
+  }
+  auto previous = peer.segment.load();
+  if (previous && d.version <= previous->descriptor.version) return Status::Ok();
+  KVF_ASSIGN_OR_RETURN(auto segment, attach_segment(std::move(d), previous.get()));
+  peer.segment.store(std::move(segment));
+  return Status::Ok();
+}
+
+}  // namespace kvferry::detail

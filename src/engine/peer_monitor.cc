@@ -1,0 +1,74 @@
+#include "engine/peer_monitor.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "core/logging.h"
+
+namespace kvferry::detail {
+namespace {
+constexpr uint64_t kWakeKey = 0;
+}
+
+PeerMonitor::PeerMonitor()
+    : epoll_(::epoll_create1(EPOLL_CLOEXEC)), wake_(::eventfd(0, EFD_CLOEXEC)) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = kWakeKey;
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
+  thread_ = std::thread([this] { loop(); });
+}
+
+PeerMonitor::~PeerMonitor() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
+  thread_.join();
+}
+
+Status PeerMonitor::watch(const std::shared_ptr<PeerState>& peer) {
+  Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(peer->pid), 0)));
+  if (!pidfd.valid()) {
+    if (errno == ESRCH) return PeerDisconnected("peer " + peer->name + " (pid " +
+                                                std::to_string(peer->pid) + ") has exited");
+    return ErrnoStatus(StatusCode::kInternal, "pidfd_open for peer " + peer->name, errno);
+  }
+  std::lock_guard lock(mu_);
+  uint64_t key = next_key_++;
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = key;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, pidfd.get(), &ev) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "epoll_ctl", errno);
+  }
+  watched_.emplace(key, Watched{std::move(pidfd), peer});
+  return Status::Ok();
+}
+
+void PeerMonitor::loop() {
+  constexpr int kMaxEvents = 16;
+  epoll_event events[kMaxEvents];
+  for (;;) {
+    int n = ::epoll_wait(epoll_.get(), events, kMaxEvents, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return;
+    for (int i = 0; i < n; ++i) {
+      uint64_t key = events[i].data.u64;
+      if (key == kWakeKey) return;
+      std::lock_guard lock(mu_);
+      auto it = watched_.find(key);
+      if (it == watched_.end()) continue;
+      if (auto peer = it->second.peer.lock()) {
+        log().warn("peer {} (pid {}) exited; failing its batches", peer->name, peer->pid);
+        peer->mark_disconnected("process " + std::to_string(peer->pid) + " exited");
+      }
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second.pidfd.get(), nullptr);
+      watched_.erase(it);
+    }
+  }
+}
+
+}  // namespace kvferry::detail

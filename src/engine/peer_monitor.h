@@ -1,0 +1,44 @@
+// PeerMonitor: notices on its own when a same-host peer process dies, through a pidfd
+// per peer (readable once the process exits), and marks the peer disconnected so its
+// batches stop and later submissions fail with PeerDisconnected.
+//
+// Thread-safety: watch() may be called from any thread; one monitor thread runs epoll.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "core/fd.h"
+#include "engine/peer_state.h"
+
+namespace kvferry::detail {
+
+class PeerMonitor {
+ public:
+  PeerMonitor();
+  ~PeerMonitor();
+  PeerMonitor(const PeerMonitor&) = delete;
+  PeerMonitor& operator=(const PeerMonitor&) = delete;
+
+  // Starts watching the peer's process. Internal if pidfd_open fails; PeerDisconnected if
+  // the process is already gone.
+  Status watch(const std::shared_ptr<PeerState>& peer);
+
+ private:
+  void loop();
+
+  Fd epoll_;
+  Fd wake_;
+  std::mutex mu_;
+  uint64_t next_key_ = 1;
+  struct Watched {
+    Fd pidfd;
+    std::weak_ptr<PeerState> peer;
+  };
+  std::unordered_map<uint64_t, Watched> watched_;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace kvferry::detail

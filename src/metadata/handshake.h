@@ -1,0 +1,78 @@
+// The embedded p2p handshake: each engine listens on a TCP port and answers
+// "send me your segment descriptor". No server to run, as with Mooncake's P2PHANDSHAKE.
+//
+// Wire format (docs/PROTOCOL.md): a 12-byte frame header — magic "KVFH", version u16,
+// type u16, payload length u32, little-endian — then the payload. A request has no
+// payload; the reply is a kDescriptor frame carrying JSON, or kError with a message.
+// Both sides bound the payload size and every read and write by a deadline.
+//
+// Thread-safety: HandshakeServer's methods are thread-safe; it serves connections
+// concurrently on its own threads. fetch_descriptor is a free function.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "core/fd.h"
+#include "core/net.h"
+#include "core/thread_pool.h"
+#include "kvferry/status.h"
+
+namespace kvferry {
+
+inline constexpr uint32_t kHandshakeMagic = 0x4846564B;  // "KVFH" in memory order
+inline constexpr uint16_t kHandshakeVersion = 1;
+enum class HandshakeFrame : uint16_t { kGetDescriptor = 1, kDescriptor = 2, kError = 3 };
+inline constexpr size_t kHandshakeHeaderBytes = 12;
+
+struct HandshakeHeader {
+  uint32_t magic = kHandshakeMagic;
+  uint16_t version = kHandshakeVersion;
+  HandshakeFrame type = HandshakeFrame::kGetDescriptor;
+  uint32_t length = 0;
+};
+
+void encode_handshake_header(const HandshakeHeader& header, std::byte* out);
+// Checks magic, version, type and `length <= max_length`; the error names the bad field.
+Result<HandshakeHeader> decode_handshake_header(const std::byte* in, size_t max_length);
+
+class HandshakeServer {
+ public:
+  // Returns the descriptor JSON to serve now.
+  using DescriptorSource = std::function<std::string()>;
+
+  static Result<std::unique_ptr<HandshakeServer>> start(const Endpoint& listen,
+                                                        DescriptorSource source,
+                                                        std::chrono::milliseconds io_timeout,
+                                                        int threads = 2);
+  ~HandshakeServer();
+  HandshakeServer(const HandshakeServer&) = delete;
+  HandshakeServer& operator=(const HandshakeServer&) = delete;
+
+  const Endpoint& endpoint() const { return bound_; }
+
+ private:
+  HandshakeServer(Fd listener, Endpoint bound, DescriptorSource source,
+                  std::chrono::milliseconds io_timeout, int threads);
+  void accept_loop();
+  void serve(Fd connection);
+
+  Fd listener_;
+  Fd wake_;  // eventfd that stops accept_loop
+  Endpoint bound_;
+  DescriptorSource source_;
+  std::chrono::milliseconds io_timeout_;
+  ThreadPool pool_;
+  std::thread acceptor_;
+};
+
+// Asks the engine at `endpoint` for its descriptor JSON. PeerUnreachable when nothing
+// answers before the deadline, ProtocolError for a malformed or oversized reply.
+Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point deadline);
+
+}  // namespace kvferry

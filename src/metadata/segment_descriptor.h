@@ -1,0 +1,55 @@
+// SegmentDescriptor: what an engine tells its peers about itself — identity, the
+// transports it serves, and every registered region with what a same-host peer needs to
+// map it. Serialised as JSON at the metadata edge only; parse_segment_descriptor checks
+// every field and bound, so a malformed or hostile descriptor is an error, never a crash.
+//
+// Thread-safety: plain values and pure functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvferry/status.h"
+#include "kvferry/transfer_engine.h"
+#include "kvferry/transport_kind.h"
+
+namespace kvferry {
+
+// How a same-host peer reaches a region: the memfd /proc/<pid>/fd/<fd> of the owner,
+// mapped whole; the region starts `file_offset` bytes into it.
+struct ShmBacking {
+  int fd = -1;
+  uint64_t file_offset = 0;
+  uint64_t file_bytes = 0;
+  uint64_t inode = 0;  // identifies the memfd, so a reused fd number is never mistaken for it
+};
+
+struct RegionDescriptor {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  MemoryLocation location{};
+  std::optional<ShmBacking> shm;
+};
+
+struct SegmentDescriptor {
+  std::string name;
+  std::string endpoint;   // "host:port" of the handshake listener
+  uint64_t incarnation = 0;
+  std::string host_id;    // see core/host_identity.h
+  int64_t pid = 0;
+  TransportSet transports;
+  uint64_t version = 0;   // bumped on every publish
+  std::vector<RegionDescriptor> regions;  // sorted by addr, non-overlapping
+};
+
+// Upper bounds a parser enforces.
+inline constexpr size_t kMaxDescriptorBytes = 16u << 20;
+inline constexpr size_t kMaxDescriptorRegions = 1u << 16;
+
+std::string serialize_segment_descriptor(const SegmentDescriptor& descriptor);
+Result<SegmentDescriptor> parse_segment_descriptor(std::string_view json);
+
+}  // namespace kvferry

@@ -1,0 +1,229 @@
+// Batches on the local transport (one engine) and on shm between two engines of one
+// process (the cross-process case is in tests/integration). Every test checks bytes.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/pattern.h"
+#include "test_support.h"
+
+namespace kvferry {
+namespace {
+
+using testing::contains;
+using testing::make_engine;
+using testing::must;
+
+uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+std::vector<std::byte> patterned(size_t bytes, uint64_t seed) {
+  std::vector<std::byte> v(bytes);
+  fill_pattern(v, seed);
+  return v;
+}
+
+class LocalTransfer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    engine_ = make_engine("local");
+    src_ = patterned(kBytes, 7);
+    dst_.assign(kBytes, std::byte{0});
+    ASSERT_TRUE(engine_->register_memory(src_.data(), kBytes).ok());
+    ASSERT_TRUE(engine_->register_memory(dst_.data(), kBytes).ok());
+    self_ = must(engine_->open_peer(engine_->endpoint()));
+  }
+  static constexpr size_t kBytes = 8u << 20;
+  std::unique_ptr<TransferEngine> engine_;
+  std::vector<std::byte> src_, dst_;
+  PeerHandle self_;
+};
+
+TEST_F(LocalTransfer, OwnEndpointUsesTheLocalTransport) {
+  EXPECT_EQ(self_.transport(), TransportKind::kLocal);
+}
+
+TEST_F(LocalTransfer, WriteAndReadMoveExactlyTheBytes) {
+  TransferOp write{OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data() + 100), 5000};
+  ASSERT_TRUE(engine_->transfer_sync(self_, {&write, 1}).ok());
+  EXPECT_EQ(std::memcmp(dst_.data() + 100, src_.data(), 5000), 0);
+  EXPECT_EQ(dst_[99], std::byte{0});
+  EXPECT_EQ(dst_[5100], std::byte{0});
+  // READ: local <- remote.
+  TransferOp read{OpKind::kRead, addr_of(dst_.data() + 1'000'000), addr_of(src_.data() + 77), 3000};
+  ASSERT_TRUE(engine_->transfer_sync(self_, {&read, 1}).ok());
+  EXPECT_EQ(std::memcmp(dst_.data() + 1'000'000, src_.data() + 77, 3000), 0);
+}
+
+TEST_F(LocalTransfer, LargeBatchSplitAcrossWorkersArrivesWhole) {
+  std::vector<TransferOp> ops;
+  std::mt19937_64 rng(1);
+  for (size_t off = 0; off < kBytes; off += 64 * 1024) {  // reversed order: nothing merges
+    ops.push_back({OpKind::kWrite, addr_of(src_.data() + off),
+                   addr_of(dst_.data() + (kBytes - 64 * 1024 - off)), 64 * 1024});
+  }
+  BatchHandle b = must(engine_->submit(self_, ops));
+  BatchStatus s = engine_->wait(b, std::chrono::seconds(10));
+  ASSERT_EQ(s.state, BatchState::kCompleted) << s.status.to_string();
+  EXPECT_EQ(s.telemetry.bytes, kBytes);
+  for (size_t off = 0; off < kBytes; off += 64 * 1024) {
+    ASSERT_EQ(std::memcmp(dst_.data() + (kBytes - 64 * 1024 - off), src_.data() + off, 64 * 1024), 0);
+  }
+}
+
+TEST_F(LocalTransfer, AdjacentOpsMergeOnlyWhenContiguousOnBothSides) {
+  std::vector<TransferOp> contiguous, gapped;
+  for (uint64_t i = 0; i < 1024; ++i) {
+    contiguous.push_back({OpKind::kWrite, addr_of(src_.data()) + i * 4096, addr_of(dst_.data()) + i * 4096, 4096});
+    gapped.push_back({OpKind::kWrite, addr_of(src_.data()) + i * 4096, addr_of(dst_.data()) + i * 8192, 4096});
+  }
+  BatchHandle a = must(engine_->submit(self_, contiguous));
+  BatchStatus sa = engine_->wait(a, std::chrono::seconds(10));
+  ASSERT_EQ(sa.state, BatchState::kCompleted);
+  EXPECT_EQ(sa.telemetry.ops_submitted, 1024u);
+  EXPECT_EQ(sa.telemetry.ops_posted, 1u);
+  EXPECT_EQ(std::memcmp(dst_.data(), src_.data(), 1024 * 4096), 0);
+  BatchHandle g = must(engine_->submit(self_, gapped));
+  BatchStatus sg = engine_->wait(g, std::chrono::seconds(10));
+  ASSERT_EQ(sg.state, BatchState::kCompleted);
+  EXPECT_EQ(sg.telemetry.ops_posted, 1024u);
+  EXPECT_EQ(std::memcmp(dst_.data() + 8192 * 1023, src_.data() + 4096 * 1023, 4096), 0);
+  EXPECT_GT(sg.telemetry.complete_time.count(), 0);
+}
+
+TEST_F(LocalTransfer, InvalidOpAnywhereFailsTheBatchBeforeAByteMoves) {
+  std::vector<std::byte> outside(4096);
+  std::vector<TransferOp> ops = {
+      {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()), 4096},
+      {OpKind::kWrite, addr_of(outside.data()), addr_of(dst_.data() + 8192), 16}};
+  auto r = engine_->submit(self_, ops);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotRegistered);
+  EXPECT_TRUE(contains(r.status().message(), fmt::format("{:#x}", addr_of(outside.data()))))
+      << r.status().message();
+  EXPECT_EQ(dst_[0], std::byte{0}) << "the valid first op must not have run";
+
+  ops[1] = {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data() + kBytes - 8), 16};
+  r = engine_->submit(self_, ops);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotRegistered);
+  EXPECT_TRUE(contains(r.status().message(), fmt::format("{:#x}", addr_of(dst_.data() + kBytes - 8))));
+
+  ops[1] = {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()), 0};
+  EXPECT_EQ(engine_->submit(self_, ops).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine_->submit(self_, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(dst_[0], std::byte{0});
+}
+
+TEST_F(LocalTransfer, CancelledBatchWritesNothingAfterCancelReturns) {
+  TransferOp op{OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()), kBytes};
+  BatchHandle b = must(engine_->submit(self_, {&op, 1}));
+  engine_->cancel(b);
+  BatchStatus s = engine_->status(b);
+  ASSERT_NE(s.state, BatchState::kPending);
+  std::vector<std::byte> after_cancel = dst_;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(std::memcmp(after_cancel.data(), dst_.data(), kBytes), 0);
+  if (s.state == BatchState::kFailed) {
+    EXPECT_EQ(s.status.code(), StatusCode::kCancelled);
+  }
+}
+
+TEST_F(LocalTransfer, BatchPastItsTimeoutEndsInTimeoutAndStopsWriting) {
+  // 64 copies of the whole buffer: far longer than 1 ms.
+  std::vector<TransferOp> ops(64, {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()), kBytes});
+  SubmitOptions options;
+  options.timeout = std::chrono::milliseconds(1);
+  BatchHandle b = must(engine_->submit(self_, ops, options));
+  BatchStatus s = engine_->wait(b, std::chrono::seconds(10));
+  ASSERT_EQ(s.state, BatchState::kFailed);
+  EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
+  std::vector<std::byte> snapshot = dst_;
+  std::memset(dst_.data(), 0, kBytes);  // any later copy would show up again
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(dst_[0], std::byte{0});
+  EXPECT_EQ(dst_[kBytes - 1], std::byte{0});
+}
+
+TEST(ShmTransfer, TwoEnginesOnOneHostUseShmAndMoveBytes) {
+  auto prefill = make_engine("prefill");
+  auto decode = make_engine("decode");
+  SharedBuffer target = must(decode->allocate_shared(1 << 20));
+  std::vector<std::byte> src = patterned(1 << 20, 99);
+  ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
+  PeerHandle peer = must(prefill->open_peer(decode->endpoint()));
+  EXPECT_EQ(peer.transport(), TransportKind::kShm);
+  EXPECT_EQ(peer.incarnation(), decode->incarnation());
+  TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(target.addr), src.size()};
+  ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
+  EXPECT_FALSE(find_pattern_mismatch({static_cast<std::byte*>(target.addr), src.size()}, 99));
+  // READ back into a zeroed local buffer.
+  std::fill(src.begin(), src.end(), std::byte{0});
+  op.kind = OpKind::kRead;
+  ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
+  EXPECT_FALSE(find_pattern_mismatch(src, 99));
+}
+
+TEST(ShmTransfer, RegionRegisteredAfterOpenIsFoundByRefreshingTheDescriptor) {
+  auto prefill = make_engine("prefill");
+  auto decode = make_engine("decode");
+  std::vector<std::byte> src = patterned(4096, 5);
+  ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
+  PeerHandle peer = must(prefill->open_peer(decode->endpoint()));
+  SharedBuffer late = must(decode->allocate_shared(4096));
+  TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(late.addr), 4096};
+  ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
+  EXPECT_FALSE(find_pattern_mismatch({static_cast<std::byte*>(late.addr), 4096}, 5));
+}
+
+TEST(ShmTransfer, NonShareableTargetIsAnErrorNotAFallback) {
+  auto prefill = make_engine("prefill");
+  auto decode = make_engine("decode");
+  std::vector<std::byte> src(4096), private_dst(4096);
+  ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
+  ASSERT_TRUE(decode->register_memory(private_dst.data(), private_dst.size()).ok());
+  PeerHandle peer = must(prefill->open_peer(decode->endpoint()));
+  TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(private_dst.data()), 4096};
+  auto r = prefill->submit(peer, {&op, 1});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotSupported);
+  EXPECT_TRUE(contains(r.status().message(), "not shareable"));
+}
+
+TEST(TransportChoice, ImpossibleForcedChoiceIsAnErrorSayingWhy) {
+  auto a = make_engine("a");
+  PeerOptions force_shm;
+  force_shm.transport = TransportKind::kShm;
+  auto self = a->open_peer(a->endpoint(), force_shm);
+  ASSERT_FALSE(self.ok());
+  EXPECT_EQ(self.status().code(), StatusCode::kNotSupported);
+  EXPECT_TRUE(contains(self.status().message(), "itself"));
+  auto b = make_engine("b");
+  PeerOptions force_local;
+  force_local.transport = TransportKind::kLocal;
+  auto other = a->open_peer(b->endpoint(), force_local);
+  ASSERT_FALSE(other.ok());
+  EXPECT_TRUE(contains(other.status().message(), "forced transport local"));
+  PeerOptions force_tcp;
+  force_tcp.transport = TransportKind::kTcp;
+  EXPECT_EQ(a->open_peer(b->endpoint(), force_tcp).status().code(), StatusCode::kNotSupported);
+}
+
+TEST(TransportChoice, ShmDisallowedOnOneSideLeavesNoTransport) {
+  auto a = make_engine("a");
+  EngineOptions o;
+  o.name = "b";
+  o.allowed_transports = TransportSet{TransportKind::kLocal};
+  auto b = must(TransferEngine::create(o));
+  auto r = a->open_peer(b->endpoint());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kNotSupported);
+  EXPECT_TRUE(contains(r.status().message(), "peer does not serve it")) << r.status().message();
+}
+
+}  // namespace
+}  // namespace kvferry
