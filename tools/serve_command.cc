@@ -5,6 +5,7 @@
 //   fill SEED OFFSET LEN     fill [addr+OFFSET, +LEN) with the test pattern  -> ok
 //   verify SEED OFFSET LEN   check that range against the pattern            -> ok | mismatch AT
 //   checksum OFFSET LEN      XXH3 of the range                               -> hex
+//   verify-pages SEED PAGE_BYTES  check every whole page of the buffer          -> ok PAGES CORRUPT
 //   quit                     (or end of input) exits
 #include <unistd.h>
 
@@ -69,6 +70,13 @@ int serve(const ServeArgs& args) {
     } else if (verb == "verify" && (in >> a >> b >> c) && range_ok(b, c)) {
       auto bad = find_pattern_mismatch({base + b, c}, a, b);
       std::cout << (bad ? fmt::format("mismatch {}", *bad) : std::string("ok")) << std::endl;
+    } else if (verb == "verify-pages" && (in >> a >> b) && b > 0) {
+      uint64_t pages = buffer->length / b;
+      uint64_t corrupt = 0;
+      for (uint64_t p = 0; p < pages; ++p) {
+        if (find_pattern_mismatch({base + p * b, b}, a, p * b)) ++corrupt;
+      }
+      std::cout << fmt::format("ok {} {}", pages, corrupt) << std::endl;
     } else if (verb == "checksum" && (in >> a >> b) && range_ok(a, b)) {
       std::cout << fmt::format("{:016x}", checksum({base + a, b})) << std::endl;
     } else {

@@ -27,6 +27,10 @@ void BatchRecord::finish_task(const Status& task_status) {
 }
 
 void BatchRecord::stop(const Status& why) {
+  {
+    std::lock_guard lock(mu);
+    if (stop_status.ok()) stop_status = why;
+  }
   cancelled.store(true);
   // A copier increments active_copies before it checks `cancelled`, so once the count
   // is zero here no copy can start. Copies are chunked, so this wait is short.
@@ -36,6 +40,11 @@ void BatchRecord::stop(const Status& why) {
     finalize_locked(why);
   }
   release_uses();
+}
+
+Status BatchRecord::stop_reason() const {
+  std::lock_guard lock(mu);
+  return stop_status;
 }
 
 BatchStatus BatchRecord::snapshot() const {

@@ -43,6 +43,7 @@ struct BatchRecord {
   BatchState state = BatchState::kPending;  // guarded by mu
   Status error;                             // guarded by mu
   Status first_task_error;                  // guarded by mu
+  Status stop_status;                       // why stop() was called; guarded by mu
   std::chrono::nanoseconds post_time{0};    // guarded by mu
   std::chrono::nanoseconds complete_time{0};  // guarded by mu
 
@@ -52,6 +53,8 @@ struct BatchRecord {
   // is running and none will start.
   void stop(const Status& why);
   BatchStatus snapshot() const;
+  // The status stop() was called with (a copier that sees `cancelled` reports it).
+  Status stop_reason() const;
 
  private:
   void finalize_locked(const Status& status);

@@ -16,7 +16,7 @@ struct Slice {
 
 // Why a copier must stop now, or OK.
 Status stop_reason(const BatchRecord& b) {
-  if (b.cancelled.load()) return Cancelled("batch cancelled");
+  if (b.cancelled.load()) return b.stop_reason();
   if (b.peer->is_disconnected()) {
     return PeerDisconnected("peer " + b.peer->name + " disconnected: " + b.peer->disconnect_reason());
   }

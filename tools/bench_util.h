@@ -1,0 +1,64 @@
+// Small measuring helpers for the bench commands.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace kvferry::cli {
+
+// Runs `once` (which returns false to stop) repeatedly for at least `min_time_ms` (and at
+// least 3 times, at most 100,000), after one unmeasured warm-up; keeps each duration.
+class LatencySampler {
+ public:
+  template <typename F>
+  void run(int min_time_ms, F&& once) {
+    if (!once()) return;  // warm-up: page faults, mappings, caches
+    auto start = std::chrono::steady_clock::now();
+    auto until = start + std::chrono::milliseconds(min_time_ms);
+    while (samples_.size() < 3 || (std::chrono::steady_clock::now() < until && samples_.size() < 100000)) {
+      auto t0 = std::chrono::steady_clock::now();
+      if (!once()) return;
+      samples_.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+    }
+    std::sort(samples_.begin(), samples_.end());
+  }
+  double mean_ns() const {
+    double sum = 0;
+    for (double s : samples_) sum += s;
+    return samples_.empty() ? 0 : sum / samples_.size();
+  }
+  double percentile_us(double p) const {
+    if (samples_.empty()) return 0;
+    size_t i = std::min(samples_.size() - 1, static_cast<size_t>(p / 100.0 * samples_.size()));
+    return samples_[i] / 1e3;
+  }
+  size_t count() const { return samples_.size(); }
+
+ private:
+  std::vector<double> samples_;
+};
+
+inline std::string format_bytes(uint64_t b) {
+  if (b >= (1u << 20) && b % (1u << 20) == 0) return fmt::format("{}MiB", b >> 20);
+  if (b >= 1024 && b % 1024 == 0) return fmt::format("{}KiB", b >> 10);
+  return fmt::format("{}B", b);
+}
+
+inline void write_json(const std::string& path, const nlohmann::json& value) {
+  if (path == "-") {
+    std::cout << value.dump(2) << "\n";
+    return;
+  }
+  std::ofstream(path) << value.dump(2) << "\n";
+}
+
+}  // namespace kvferry::cli

@@ -1,0 +1,40 @@
+// ServePeer: starts `kvferry serve` in a child process and reads its hello line. Shared by
+// the bench and demo commands and the integration tests.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/child_process.h"
+
+namespace kvferry::cli {
+
+struct ServePeer {
+  ChildProcess process;
+  std::string endpoint;
+  uint64_t addr = 0;
+  uint64_t bytes = 0;
+};
+
+inline Result<ServePeer> start_serve_peer(const std::string& cli_path, uint64_t shared_bytes,
+                                          const std::vector<std::string>& extra_args = {}) {
+  std::vector<std::string> argv = {cli_path, "serve", "--shared-bytes", std::to_string(shared_bytes)};
+  argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+  KVF_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::spawn(argv));
+  KVF_ASSIGN_OR_RETURN(std::string line, child.read_line(std::chrono::seconds(30)));
+  auto hello = nlohmann::json::parse(line, nullptr, false);
+  if (hello.is_discarded() || !hello.contains("endpoint")) {
+    return ProtocolError("kvferry serve said '" + line + "', expected its hello JSON");
+  }
+  return ServePeer{std::move(child), hello["endpoint"].get<std::string>(),
+                   hello["addr"].get<uint64_t>(), hello["bytes"].get<uint64_t>()};
+}
+
+// The path of the running executable (for spawning `kvferry serve` from the CLI itself).
+std::string self_executable();
+
+}  // namespace kvferry::cli
