@@ -8,6 +8,7 @@ namespace kvferry::cli {
 
 void add_bench_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 
 }  // namespace kvferry::cli

@@ -9,6 +9,7 @@ int main(int argc, char** argv) {
   kvferry::cli::add_demo_command(app);
   kvferry::cli::add_bench_command(app);
   kvferry::cli::add_serve_command(app);
+  kvferry::cli::add_plan_command(app);
   CLI11_PARSE(app, argc, argv);
   return app.get_subcommands().empty() ? 2 : 0;
 }

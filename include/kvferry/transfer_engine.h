@@ -84,7 +84,7 @@ struct EngineOptions {
   // Merge ops that are contiguous on both sides before posting.
   bool merge_ops = true;
   // Batches with at most this many bytes run on the submitting thread.
-  uint64_t inline_batch_bytes = 256 * 1024;
+  uint64_t inline_batch_bytes = 4u << 20;
 };
 
 struct PeerOptions {
@@ -194,7 +194,9 @@ class TransferEngine {
   BatchStatus status(const BatchHandle& batch) const;
   // Waits until the batch ends or `timeout` passes (then the state is still kPending and
   // the batch keeps running until its own timeout). A batch past its own timeout is
-  // cancelled and ends in Timeout; no byte of it lands after wait returns.
+  // cancelled and ends in Timeout; no byte of it lands after wait returns. With a
+  // positive timeout the calling thread copies parts of the batch no worker has started
+  // yet (so it may return up to one slice later than `timeout`).
   BatchStatus wait(const BatchHandle& batch, std::chrono::milliseconds timeout) const;
   // Stops the batch: ops not yet started never run; returns once nothing of it is being
   // copied. The batch ends in Cancelled unless it had already ended.

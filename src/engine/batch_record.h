@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "core/net.h"
 #include "engine/op_resolver.h"
@@ -21,6 +22,14 @@
 #include "kvferry/transfer_engine.h"
 
 namespace kvferry::detail {
+
+// A byte range of a batch's spans that one thread copies.
+struct CopySlice {
+  size_t first_span = 0;
+  uint64_t first_offset = 0;  // bytes of first_span owned by the previous slice
+  size_t last_span = 0;       // inclusive
+  uint64_t last_end = 0;      // end offset within last_span
+};
 
 struct BatchRecord {
   // Immutable after submit.
@@ -32,6 +41,9 @@ struct BatchRecord {
   Clock::time_point deadline;
   std::chrono::milliseconds timeout{0};
   uint64_t ops_submitted = 0;
+  // Set before posting: who copies slice i first claims it (a worker or a waiter).
+  std::vector<CopySlice> slices;
+  std::unique_ptr<std::atomic<bool>[]> slice_claimed;
 
   std::atomic<int> pending_tasks{0};
   std::atomic<int> active_copies{0};

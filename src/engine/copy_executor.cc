@@ -7,13 +7,6 @@
 namespace kvferry::detail {
 namespace {
 
-struct Slice {
-  size_t first_span = 0;
-  uint64_t first_offset = 0;  // bytes of first_span already owned by the previous slice
-  size_t last_span = 0;       // inclusive
-  uint64_t last_end = 0;      // end offset within last_span
-};
-
 // Why a copier must stop now, or OK.
 Status stop_reason(const BatchRecord& b) {
   if (b.cancelled.load()) return b.stop_reason();
@@ -27,7 +20,7 @@ Status stop_reason(const BatchRecord& b) {
 }
 
 // Copies one slice chunk by chunk.
-Status copy_slice(BatchRecord& b, const Slice& s) {
+Status copy_slice(BatchRecord& b, const CopySlice& s) {
   const auto& spans = b.work.spans;
   size_t span = s.first_span;
   uint64_t offset = s.first_offset;
@@ -58,10 +51,10 @@ Status copy_slice(BatchRecord& b, const Slice& s) {
 }
 
 // Cuts the spans into `parts` slices of about equal bytes.
-std::vector<Slice> balance(const std::vector<CopySpan>& spans, uint64_t total, int parts) {
-  std::vector<Slice> slices;
+std::vector<CopySlice> balance(const std::vector<CopySpan>& spans, uint64_t total, int parts) {
+  std::vector<CopySlice> slices;
   uint64_t per_slice = (total + parts - 1) / parts;
-  Slice current;
+  CopySlice current;
   uint64_t filled = 0;
   for (size_t i = 0; i < spans.size(); ++i) {
     uint64_t offset = 0;
@@ -73,7 +66,7 @@ std::vector<Slice> balance(const std::vector<CopySpan>& spans, uint64_t total, i
         current.last_span = i;
         current.last_end = offset;
         slices.push_back(current);
-        current = Slice{offset == spans[i].length ? i + 1 : i,
+        current = CopySlice{offset == spans[i].length ? i + 1 : i,
                         offset == spans[i].length ? 0 : offset, 0, 0};
         filled = 0;
       }
@@ -83,6 +76,17 @@ std::vector<Slice> balance(const std::vector<CopySpan>& spans, uint64_t total, i
 }
 
 }  // namespace
+
+bool CopyExecutor::run_slice(BatchRecord& batch, size_t i) {
+  if (batch.slice_claimed[i].exchange(true)) return false;
+  batch.finish_task(copy_slice(batch, batch.slices[i]));
+  return true;
+}
+
+void CopyExecutor::help(BatchRecord& batch) {
+  if (!batch.slice_claimed) return;  // ran inline
+  for (size_t i = 0; i < batch.slices.size(); ++i) run_slice(batch, i);
+}
 
 void CopyExecutor::run(const std::shared_ptr<BatchRecord>& batch) {
   const auto& spans = batch->work.spans;
@@ -94,14 +98,16 @@ void CopyExecutor::run(const std::shared_ptr<BatchRecord>& batch) {
       std::lock_guard lock(batch->mu);
       batch->post_time = Clock::now() - batch->start;
     }
-    batch->finish_task(copy_slice(*batch, Slice{0, 0, spans.size() - 1, spans.back().length}));
+    batch->finish_task(copy_slice(*batch, CopySlice{0, 0, spans.size() - 1, spans.back().length}));
     return;
   }
   parts = static_cast<int>(std::min<uint64_t>(parts, std::max<uint64_t>(1, bytes / inline_bytes_)));
-  std::vector<Slice> slices = balance(spans, bytes, parts);
-  batch->pending_tasks.store(static_cast<int>(slices.size()));
-  for (const Slice& slice : slices) {
-    pool_.post([batch, slice] { batch->finish_task(copy_slice(*batch, slice)); });
+  batch->slices = balance(spans, bytes, parts);
+  const size_t n = batch->slices.size();
+  batch->slice_claimed = std::make_unique<std::atomic<bool>[]>(n);
+  batch->pending_tasks.store(static_cast<int>(n));
+  for (size_t i = 0; i < n; ++i) {
+    pool_.post([batch, i] { run_slice(*batch, i); });
   }
   std::lock_guard lock(batch->mu);
   batch->post_time = Clock::now() - batch->start;

@@ -23,8 +23,15 @@ class CopyExecutor {
   CopyExecutor(ThreadPool& pool, uint64_t inline_bytes) : pool_(pool), inline_bytes_(inline_bytes) {}
   // Takes the batch from posted to final (inline) or hands it to workers.
   void run(const std::shared_ptr<BatchRecord>& batch);
+  // Copies, on the calling thread, every slice of `batch` no worker has started: a thread
+  // that is about to wait for the batch does the work instead of sleeping through a
+  // worker's wake-up.
+  static void help(BatchRecord& batch);
 
  private:
+  // Claims slice i and copies it; false if someone else had claimed it.
+  static bool run_slice(BatchRecord& batch, size_t i);
+
   ThreadPool& pool_;
   uint64_t inline_bytes_;
 };

@@ -68,6 +68,7 @@ BatchStatus EngineImpl::wait(const BatchHandle& handle, std::chrono::millisecond
   }
   BatchRecord& b = *handle.state_;
   auto until = std::min(Clock::now() + timeout, b.deadline);
+  if (timeout.count() > 0) CopyExecutor::help(b);
   {
     std::unique_lock lock(b.mu);
     b.cv.wait_until(lock, until, [&] { return b.state != BatchState::kPending; });
