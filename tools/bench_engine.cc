@@ -5,7 +5,6 @@
 // size x ops per batch. Destinations are laid out in reverse block order so ops never
 // merge: the figures measure per-op cost, not the merger.
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cstring>
@@ -13,6 +12,7 @@
 #include <iostream>
 #include <latch>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "bench_util.h"
@@ -105,10 +105,12 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
       KVF_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(options));
       KVF_RETURN_IF_ERROR(engine->register_memory(src.data(), src.size()));
       KVF_RETURN_IF_ERROR(engine->register_memory(local_dst.data(), local_dst.size()));
-      std::string peer_name = transport == TransportKind::kShm ? serve->endpoint : engine->endpoint();
+      std::string peer_name =
+          transport == TransportKind::kShm ? serve->endpoint : engine->endpoint();
       KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(peer_name));
-      const uint64_t dst_base =
-          transport == TransportKind::kShm ? serve->addr : reinterpret_cast<uint64_t>(local_dst.data());
+      const uint64_t dst_base = transport == TransportKind::kShm
+                                    ? serve->addr
+                                    : reinterpret_cast<uint64_t>(local_dst.data());
       ReferenceCopier reference(threads);
       for (uint64_t block : args.block_bytes) {
         for (int n : args.ops_per_batch) {
@@ -149,16 +151,23 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
             if (ref_parallel.mean_ns() < ref_lat.mean_ns()) ref_lat = ref_parallel;
           }
           const double bytes = static_cast<double>(block) * n;
-          Row row{transport_name, block, n, threads,
-                  bytes / engine_lat.mean_ns(), engine_lat.percentile_us(50),
-                  engine_lat.percentile_us(99), bytes / ref_lat.mean_ns(), 0,
+          Row row{transport_name,
+                  block,
+                  n,
+                  threads,
+                  bytes / engine_lat.mean_ns(),
+                  engine_lat.percentile_us(50),
+                  engine_lat.percentile_us(99),
+                  bytes / ref_lat.mean_ns(),
+                  0,
                   n / engine_lat.mean_ns() * 1e3};
           row.ratio = row.gbps / row.ref_gbps;
           rows.push_back(row);
-          std::cout << fmt::format("{:>5} thr={} block={:>9} ops={:>4}  {:8.2f} GB/s  p50 {:9.1f} us  "
-                                   "p99 {:9.1f} us  memcpy {:8.2f} GB/s  ratio {:5.2f}  {:7.2f} Mops/s\n",
-                                   row.transport, threads, format_bytes(block), n, row.gbps,
-                                   row.p50_us, row.p99_us, row.ref_gbps, row.ratio, row.mops)
+          std::cout << fmt::format(
+                           "{:>5} thr={} block={:>9} ops={:>4}  {:8.2f} GB/s  p50 {:9.1f} us  "
+                           "p99 {:9.1f} us  memcpy {:8.2f} GB/s  ratio {:5.2f}  {:7.2f} Mops/s\n",
+                           row.transport, threads, format_bytes(block), n, row.gbps, row.p50_us,
+                           row.p99_us, row.ref_gbps, row.ratio, row.mops)
                     << std::flush;
         }
       }
@@ -194,10 +203,16 @@ void add_bench_engine_command(CLI::App& bench) {
     if (!args->json_path.empty()) {
       nlohmann::json out = nlohmann::json::array();
       for (const Row& r : rows) {
-        out.push_back({{"transport", r.transport}, {"block_bytes", r.block_bytes},
-                       {"ops_per_batch", r.ops}, {"threads", r.threads}, {"gbps", r.gbps},
-                       {"p50_us", r.p50_us}, {"p99_us", r.p99_us}, {"ref_gbps", r.ref_gbps},
-                       {"ratio", r.ratio}, {"mops", r.mops}});
+        out.push_back({{"transport", r.transport},
+                       {"block_bytes", r.block_bytes},
+                       {"ops_per_batch", r.ops},
+                       {"threads", r.threads},
+                       {"gbps", r.gbps},
+                       {"p50_us", r.p50_us},
+                       {"p99_us", r.p99_us},
+                       {"ref_gbps", r.ref_gbps},
+                       {"ratio", r.ratio},
+                       {"mops", r.mops}});
       }
       write_json(args->json_path, out);
     }

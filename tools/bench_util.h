@@ -1,17 +1,16 @@
 // Small measuring helpers for the bench commands.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 namespace kvferry::cli {
 
@@ -24,10 +23,12 @@ class LatencySampler {
     if (!once()) return;  // warm-up: page faults, mappings, caches
     auto start = std::chrono::steady_clock::now();
     auto until = start + std::chrono::milliseconds(min_time_ms);
-    while (samples_.size() < 3 || (std::chrono::steady_clock::now() < until && samples_.size() < 100000)) {
+    while (samples_.size() < 3 ||
+           (std::chrono::steady_clock::now() < until && samples_.size() < 100000)) {
       auto t0 = std::chrono::steady_clock::now();
       if (!once()) return;
-      samples_.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+      samples_.push_back(
+          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
     }
     std::sort(samples_.begin(), samples_.end());
   }

@@ -7,10 +7,10 @@
 // Until the PD session layer lands this drives the engine directly: requests are page
 // lists, not prompts.
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -50,8 +50,10 @@ Status run_demo(const DemoArgs& args, DemoSummary& out) {
     return NotSupported("demo: transport " + args.transport + " is not built yet (valid: shm)");
   }
   if (args.requests <= 0 || args.pool_pages < args.requests || args.layers <= 0) {
-    return InvalidArgument(fmt::format("demo: need requests > 0, layers > 0 and pool_pages >= requests "
-                                       "(got {}, {}, {})", args.requests, args.layers, args.pool_pages));
+    return InvalidArgument(
+        fmt::format("demo: need requests > 0, layers > 0 and pool_pages >= requests "
+                    "(got {}, {}, {})",
+                    args.requests, args.layers, args.pool_pages));
   }
   const uint64_t page = args.page_bytes * args.layers;
   const uint64_t pool_bytes = page * args.pool_pages;
@@ -114,15 +116,17 @@ Status run_demo(const DemoArgs& args, DemoSummary& out) {
   out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   std::sort(latencies_ms.begin(), latencies_ms.end());
   auto pct = [&](double p) {
-    return latencies_ms[std::min(latencies_ms.size() - 1, static_cast<size_t>(p / 100 * latencies_ms.size()))];
+    return latencies_ms[std::min(latencies_ms.size() - 1,
+                                 static_cast<size_t>(p / 100 * latencies_ms.size()))];
   };
   out.p50_ms = pct(50);
   out.p99_ms = pct(99);
   out.gbps = out.bytes / out.seconds / 1e9;
 
   // Decode checks every page on its own.
-  KVF_ASSIGN_OR_RETURN(std::string reply, decode.process.ask(fmt::format("verify-pages {} {}", args.seed, page),
-                                                             std::chrono::seconds(120)));
+  KVF_ASSIGN_OR_RETURN(std::string reply,
+                       decode.process.ask(fmt::format("verify-pages {} {}", args.seed, page),
+                                          std::chrono::seconds(120)));
   std::istringstream in(reply);
   std::string ok;
   in >> ok >> out.pages_verified >> out.corrupt_pages;
@@ -134,7 +138,8 @@ Status run_demo(const DemoArgs& args, DemoSummary& out) {
 
 void add_demo_command(CLI::App& app) {
   auto args = std::make_shared<DemoArgs>();
-  CLI::App* cmd = app.add_subcommand("demo", "prefill -> decode KV page transfer between two processes, verified");
+  CLI::App* cmd = app.add_subcommand(
+      "demo", "prefill -> decode KV page transfer between two processes, verified");
   cmd->add_option("--requests", args->requests, "number of requests");
   cmd->add_option("--page-bytes", args->page_bytes, "bytes of one page of one layer");
   cmd->add_option("--layers", args->layers, "layers per page (page-major layout)");
@@ -151,11 +156,15 @@ void add_demo_command(CLI::App& app) {
       throw CLI::RuntimeError(1);
     }
     if (args->json) {
-      std::cout << nlohmann::json{{"requests", s.requests}, {"succeeded", s.succeeded},
-                                  {"failed", s.failed}, {"bytes", s.bytes},
+      std::cout << nlohmann::json{{"requests", s.requests},
+                                  {"succeeded", s.succeeded},
+                                  {"failed", s.failed},
+                                  {"bytes", s.bytes},
                                   {"pages_verified", s.pages_verified},
-                                  {"corrupt_pages", s.corrupt_pages}, {"p50_ms", s.p50_ms},
-                                  {"p99_ms", s.p99_ms}, {"gbps", s.gbps},
+                                  {"corrupt_pages", s.corrupt_pages},
+                                  {"p50_ms", s.p50_ms},
+                                  {"p99_ms", s.p99_ms},
+                                  {"gbps", s.gbps},
                                   {"first_error", s.first_error}}
                        .dump()
                 << "\n";

@@ -2,10 +2,9 @@
 // the bench and demo commands and the integration tests.
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -22,7 +21,8 @@ struct ServePeer {
 
 inline Result<ServePeer> start_serve_peer(const std::string& cli_path, uint64_t shared_bytes,
                                           const std::vector<std::string>& extra_args = {}) {
-  std::vector<std::string> argv = {cli_path, "serve", "--shared-bytes", std::to_string(shared_bytes)};
+  std::vector<std::string> argv = {cli_path, "serve", "--shared-bytes",
+                                   std::to_string(shared_bytes)};
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   KVF_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::spawn(argv));
   KVF_ASSIGN_OR_RETURN(std::string line, child.read_line(std::chrono::seconds(30)));

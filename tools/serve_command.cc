@@ -7,13 +7,12 @@
 //   checksum OFFSET LEN      XXH3 of the range                               -> hex
 //   verify-pages SEED PAGE_BYTES  check every whole page of the buffer          -> ok PAGES CORRUPT
 //   quit                     (or end of input) exits
-#include <unistd.h>
-
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -90,7 +89,8 @@ int serve(const ServeArgs& args) {
 
 void add_serve_command(CLI::App& app) {
   auto args = std::make_shared<ServeArgs>();
-  CLI::App* cmd = app.add_subcommand("serve", "run a passive peer with one shared buffer (for tests)");
+  CLI::App* cmd =
+      app.add_subcommand("serve", "run a passive peer with one shared buffer (for tests)");
   cmd->add_option("--shared-bytes", args->shared_bytes, "bytes of shared memory to allocate");
   cmd->add_option("--listen", args->listen, "handshake listen address host:port");
   cmd->add_option("--name", args->name, "engine name");

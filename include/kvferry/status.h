@@ -18,19 +18,19 @@ namespace kvferry {
 
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kInvalidArgument,    // a caller-supplied value is malformed or out of its domain
-  kNotRegistered,      // an address lies outside every registered region
-  kOutOfRange,         // an index or length runs past the end of what it refers to
-  kAlreadyExists,      // e.g. a registration that overlaps an existing one
-  kFailedPrecondition, // the call is valid but the object is not in a state to do it
-  kNotSupported,       // the request is well-formed but this build or peer cannot serve it
-  kPeerUnreachable,    // the peer could not be contacted at all
-  kPeerDisconnected,   // the peer was reachable and has gone away
+  kInvalidArgument,     // a caller-supplied value is malformed or out of its domain
+  kNotRegistered,       // an address lies outside every registered region
+  kOutOfRange,          // an index or length runs past the end of what it refers to
+  kAlreadyExists,       // e.g. a registration that overlaps an existing one
+  kFailedPrecondition,  // the call is valid but the object is not in a state to do it
+  kNotSupported,        // the request is well-formed but this build or peer cannot serve it
+  kPeerUnreachable,     // the peer could not be contacted at all
+  kPeerDisconnected,    // the peer was reachable and has gone away
   kTimeout,
   kCancelled,
   kUnauthenticated,
-  kProtocolError,      // a peer sent bytes that do not parse
-  kInternal,           // a system call failed in a way the caller cannot fix
+  kProtocolError,  // a peer sent bytes that do not parse
+  kInternal,       // a system call failed in a way the caller cannot fix
 };
 
 // The code's name without the leading 'k' ("PeerUnreachable").
@@ -57,7 +57,9 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
 inline Status NotRegistered(std::string m) { return {StatusCode::kNotRegistered, std::move(m)}; }
 inline Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
 inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
@@ -65,13 +67,17 @@ inline Status FailedPrecondition(std::string m) {
   return {StatusCode::kFailedPrecondition, std::move(m)};
 }
 inline Status NotSupported(std::string m) { return {StatusCode::kNotSupported, std::move(m)}; }
-inline Status PeerUnreachable(std::string m) { return {StatusCode::kPeerUnreachable, std::move(m)}; }
+inline Status PeerUnreachable(std::string m) {
+  return {StatusCode::kPeerUnreachable, std::move(m)};
+}
 inline Status PeerDisconnected(std::string m) {
   return {StatusCode::kPeerDisconnected, std::move(m)};
 }
 inline Status Timeout(std::string m) { return {StatusCode::kTimeout, std::move(m)}; }
 inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
-inline Status Unauthenticated(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
+inline Status Unauthenticated(std::string m) {
+  return {StatusCode::kUnauthenticated, std::move(m)};
+}
 inline Status ProtocolError(std::string m) { return {StatusCode::kProtocolError, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 
@@ -82,8 +88,8 @@ Status ErrnoStatus(StatusCode code, std::string_view what, int errno_value);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}                  // NOLINT(google-explicit-constructor)
-  Result(Status status) : status_(std::move(status)) {          // NOLINT(google-explicit-constructor)
+  Result(T value) : value_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
+  Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (status_.ok()) status_ = Internal("Result constructed from an OK status without a value");
   }
 
@@ -106,10 +112,10 @@ class [[nodiscard]] Result {
 }  // namespace kvferry
 
 // Returns the status from the enclosing function when it is not OK.
-#define KVF_RETURN_IF_ERROR(expr)                 \
-  do {                                            \
-    ::kvferry::Status kvf_status_ = (expr);       \
-    if (!kvf_status_.ok()) return kvf_status_;    \
+#define KVF_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::kvferry::Status kvf_status_ = (expr);    \
+    if (!kvf_status_.ok()) return kvf_status_; \
   } while (0)
 
 #define KVF_CONCAT_INNER(a, b) a##b

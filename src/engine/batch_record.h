@@ -52,11 +52,11 @@ struct BatchRecord {
 
   mutable std::mutex mu;
   mutable std::condition_variable cv;
-  BatchState state = BatchState::kPending;  // guarded by mu
-  Status error;                             // guarded by mu
-  Status first_task_error;                  // guarded by mu
-  Status stop_status;                       // why stop() was called; guarded by mu
-  std::chrono::nanoseconds post_time{0};    // guarded by mu
+  BatchState state = BatchState::kPending;    // guarded by mu
+  Status error;                               // guarded by mu
+  Status first_task_error;                    // guarded by mu
+  Status stop_status;                         // why stop() was called; guarded by mu
+  std::chrono::nanoseconds post_time{0};      // guarded by mu
   std::chrono::nanoseconds complete_time{0};  // guarded by mu
 
   // Records a task's outcome; the last task makes the batch final.

@@ -11,7 +11,8 @@ namespace {
 Status stop_reason(const BatchRecord& b) {
   if (b.cancelled.load()) return b.stop_reason();
   if (b.peer->is_disconnected()) {
-    return PeerDisconnected("peer " + b.peer->name + " disconnected: " + b.peer->disconnect_reason());
+    return PeerDisconnected("peer " + b.peer->name +
+                            " disconnected: " + b.peer->disconnect_reason());
   }
   if (Clock::now() >= b.deadline) {
     return Timeout("batch exceeded its timeout of " + std::to_string(b.timeout.count()) + " ms");
@@ -67,7 +68,7 @@ std::vector<CopySlice> balance(const std::vector<CopySpan>& spans, uint64_t tota
         current.last_end = offset;
         slices.push_back(current);
         current = CopySlice{offset == spans[i].length ? i + 1 : i,
-                        offset == spans[i].length ? 0 : offset, 0, 0};
+                            offset == spans[i].length ? 0 : offset, 0, 0};
         filled = 0;
       }
     }

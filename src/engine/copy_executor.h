@@ -20,7 +20,8 @@ inline constexpr size_t kCopyChunkSpans = 512;
 
 class CopyExecutor {
  public:
-  CopyExecutor(ThreadPool& pool, uint64_t inline_bytes) : pool_(pool), inline_bytes_(inline_bytes) {}
+  CopyExecutor(ThreadPool& pool, uint64_t inline_bytes)
+      : pool_(pool), inline_bytes_(inline_bytes) {}
   // Takes the batch from posted to final (inline) or hands it to workers.
   void run(const std::shared_ptr<BatchRecord>& batch);
   // Copies, on the calling thread, every slice of `batch` no worker has started: a thread

@@ -1,8 +1,7 @@
 #include "engine/engine_impl.h"
 
-#include <unistd.h>
-
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <random>
@@ -38,10 +37,12 @@ EngineImpl::~EngineImpl() = default;
 
 Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
   if (options.worker_threads < 0 || options.worker_threads > 256) {
-    return InvalidArgument(fmt::format("worker_threads {} out of range 0..256", options.worker_threads));
+    return InvalidArgument(
+        fmt::format("worker_threads {} out of range 0..256", options.worker_threads));
   }
   if (options.batch_timeout.count() <= 0) {
-    return InvalidArgument(fmt::format("batch_timeout {} ms must be positive", options.batch_timeout.count()));
+    return InvalidArgument(
+        fmt::format("batch_timeout {} ms must be positive", options.batch_timeout.count()));
   }
   if (options.handshake_timeout.count() <= 0) {
     return InvalidArgument(
@@ -107,20 +108,25 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
     if (r.addr == nullptr) return InvalidArgument(fmt::format("region {}: null address", i));
     if (r.length == 0) return InvalidArgument(fmt::format("region {} at {:#x}: length 0", i, addr));
     if (addr + r.length < addr) {
-      return InvalidArgument(fmt::format("region {} at {:#x}: length {} wraps around", i, addr, r.length));
+      return InvalidArgument(
+          fmt::format("region {} at {:#x}: length {} wraps around", i, addr, r.length));
     }
     if (r.location.kind != MemoryLocation::Kind::kHost) {
       return NotSupported(fmt::format("region {} at {:#x}: cuda:{} memory needs a CUDA build", i,
                                       addr, r.location.device));
     }
-    RegionEntry entry{addr, r.length, static_cast<char*>(r.addr), r.location,
-                      shm_backing_locked(addr, r.length), std::make_shared<RegionUse>()};
+    RegionEntry entry{addr,
+                      r.length,
+                      static_cast<char*>(r.addr),
+                      r.location,
+                      shm_backing_locked(addr, r.length),
+                      std::make_shared<RegionUse>()};
     // Overlap against everything registered so far, including earlier entries of this call.
     for (const RegionEntry& e : entries) {
       if (addr < e.end() && e.addr < addr + r.length) {
-        return AlreadyExists(fmt::format(
-            "region {} [{:#x}, +{}) overlaps registered region [{:#x}, +{})", i, addr, r.length,
-            e.addr, e.length));
+        return AlreadyExists(
+            fmt::format("region {} [{:#x}, +{}) overlaps registered region [{:#x}, +{})", i, addr,
+                        r.length, e.addr, e.length));
       }
     }
     entries.push_back(std::move(entry));
@@ -161,7 +167,8 @@ Status EngineImpl::unregister_memory(std::span<void* const> addrs) {
   for (void* p : addrs) {
     auto addr = reinterpret_cast<uint64_t>(p);
     const RegionEntry* e = current->find_start(addr);
-    if (e == nullptr) return NotRegistered(fmt::format("no registered region starts at {:#x}", addr));
+    if (e == nullptr)
+      return NotRegistered(fmt::format("no registered region starts at {:#x}", addr));
     victims.push_back(e);
   }
   // Claim every victim, then check for batches in flight (see RegionUse).
@@ -169,9 +176,9 @@ Status EngineImpl::unregister_memory(std::span<void* const> addrs) {
   for (const RegionEntry* e : victims) {
     if (int64_t n = e->use->in_flight.load(); n > 0) {
       for (const RegionEntry* v : victims) v->use->removed.store(false);
-      return FailedPrecondition(fmt::format(
-          "region [{:#x}, +{}) is used by {} batch(es) in flight; wait for them first", e->addr,
-          e->length, n));
+      return FailedPrecondition(
+          fmt::format("region [{:#x}, +{}) is used by {} batch(es) in flight; wait for them first",
+                      e->addr, e->length, n));
     }
   }
   std::vector<RegionEntry> kept;
@@ -213,9 +220,9 @@ Status EngineImpl::free_shared(void* addr) {
   auto current = local_regions_.load();
   auto it = shared_allocations_.find(key);
   if (const RegionEntry* inside = current->find_overlap(key, it->second->bytes())) {
-    return FailedPrecondition(fmt::format(
-        "shared allocation at {:#x} still has region [{:#x}, +{}) registered inside it", key,
-        inside->addr, inside->length));
+    return FailedPrecondition(
+        fmt::format("shared allocation at {:#x} still has region [{:#x}, +{}) registered inside it",
+                    key, inside->addr, inside->length));
   }
   shared_allocations_.erase(it);
   return Status::Ok();

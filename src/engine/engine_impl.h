@@ -61,8 +61,8 @@ class EngineImpl {
                                                   const PeerOptions& options);
   Result<TransportKind> choose_transport(const SegmentDescriptor& d,
                                          std::optional<TransportKind> forced) const;
-  Result<std::shared_ptr<const RemoteSegment>> attach_segment(
-      SegmentDescriptor d, const RemoteSegment* previous) const;
+  Result<std::shared_ptr<const RemoteSegment>> attach_segment(SegmentDescriptor d,
+                                                              const RemoteSegment* previous) const;
   Status refresh_peer(PeerState& peer);
 
   // Batches.

@@ -9,13 +9,14 @@ namespace kvferry::detail {
 
 Result<PeerHandle> EngineImpl::open_peer(std::string_view name, const PeerOptions& options) {
   KVF_RETURN_IF_ERROR(parse_endpoint(name).status());
-  std::optional<TransportKind> forced = options.transport ? options.transport
-                                                          : options_.forced_transport;
+  std::optional<TransportKind> forced =
+      options.transport ? options.transport : options_.forced_transport;
   if (name == endpoint_) {
     if (forced && *forced != TransportKind::kLocal) {
-      return NotSupported(fmt::format("forced transport {} cannot reach {}: it is this engine "
-                                      "itself (only local can)",
-                                      transport_kind_name(*forced), name));
+      return NotSupported(
+          fmt::format("forced transport {} cannot reach {}: it is this engine "
+                      "itself (only local can)",
+                      transport_kind_name(*forced), name));
     }
     return PeerHandle(self_peer_);
   }
@@ -41,8 +42,8 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
                        fetch_descriptor(endpoint, Clock::now() + options_.handshake_timeout));
   KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
   if (d.incarnation == incarnation_) return self_peer_;  // another name for ourselves
-  std::optional<TransportKind> forced = options.transport ? options.transport
-                                                          : options_.forced_transport;
+  std::optional<TransportKind> forced =
+      options.transport ? options.transport : options_.forced_transport;
   KVF_ASSIGN_OR_RETURN(TransportKind transport, choose_transport(d, forced));
   auto peer = std::make_shared<PeerState>();
   peer->name = name;
@@ -52,8 +53,8 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
   KVF_ASSIGN_OR_RETURN(auto segment, attach_segment(std::move(d), nullptr));
   peer->segment.store(std::move(segment));
   KVF_RETURN_IF_ERROR(monitor_.watch(peer));
-  log().info("peer {} ('{}', pid {}): transport {}{}", name,
-             peer->segment.load()->descriptor.name, peer->pid, transport_kind_name(transport),
+  log().info("peer {} ('{}', pid {}): transport {}{}", name, peer->segment.load()->descriptor.name,
+             peer->pid, transport_kind_name(transport),
              forced ? " (forced)" : " (same host, both serve shm)");
   return peer;
 }
@@ -103,7 +104,8 @@ Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
       mapping = reuse(segment->mappings);
       if (!mapping && previous != nullptr) mapping = reuse(previous->mappings);
       if (!mapping) {
-        KVF_ASSIGN_OR_RETURN(mapping, ShmMapping::open(d.pid, r.shm->fd, r.shm->file_bytes, r.shm->inode));
+        KVF_ASSIGN_OR_RETURN(mapping,
+                             ShmMapping::open(d.pid, r.shm->fd, r.shm->file_bytes, r.shm->inode));
       }
       if (std::find(segment->mappings.begin(), segment->mappings.end(), mapping) ==
           segment->mappings.end()) {

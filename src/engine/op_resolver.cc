@@ -25,30 +25,30 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
       return out;
     }
     if (op.kind != OpKind::kWrite && op.kind != OpKind::kRead) {
-      out.status = InvalidArgument(fmt::format("op {}: unknown kind {}", i,
-                                               static_cast<int>(op.kind)));
+      out.status =
+          InvalidArgument(fmt::format("op {}: unknown kind {}", i, static_cast<int>(op.kind)));
       return out;
     }
     const RegionEntry* l = local.find(op.local_addr, op.length, local_hint);
     if (l == nullptr) {
-      out.status = NotRegistered(fmt::format(
-          "op {}: local range [{:#x}, +{}) is outside every registered region", i, op.local_addr,
-          op.length));
+      out.status = NotRegistered(
+          fmt::format("op {}: local range [{:#x}, +{}) is outside every registered region", i,
+                      op.local_addr, op.length));
       return out;
     }
     const RegionEntry* r = remote.find(op.remote_addr, op.length, remote_hint);
     if (r == nullptr) {
-      out.status = NotRegistered(fmt::format(
-          "op {}: remote range [{:#x}, +{}) is outside every region peer {} advertises", i,
-          op.remote_addr, op.length, peer_name));
+      out.status = NotRegistered(
+          fmt::format("op {}: remote range [{:#x}, +{}) is outside every region peer {} advertises",
+                      i, op.remote_addr, op.length, peer_name));
       out.remote_miss = true;
       return out;
     }
     if (r->host_ptr == nullptr) {
-      out.status = NotSupported(fmt::format(
-          "op {}: remote region at {:#x} of peer {} is not shareable (allocate it with "
-          "allocate_shared)",
-          i, r->addr, peer_name));
+      out.status = NotSupported(
+          fmt::format("op {}: remote region at {:#x} of peer {} is not shareable (allocate it with "
+                      "allocate_shared)",
+                      i, r->addr, peer_name));
       return out;
     }
     char* local_ptr = l->host_ptr + (op.local_addr - l->addr);

@@ -26,8 +26,8 @@ struct CopySpan {
 };
 
 struct ResolvedBatch {
-  std::vector<CopySpan> spans;    // after merging
-  std::vector<RegionUse*> uses;   // local regions touched (consecutive duplicates removed)
+  std::vector<CopySpan> spans;   // after merging
+  std::vector<RegionUse*> uses;  // local regions touched (consecutive duplicates removed)
   uint64_t bytes = 0;
 };
 

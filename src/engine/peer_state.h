@@ -32,7 +32,7 @@ struct PeerState {
   uint64_t incarnation = 0;
   int64_t pid = 0;
   std::atomic<std::shared_ptr<const RemoteSegment>> segment;  // null for the self peer
-  std::mutex refresh_mu;  // one descriptor refresh at a time
+  std::mutex refresh_mu;                                      // one descriptor refresh at a time
 
   bool is_disconnected() const { return disconnected_.load(std::memory_order_acquire); }
   void mark_disconnected(std::string reason) {

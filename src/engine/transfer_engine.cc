@@ -48,7 +48,8 @@ Result<BatchHandle> TransferEngine::submit(const PeerHandle& peer, std::span<con
   return impl_->submit(peer, ops, options);
 }
 BatchStatus TransferEngine::status(const BatchHandle& batch) const { return impl_->status(batch); }
-BatchStatus TransferEngine::wait(const BatchHandle& batch, std::chrono::milliseconds timeout) const {
+BatchStatus TransferEngine::wait(const BatchHandle& batch,
+                                 std::chrono::milliseconds timeout) const {
   return impl_->wait(batch, timeout);
 }
 void TransferEngine::cancel(const BatchHandle& batch) { impl_->cancel(batch); }

@@ -18,9 +18,9 @@ constexpr size_t kMaxRequestPayload = 4096;
 
 std::vector<std::byte> make_frame(HandshakeFrame type, std::string_view payload) {
   std::vector<std::byte> frame(kHandshakeHeaderBytes + payload.size());
-  encode_handshake_header({kHandshakeMagic, kHandshakeVersion, type,
-                           static_cast<uint32_t>(payload.size())},
-                          frame.data());
+  encode_handshake_header(
+      {kHandshakeMagic, kHandshakeVersion, type, static_cast<uint32_t>(payload.size())},
+      frame.data());
   std::memcpy(frame.data() + kHandshakeHeaderBytes, payload.data(), payload.size());
   return frame;
 }
@@ -43,12 +43,14 @@ Result<HandshakeHeader> decode_handshake_header(const std::byte* in, size_t max_
   std::memcpy(&type, in + 6, 2);
   std::memcpy(&h.length, in + 8, 4);
   if (h.magic != kHandshakeMagic) {
-    return ProtocolError("handshake: bad magic " + std::to_string(h.magic) + " (not a kvferry peer?)");
+    return ProtocolError("handshake: bad magic " + std::to_string(h.magic) +
+                         " (not a kvferry peer?)");
   }
   if (h.version != kHandshakeVersion) {
     return ProtocolError("handshake: unsupported version " + std::to_string(h.version));
   }
-  if (type < 1 || type > 3) return ProtocolError("handshake: unknown frame type " + std::to_string(type));
+  if (type < 1 || type > 3)
+    return ProtocolError("handshake: unknown frame type " + std::to_string(type));
   h.type = static_cast<HandshakeFrame>(type);
   if (h.length > max_length) {
     return ProtocolError("handshake: payload of " + std::to_string(h.length) +
@@ -62,8 +64,8 @@ Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(
     int threads) {
   Endpoint bound;
   KVF_ASSIGN_OR_RETURN(Fd listener, listen_tcp(listen, &bound));
-  return std::unique_ptr<HandshakeServer>(new HandshakeServer(
-      std::move(listener), bound, std::move(source), io_timeout, threads));
+  return std::unique_ptr<HandshakeServer>(
+      new HandshakeServer(std::move(listener), bound, std::move(source), io_timeout, threads));
 }
 
 HandshakeServer::HandshakeServer(Fd listener, Endpoint bound, DescriptorSource source,

@@ -1,8 +1,7 @@
 #include "metadata/segment_descriptor.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 
 namespace kvferry {
 namespace {
@@ -42,7 +41,8 @@ Result<RegionDescriptor> parse_region(const json& r) {
     return bad("region at " + std::to_string(region.addr) + " wraps around the address space");
   }
   KVF_ASSIGN_OR_RETURN(int64_t device, get_field<int64_t>(r, "device"));
-  if (device < -1 || device > 1024) return bad("device " + std::to_string(device) + " out of range");
+  if (device < -1 || device > 1024)
+    return bad("device " + std::to_string(device) + " out of range");
   region.location.device = static_cast<int>(device);
   region.location.kind = device < 0 ? MemoryLocation::Kind::kHost : MemoryLocation::Kind::kCuda;
   if (auto it = r.find("shm"); it != r.end()) {
@@ -55,8 +55,8 @@ Result<RegionDescriptor> parse_region(const json& r) {
     KVF_ASSIGN_OR_RETURN(shm.file_bytes, get_field<uint64_t>(*it, "file_bytes"));
     KVF_ASSIGN_OR_RETURN(shm.inode, get_field<uint64_t>(*it, "inode"));
     if (shm.file_offset > shm.file_bytes || region.length > shm.file_bytes - shm.file_offset) {
-      return bad("shm range of region at " + std::to_string(region.addr) +
-                 " runs past its file (" + std::to_string(shm.file_bytes) + " bytes)");
+      return bad("shm range of region at " + std::to_string(region.addr) + " runs past its file (" +
+                 std::to_string(shm.file_bytes) + " bytes)");
     }
     region.shm = shm;
   }
@@ -71,9 +71,10 @@ std::string serialize_segment_descriptor(const SegmentDescriptor& d) {
     json region = {{"addr", r.addr}, {"length", r.length}, {"device", r.location.device}};
     if (r.location.kind == MemoryLocation::Kind::kHost) region["device"] = -1;
     if (r.shm) {
-      region["shm"] = {
-          {"fd", r.shm->fd}, {"offset", r.shm->file_offset}, {"file_bytes", r.shm->file_bytes},
-          {"inode", r.shm->inode}};
+      region["shm"] = {{"fd", r.shm->fd},
+                       {"offset", r.shm->file_offset},
+                       {"file_bytes", r.shm->file_bytes},
+                       {"inode", r.shm->inode}};
     }
     regions.push_back(std::move(region));
   }
@@ -81,11 +82,9 @@ std::string serialize_segment_descriptor(const SegmentDescriptor& d) {
   for (TransportKind kind : kAllTransportKinds) {
     if (d.transports.contains(kind)) transports.push_back(transport_kind_name(kind));
   }
-  json out = {{"format", kDescriptorFormat}, {"name", d.name},
-              {"endpoint", d.endpoint},      {"incarnation", d.incarnation},
-              {"host_id", d.host_id},        {"pid", d.pid},
-              {"transports", transports},    {"version", d.version},
-              {"regions", regions}};
+  json out = {{"format", kDescriptorFormat},  {"name", d.name},       {"endpoint", d.endpoint},
+              {"incarnation", d.incarnation}, {"host_id", d.host_id}, {"pid", d.pid},
+              {"transports", transports},     {"version", d.version}, {"regions", regions}};
   return out.dump();
 }
 
@@ -110,7 +109,8 @@ Result<SegmentDescriptor> parse_segment_descriptor(std::string_view text) {
   KVF_ASSIGN_OR_RETURN(d.pid, get_field<int64_t>(doc, "pid"));
   KVF_ASSIGN_OR_RETURN(d.version, get_field<uint64_t>(doc, "version"));
   auto transports = doc.find("transports");
-  if (transports == doc.end() || !transports->is_array()) return bad("'transports' is not an array");
+  if (transports == doc.end() || !transports->is_array())
+    return bad("'transports' is not an array");
   for (const json& t : *transports) {
     if (!t.is_string()) return bad("transport name is not a string");
     // Unknown names (from a newer peer) are skipped: we cannot use what we do not know.

@@ -36,12 +36,12 @@ struct RegionDescriptor {
 
 struct SegmentDescriptor {
   std::string name;
-  std::string endpoint;   // "host:port" of the handshake listener
+  std::string endpoint;  // "host:port" of the handshake listener
   uint64_t incarnation = 0;
-  std::string host_id;    // see core/host_identity.h
+  std::string host_id;  // see core/host_identity.h
   int64_t pid = 0;
   TransportSet transports;
-  uint64_t version = 0;   // bumped on every publish
+  uint64_t version = 0;                   // bumped on every publish
   std::vector<RegionDescriptor> regions;  // sorted by addr, non-overlapping
 };
 

@@ -12,7 +12,7 @@
 namespace kvferry {
 
 Result<std::unique_ptr<ShmAllocation>> ShmAllocation::create(const std::string& engine_name,
-                                                              uint64_t bytes) {
+                                                             uint64_t bytes) {
   if (bytes == 0) return InvalidArgument("allocate_shared: size 0");
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   if (bytes > (uint64_t{1} << 46)) {
@@ -23,15 +23,18 @@ Result<std::unique_ptr<ShmAllocation>> ShmAllocation::create(const std::string& 
   Fd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return ErrnoStatus(StatusCode::kInternal, "memfd_create", errno);
   if (::ftruncate(fd.get(), static_cast<off_t>(rounded)) != 0) {
-    return ErrnoStatus(StatusCode::kInternal, "ftruncate memfd to " + std::to_string(rounded), errno);
+    return ErrnoStatus(StatusCode::kInternal, "ftruncate memfd to " + std::to_string(rounded),
+                       errno);
   }
   // Sealed against shrinking: a peer that mapped it can never fault on a truncated page.
   if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
     return ErrnoStatus(StatusCode::kInternal, "seal memfd", errno);
   }
-  void* addr = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+  void* addr =
+      ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (addr == MAP_FAILED) {
-    return ErrnoStatus(StatusCode::kInternal, "mmap " + std::to_string(rounded) + " shared bytes", errno);
+    return ErrnoStatus(StatusCode::kInternal, "mmap " + std::to_string(rounded) + " shared bytes",
+                       errno);
   }
   struct stat st {};
   ::fstat(fd.get(), &st);
@@ -61,10 +64,12 @@ Result<std::shared_ptr<ShmMapping>> ShmMapping::open(int64_t pid, int fd, uint64
                          "', not a kvferry shared allocation");
   }
   struct stat st {};
-  if (::fstat(file.get(), &st) != 0) return ErrnoStatus(StatusCode::kInternal, "fstat " + path, errno);
+  if (::fstat(file.get(), &st) != 0)
+    return ErrnoStatus(StatusCode::kInternal, "fstat " + path, errno);
   if (static_cast<uint64_t>(st.st_ino) != inode) {
     return PeerDisconnected("peer shared memory " + path + " was replaced (inode " +
-                            std::to_string(st.st_ino) + ", expected " + std::to_string(inode) + ")");
+                            std::to_string(st.st_ino) + ", expected " + std::to_string(inode) +
+                            ")");
   }
   if (static_cast<uint64_t>(st.st_size) < file_bytes) {
     return ProtocolError("peer shared memory " + path + " has " + std::to_string(st.st_size) +
@@ -74,8 +79,8 @@ Result<std::shared_ptr<ShmMapping>> ShmMapping::open(int64_t pid, int fd, uint64
   if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
     return ProtocolError("peer shared memory " + path + " is not sealed against shrinking");
   }
-  void* base = ::mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
-                      file.get(), 0);
+  void* base =
+      ::mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, file.get(), 0);
   if (base == MAP_FAILED) return ErrnoStatus(StatusCode::kInternal, "mmap " + path, errno);
   return std::shared_ptr<ShmMapping>(
       new ShmMapping(static_cast<char*>(base), file_bytes, fd, static_cast<uint64_t>(st.st_ino)));

@@ -47,7 +47,7 @@ class ShmMapping {
   // Maps /proc/<pid>/fd/<fd> whole. PeerDisconnected when the process or fd is gone,
   // ProtocolError when the file is not a kvferry memfd or is smaller than `file_bytes`.
   static Result<std::shared_ptr<ShmMapping>> open(int64_t pid, int fd, uint64_t file_bytes,
-                                                   uint64_t inode);
+                                                  uint64_t inode);
   ~ShmMapping();
   ShmMapping(const ShmMapping&) = delete;
   ShmMapping& operator=(const ShmMapping&) = delete;

@@ -1,8 +1,7 @@
 // Batches on the local transport (one engine) and on shm between two engines of one
 // process (the cross-process case is in tests/integration). Every test checks bytes.
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <cstring>
 #include <random>
@@ -71,15 +70,18 @@ TEST_F(LocalTransfer, LargeBatchSplitAcrossWorkersArrivesWhole) {
   ASSERT_EQ(s.state, BatchState::kCompleted) << s.status.to_string();
   EXPECT_EQ(s.telemetry.bytes, kBytes);
   for (size_t off = 0; off < kBytes; off += 64 * 1024) {
-    ASSERT_EQ(std::memcmp(dst_.data() + (kBytes - 64 * 1024 - off), src_.data() + off, 64 * 1024), 0);
+    ASSERT_EQ(std::memcmp(dst_.data() + (kBytes - 64 * 1024 - off), src_.data() + off, 64 * 1024),
+              0);
   }
 }
 
 TEST_F(LocalTransfer, AdjacentOpsMergeOnlyWhenContiguousOnBothSides) {
   std::vector<TransferOp> contiguous, gapped;
   for (uint64_t i = 0; i < 1024; ++i) {
-    contiguous.push_back({OpKind::kWrite, addr_of(src_.data()) + i * 4096, addr_of(dst_.data()) + i * 4096, 4096});
-    gapped.push_back({OpKind::kWrite, addr_of(src_.data()) + i * 4096, addr_of(dst_.data()) + i * 8192, 4096});
+    contiguous.push_back(
+        {OpKind::kWrite, addr_of(src_.data()) + i * 4096, addr_of(dst_.data()) + i * 4096, 4096});
+    gapped.push_back(
+        {OpKind::kWrite, addr_of(src_.data()) + i * 4096, addr_of(dst_.data()) + i * 8192, 4096});
   }
   BatchHandle a = must(engine_->submit(self_, contiguous));
   BatchStatus sa = engine_->wait(a, std::chrono::seconds(10));
@@ -111,7 +113,8 @@ TEST_F(LocalTransfer, InvalidOpAnywhereFailsTheBatchBeforeAByteMoves) {
   r = engine_->submit(self_, ops);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kNotRegistered);
-  EXPECT_TRUE(contains(r.status().message(), fmt::format("{:#x}", addr_of(dst_.data() + kBytes - 8))));
+  EXPECT_TRUE(
+      contains(r.status().message(), fmt::format("{:#x}", addr_of(dst_.data() + kBytes - 8))));
 
   ops[1] = {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()), 0};
   EXPECT_EQ(engine_->submit(self_, ops).status().code(), StatusCode::kInvalidArgument);
@@ -135,7 +138,8 @@ TEST_F(LocalTransfer, CancelledBatchWritesNothingAfterCancelReturns) {
 
 TEST_F(LocalTransfer, BatchPastItsTimeoutEndsInTimeoutAndStopsWriting) {
   // 64 copies of the whole buffer: far longer than 1 ms.
-  std::vector<TransferOp> ops(64, {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()), kBytes});
+  std::vector<TransferOp> ops(64,
+                              {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()), kBytes});
   SubmitOptions options;
   options.timeout = std::chrono::milliseconds(1);
   BatchHandle b = must(engine_->submit(self_, ops, options));

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Configures and builds kvferry into build/ (Release with debug info, warnings as errors).
+# Extra arguments go to cmake, e.g. scripts/build.sh -DKVFERRY_SANITIZE=ON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+ninja -C "$BUILD_DIR" -j "$JOBS"

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, builds, checks formatting, runs every
+# unit and integration test, then builds the unit tests with AddressSanitizer and
+# UndefinedBehaviorSanitizer and runs them. Every test stops by itself.
+#   --no-sanitizers   skip the ASan+UBSan pass
+set -euo pipefail
+cd "$(dirname "$0")/.."
+sanitizers=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-sanitizers) sanitizers=0 ;;
+    *) echo "test.sh: unknown argument '$arg' (valid: --no-sanitizers)" >&2; exit 2 ;;
+  esac
+done
+JOBS=${JOBS:-$(nproc)}
+export KVFERRY_LOG_LEVEL=${KVFERRY_LOG_LEVEL:-warn}
+start=$(date +%s)
+
+scripts/setup.sh
+echo "== format check"
+scripts/format.sh --check
+
+echo "== build (RelWithDebInfo, -Werror)"
+scripts/build.sh -DKVFERRY_BUILD_BENCH=ON
+echo "== tests"
+ctest --test-dir build --output-on-failure -j "$JOBS" --timeout 600
+
+if [ "$sanitizers" = 1 ]; then
+  echo "== unit tests under ASan+UBSan"
+  BUILD_DIR=build-asan scripts/build.sh -DKVFERRY_SANITIZE=ON -DKVFERRY_BUILD_BENCH=OFF
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    ctest --test-dir build-asan -L unit --output-on-failure -j "$JOBS" --timeout 600
+fi
+echo "== all tests passed in $(( $(date +%s) - start )) s"
