@@ -183,6 +183,11 @@ class TransferEngine {
   // (a forced transport that cannot reach this peer, saying why).
   Result<PeerHandle> open_peer(std::string_view name, const PeerOptions& options = {});
 
+  // Forgets the peer: batches to it still running stop with PeerDisconnected, later
+  // submissions through any handle to it fail with PeerDisconnected ("closed"), and its
+  // mappings are released once nothing uses them. open_peer connects afresh.
+  void close_peer(const PeerHandle& peer);
+
   // Validates every op, merges, and posts. Small batches may complete before submit
   // returns. Errors before anything is posted: InvalidArgument (zero length, empty
   // batch), NotRegistered (an address outside the local or the peer's regions; the

@@ -40,6 +40,8 @@ class EngineImpl {
 
   Result<PeerHandle> open_peer(std::string_view name, const PeerOptions& options);
 
+  void close_peer(const PeerHandle& peer);
+
   Result<BatchHandle> submit(const PeerHandle& peer, std::span<const TransferOp> ops,
                              const SubmitOptions& options);
   BatchStatus status(const BatchHandle& batch) const;

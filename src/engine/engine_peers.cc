@@ -35,6 +35,14 @@ Result<PeerHandle> EngineImpl::open_peer(std::string_view name, const PeerOption
   return PeerHandle(peer);
 }
 
+void EngineImpl::close_peer(const PeerHandle& handle) {
+  if (!handle.valid() || handle.state_->is_self) return;
+  handle.state_->mark_disconnected("closed by this engine");
+  std::lock_guard lock(peers_mu_);
+  auto it = peers_.find(handle.state_->name);
+  if (it != peers_.end() && it->second == handle.state_) peers_.erase(it);
+}
+
 Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& name,
                                                             const PeerOptions& options) {
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(name));

@@ -43,6 +43,8 @@ Result<PeerHandle> TransferEngine::open_peer(std::string_view name, const PeerOp
   return impl_->open_peer(name, options);
 }
 
+void TransferEngine::close_peer(const PeerHandle& peer) { impl_->close_peer(peer); }
+
 Result<BatchHandle> TransferEngine::submit(const PeerHandle& peer, std::span<const TransferOp> ops,
                                            const SubmitOptions& options) {
   return impl_->submit(peer, ops, options);

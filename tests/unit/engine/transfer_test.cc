@@ -172,6 +172,25 @@ TEST(ShmTransfer, TwoEnginesOnOneHostUseShmAndMoveBytes) {
   EXPECT_FALSE(find_pattern_mismatch(src, 99));
 }
 
+TEST(ShmTransfer, ClosedPeerRefusesOpsUntilOpenedAgain) {
+  auto prefill = make_engine("prefill");
+  auto decode = make_engine("decode");
+  SharedBuffer target = must(decode->allocate_shared(4096));
+  std::vector<std::byte> src = patterned(4096, 3);
+  ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
+  PeerHandle peer = must(prefill->open_peer(decode->endpoint()));
+  prefill->close_peer(peer);
+  TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(target.addr), 4096};
+  auto r = prefill->submit(peer, {&op, 1});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kPeerDisconnected);
+  EXPECT_TRUE(contains(r.status().message(), "closed")) << r.status().message();
+  EXPECT_EQ(static_cast<std::byte*>(target.addr)[0], std::byte{0});
+  PeerHandle reopened = must(prefill->open_peer(decode->endpoint()));
+  ASSERT_TRUE(prefill->transfer_sync(reopened, {&op, 1}).ok());
+  EXPECT_FALSE(find_pattern_mismatch({static_cast<std::byte*>(target.addr), 4096}, 3));
+}
+
 TEST(ShmTransfer, RegionRegisteredAfterOpenIsFoundByRefreshingTheDescriptor) {
   auto prefill = make_engine("prefill");
   auto decode = make_engine("decode");
