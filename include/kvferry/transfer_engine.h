@@ -85,6 +85,15 @@ struct EngineOptions {
   bool merge_ops = true;
   // Batches with at most this many bytes run on the submitting thread.
   uint64_t inline_batch_bytes = 4u << 20;
+  // tcp transport: data listener ("host:port"; empty = the listen_address host, any
+  // port), connections per peer, and receiver I/O threads.
+  std::string tcp_listen_address;
+  int tcp_lanes = 2;
+  int tcp_io_threads = 2;
+  // Shared secret: when set (or KVFERRY_SECRET is set in the environment), every tcp data
+  // connection must prove knowledge of it (HMAC-SHA256 challenge-response), and this
+  // engine proves it to peers that require it.
+  std::optional<std::string> secret;
 };
 
 struct PeerOptions {

@@ -35,6 +35,9 @@ void BatchRecord::stop(const Status& why) {
   // A copier increments active_copies before it checks `cancelled`, so once the count
   // is zero here no copy can start. Copies are chunked, so this wait is short.
   while (active_copies.load() != 0) std::this_thread::yield();
+  while (wire_in_flight.load() != 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
   {
     std::lock_guard lock(mu);
     finalize_locked(why);

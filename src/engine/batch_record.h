@@ -47,6 +47,9 @@ struct BatchRecord {
 
   std::atomic<int> pending_tasks{0};
   std::atomic<int> active_copies{0};
+  // Requests on the wire (tcp) not yet acknowledged: stop() waits for them, or for the
+  // deadline, after which the receiver writes nothing of this batch.
+  std::atomic<int> wire_in_flight{0};
   std::atomic<bool> cancelled{false};
   std::atomic<bool> uses_released{false};
 

@@ -37,7 +37,7 @@ Status copy_slice(BatchRecord& b, const CopySlice& s) {
     while (span <= s.last_span && chunk_bytes < kCopyChunkBytes && chunk_spans < kCopyChunkSpans) {
       uint64_t end = span == s.last_span ? s.last_end : spans[span].length;
       uint64_t n = std::min(end - offset, kCopyChunkBytes - chunk_bytes);
-      std::memcpy(spans[span].dst + offset, spans[span].src + offset, n);
+      std::memcpy(spans[span].dst() + offset, spans[span].src() + offset, n);
       chunk_bytes += n;
       offset += n;
       if (offset == end) {
@@ -52,7 +52,7 @@ Status copy_slice(BatchRecord& b, const CopySlice& s) {
 }
 
 // Cuts the spans into `parts` slices of about equal bytes.
-std::vector<CopySlice> balance(const std::vector<CopySpan>& spans, uint64_t total, int parts) {
+std::vector<CopySlice> balance(const std::vector<ResolvedOp>& spans, uint64_t total, int parts) {
   std::vector<CopySlice> slices;
   uint64_t per_slice = (total + parts - 1) / parts;
   CopySlice current;

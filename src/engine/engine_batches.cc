@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include "engine/engine_impl.h"
+#include "transport/tcp/tcp_link.h"
 
 namespace kvferry::detail {
 
@@ -26,7 +27,8 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
     if (!peer->is_self) batch->remote_snapshot = peer->segment.load();
     const RegionIndex& remote =
         peer->is_self ? *batch->local_snapshot : batch->remote_snapshot->regions;
-    resolved = resolve_ops(ops, *batch->local_snapshot, remote, peer->name, options_.merge_ops);
+    resolved = resolve_ops(ops, *batch->local_snapshot, remote, peer->name, options_.merge_ops,
+                           peer->transport != TransportKind::kTcp);
     // A remote miss may be a region the peer registered after we cached its descriptor.
     if (!resolved.remote_miss || peer->is_self || attempt == 1) break;
     KVF_RETURN_IF_ERROR(refresh_peer(*peer));
@@ -42,7 +44,17 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
       return NotRegistered("a local region of this batch was unregistered while submitting");
     }
   }
-  copier_.run(batch);
+  if (peer->transport == TransportKind::kTcp) {
+    if (Status posted = peer->tcp->post(batch); !posted.ok()) {
+      for (RegionUse* use : batch->work.uses) use->in_flight.fetch_sub(1);
+      if (posted.code() == StatusCode::kPeerDisconnected) {
+        peer->mark_disconnected(posted.message());
+      }
+      return posted;
+    }
+  } else {
+    copier_.run(batch);
+  }
   return BatchHandle(std::move(batch));
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 
 #include "core/host_identity.h"
@@ -14,7 +15,8 @@ namespace kvferry::detail {
 namespace {
 
 // Transports this build can serve.
-constexpr TransportSet kBuiltTransports{TransportKind::kLocal, TransportKind::kShm};
+constexpr TransportSet kBuiltTransports{TransportKind::kLocal, TransportKind::kShm,
+                                        TransportKind::kTcp};
 
 uint64_t new_incarnation() {
   std::random_device rd;
@@ -79,6 +81,32 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
                            listen, [raw] { return *raw->descriptor_json_.load(); },
                            engine->options_.handshake_timeout));
   engine->endpoint_ = engine->handshake_->endpoint().to_string();
+  engine->secret_ = engine->options_.secret;
+  if (!engine->secret_) {
+    if (const char* env = std::getenv("KVFERRY_SECRET"); env != nullptr && *env != '\0') {
+      engine->secret_ = env;
+    }
+  }
+  if (engine->secret_ && engine->secret_->empty()) {
+    return InvalidArgument("secret is empty; leave it unset to turn authentication off");
+  }
+  if (served.contains(TransportKind::kTcp)) {
+    TcpServerOptions tcp;
+    if (engine->options_.tcp_listen_address.empty()) {
+      tcp.listen = Endpoint{listen.host, 0};
+    } else {
+      KVF_ASSIGN_OR_RETURN(tcp.listen, parse_endpoint(engine->options_.tcp_listen_address, true));
+    }
+    tcp.io_threads = engine->options_.tcp_io_threads;
+    tcp.incarnation = engine->incarnation_;
+    tcp.secret = engine->secret_;
+    if (engine->options_.tcp_lanes < 1 || engine->options_.tcp_lanes > 64) {
+      return InvalidArgument(fmt::format("tcp_lanes {} out of range 1..64", engine->options_.tcp_lanes));
+    }
+    KVF_ASSIGN_OR_RETURN(engine->tcp_server_,
+                         TcpServer::start(tcp, [raw] { return raw->local_regions_.load(); }));
+    engine->tcp_endpoint_ = engine->tcp_server_->endpoint().to_string();
+  }
   engine->self_peer_->name = engine->endpoint_;
   {
     std::lock_guard lock(engine->registry_mu_);
@@ -142,6 +170,7 @@ void EngineImpl::publish_locked() {
   SegmentDescriptor d;
   d.name = options_.name;
   d.endpoint = endpoint_;
+  d.tcp_endpoint = tcp_endpoint_;
   d.incarnation = incarnation_;
   d.host_id = host_identity();
   d.pid = ::getpid();

@@ -21,6 +21,7 @@
 #include "kvferry/transfer_engine.h"
 #include "metadata/handshake.h"
 #include "transport/shm/shm_mapping.h"
+#include "transport/tcp/tcp_server.h"
 
 namespace kvferry::detail {
 
@@ -62,9 +63,11 @@ class EngineImpl {
   Result<std::shared_ptr<PeerState>> connect_peer(const std::string& name,
                                                   const PeerOptions& options);
   Result<TransportKind> choose_transport(const SegmentDescriptor& d,
-                                         std::optional<TransportKind> forced) const;
+                                         std::optional<TransportKind> forced, bool is_self) const;
+  // Builds the reachable view of a peer's regions; `map_shm` maps their memfds (shm).
   Result<std::shared_ptr<const RemoteSegment>> attach_segment(SegmentDescriptor d,
-                                                              const RemoteSegment* previous) const;
+                                                              const RemoteSegment* previous,
+                                                              bool map_shm) const;
   Status refresh_peer(PeerState& peer);
 
   // Batches.
@@ -74,6 +77,8 @@ class EngineImpl {
   uint64_t incarnation_ = 0;
   std::string endpoint_;
   TransportSet served_;
+  std::optional<std::string> secret_;
+  std::string tcp_endpoint_;
 
   // Registration. Writers serialise on registry_mu_; readers load the snapshot.
   mutable std::mutex registry_mu_;
@@ -92,6 +97,7 @@ class EngineImpl {
   CopyExecutor copier_;
   PeerMonitor monitor_;
   std::unique_ptr<HandshakeServer> handshake_;
+  std::unique_ptr<TcpServer> tcp_server_;
 };
 
 }  // namespace kvferry::detail

@@ -4,6 +4,7 @@
 #include "core/logging.h"
 #include "engine/engine_impl.h"
 #include "metadata/handshake.h"
+#include "transport/tcp/tcp_link.h"
 
 namespace kvferry::detail {
 
@@ -11,7 +12,8 @@ Result<PeerHandle> EngineImpl::open_peer(std::string_view name, const PeerOption
   KVF_RETURN_IF_ERROR(parse_endpoint(name).status());
   std::optional<TransportKind> forced =
       options.transport ? options.transport : options_.forced_transport;
-  if (name == endpoint_) {
+  const bool forced_tcp = forced == TransportKind::kTcp;  // tcp may reach even ourselves
+  if (name == endpoint_ && !forced_tcp) {
     if (forced && *forced != TransportKind::kLocal) {
       return NotSupported(
           fmt::format("forced transport {} cannot reach {}: it is this engine "
@@ -49,26 +51,44 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
   KVF_ASSIGN_OR_RETURN(std::string json,
                        fetch_descriptor(endpoint, Clock::now() + options_.handshake_timeout));
   KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
-  if (d.incarnation == incarnation_) return self_peer_;  // another name for ourselves
   std::optional<TransportKind> forced =
       options.transport ? options.transport : options_.forced_transport;
-  KVF_ASSIGN_OR_RETURN(TransportKind transport, choose_transport(d, forced));
+  const bool is_self = d.incarnation == incarnation_;
+  if (is_self && forced != TransportKind::kTcp) return self_peer_;  // another name for us
+  KVF_ASSIGN_OR_RETURN(TransportKind transport, choose_transport(d, forced, is_self));
+  const bool same_host = d.host_id == host_identity();
   auto peer = std::make_shared<PeerState>();
   peer->name = name;
   peer->transport = transport;
   peer->incarnation = d.incarnation;
   peer->pid = d.pid;
-  KVF_ASSIGN_OR_RETURN(auto segment, attach_segment(std::move(d), nullptr));
+  if (transport == TransportKind::kTcp) {
+    TcpLinkOptions link;
+    KVF_ASSIGN_OR_RETURN(link.endpoint, parse_endpoint(d.tcp_endpoint));
+    link.peer_name = name;
+    link.expected_incarnation = d.incarnation;
+    link.lanes = options_.tcp_lanes;
+    link.connect_timeout = options_.handshake_timeout;
+    link.secret = secret_;
+    peer->tcp = std::make_shared<TcpLink>(std::move(link));
+  }
+  KVF_ASSIGN_OR_RETURN(auto segment,
+                       attach_segment(std::move(d), nullptr, transport == TransportKind::kShm));
   peer->segment.store(std::move(segment));
-  KVF_RETURN_IF_ERROR(monitor_.watch(peer));
+  // A same-host peer's death is seen through its pidfd; across hosts, through its
+  // connections.
+  if (same_host && !is_self) KVF_RETURN_IF_ERROR(monitor_.watch(peer));
+  const char* why = forced                               ? " (forced)"
+                    : transport == TransportKind::kShm ? " (same host, both serve shm)"
+                                                       : " (other host, both serve tcp)";
   log().info("peer {} ('{}', pid {}): transport {}{}", name, peer->segment.load()->descriptor.name,
-             peer->pid, transport_kind_name(transport),
-             forced ? " (forced)" : " (same host, both serve shm)");
+             peer->pid, transport_kind_name(transport), why);
   return peer;
 }
 
 Result<TransportKind> EngineImpl::choose_transport(const SegmentDescriptor& d,
-                                                   std::optional<TransportKind> forced) const {
+                                                   std::optional<TransportKind> forced,
+                                                   bool is_self) const {
   const bool same_host = d.host_id == host_identity();
   const TransportSet common = served_.intersect(d.transports);
   auto why_not = [&](TransportKind kind) -> std::string {
@@ -77,7 +97,10 @@ Result<TransportKind> EngineImpl::choose_transport(const SegmentDescriptor& d,
     switch (kind) {
       case TransportKind::kLocal: return "local only reaches this engine itself";
       case TransportKind::kShm:
+        if (is_self) return "it would reach this engine itself (use local)";
         return same_host ? "" : "the peer is on another host (host id " + d.host_id + ")";
+      case TransportKind::kTcp:
+        return d.tcp_endpoint.empty() ? "the peer advertises no tcp endpoint" : "";
       default: return "not built";
     }
   };
@@ -90,18 +113,21 @@ Result<TransportKind> EngineImpl::choose_transport(const SegmentDescriptor& d,
     return *forced;
   }
   if (common.contains(TransportKind::kShm) && same_host) return TransportKind::kShm;
-  return NotSupported(fmt::format("no transport reaches peer {}: shm: {}", d.endpoint,
-                                  why_not(TransportKind::kShm)));
+  if (common.contains(TransportKind::kTcp) && why_not(TransportKind::kTcp).empty()) {
+    return TransportKind::kTcp;
+  }
+  return NotSupported(fmt::format("no transport reaches peer {}: shm: {}; tcp: {}", d.endpoint,
+                                  why_not(TransportKind::kShm), why_not(TransportKind::kTcp)));
 }
 
 Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
-    SegmentDescriptor d, const RemoteSegment* previous) const {
+    SegmentDescriptor d, const RemoteSegment* previous, bool map_shm) const {
   auto segment = std::make_shared<RemoteSegment>();
   std::vector<RegionEntry> entries;
   entries.reserve(d.regions.size());
   for (const RegionDescriptor& r : d.regions) {
     RegionEntry entry{r.addr, r.length, nullptr, r.location, r.shm, nullptr};
-    if (r.shm) {
+    if (r.shm && map_shm) {
       std::shared_ptr<ShmMapping> mapping;
       auto reuse = [&](const std::vector<std::shared_ptr<ShmMapping>>& pool) {
         for (const auto& m : pool) {
@@ -142,7 +168,8 @@ Status EngineImpl::refresh_peer(PeerState& peer) {
   }
   auto previous = peer.segment.load();
   if (previous && d.version <= previous->descriptor.version) return Status::Ok();
-  KVF_ASSIGN_OR_RETURN(auto segment, attach_segment(std::move(d), previous.get()));
+  KVF_ASSIGN_OR_RETURN(auto segment, attach_segment(std::move(d), previous.get(),
+                                                    peer.transport == TransportKind::kShm));
   peer.segment.store(std::move(segment));
   return Status::Ok();
 }

@@ -5,7 +5,8 @@
 namespace kvferry {
 
 ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
-                           const RegionIndex& remote, std::string_view peer_name, bool merge) {
+                           const RegionIndex& remote, std::string_view peer_name, bool merge,
+                           bool need_remote_pointer) {
   ResolveOutcome out;
   if (ops.empty()) {
     out.status = InvalidArgument("empty batch: submit needs at least one op");
@@ -44,22 +45,22 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
       out.remote_miss = true;
       return out;
     }
-    if (r->host_ptr == nullptr) {
+    if (need_remote_pointer && r->host_ptr == nullptr) {
       out.status = NotSupported(
           fmt::format("op {}: remote region at {:#x} of peer {} is not shareable (allocate it with "
                       "allocate_shared)",
                       i, r->addr, peer_name));
       return out;
     }
-    char* local_ptr = l->host_ptr + (op.local_addr - l->addr);
-    char* remote_ptr = r->host_ptr + (op.remote_addr - r->addr);
-    CopySpan span = op.kind == OpKind::kWrite ? CopySpan{remote_ptr, local_ptr, op.length}
-                                              : CopySpan{local_ptr, remote_ptr, op.length};
+    ResolvedOp resolved{op.kind, l->host_ptr + (op.local_addr - l->addr), op.remote_addr,
+                        r->host_ptr == nullptr ? nullptr : r->host_ptr + (op.remote_addr - r->addr),
+                        op.length};
     batch.bytes += op.length;
     if (merge && l == last_local && r == last_remote) {
-      CopySpan& prev = batch.spans.back();
-      if (prev.dst + prev.length == span.dst && prev.src + prev.length == span.src) {
-        prev.length += span.length;
+      ResolvedOp& prev = batch.spans.back();
+      if (prev.kind == resolved.kind && prev.local + prev.length == resolved.local &&
+          prev.remote_addr + prev.length == resolved.remote_addr) {
+        prev.length += resolved.length;
         continue;
       }
     }
@@ -73,7 +74,7 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
     }
     last_local = l;
     last_remote = r;
-    batch.spans.push_back(span);
+    batch.spans.push_back(resolved);
   }
   return out;
 }

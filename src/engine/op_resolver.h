@@ -19,14 +19,20 @@
 
 namespace kvferry {
 
-struct CopySpan {
-  char* dst = nullptr;
-  const char* src = nullptr;
+// One checked (and possibly merged) op.
+struct ResolvedOp {
+  OpKind kind = OpKind::kWrite;
+  char* local = nullptr;     // this process's pointer to the local range
+  uint64_t remote_addr = 0;  // the peer's address of the remote range
+  char* remote = nullptr;    // this process's pointer to it (shm, local), or null (tcp)
   uint64_t length = 0;
+
+  char* dst() const { return kind == OpKind::kWrite ? remote : local; }
+  const char* src() const { return kind == OpKind::kWrite ? local : remote; }
 };
 
 struct ResolvedBatch {
-  std::vector<CopySpan> spans;   // after merging
+  std::vector<ResolvedOp> spans;  // after merging
   std::vector<RegionUse*> uses;  // local regions touched (consecutive duplicates removed)
   uint64_t bytes = 0;
 };
@@ -39,7 +45,10 @@ struct ResolveOutcome {
   ResolvedBatch batch;
 };
 
+// `need_remote_pointer`: the transport copies with memcpy, so every remote region must be
+// mapped into this process (host_ptr set); otherwise (tcp) only its address is needed.
 ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
-                           const RegionIndex& remote, std::string_view peer_name, bool merge);
+                           const RegionIndex& remote, std::string_view peer_name, bool merge,
+                           bool need_remote_pointer);
 
 }  // namespace kvferry

@@ -18,6 +18,8 @@
 
 namespace kvferry::detail {
 
+class TcpLink;
+
 // One snapshot of a peer's descriptor with the mappings that back its regions.
 struct RemoteSegment {
   SegmentDescriptor descriptor;
@@ -32,6 +34,7 @@ struct PeerState {
   uint64_t incarnation = 0;
   int64_t pid = 0;
   std::atomic<std::shared_ptr<const RemoteSegment>> segment;  // null for the self peer
+  std::shared_ptr<TcpLink> tcp;  // set when transport == kTcp
   std::mutex refresh_mu;                                      // one descriptor refresh at a time
 
   bool is_disconnected() const { return disconnected_.load(std::memory_order_acquire); }

@@ -85,6 +85,7 @@ std::string serialize_segment_descriptor(const SegmentDescriptor& d) {
   json out = {{"format", kDescriptorFormat},  {"name", d.name},       {"endpoint", d.endpoint},
               {"incarnation", d.incarnation}, {"host_id", d.host_id}, {"pid", d.pid},
               {"transports", transports},     {"version", d.version}, {"regions", regions}};
+  if (!d.tcp_endpoint.empty()) out["tcp_endpoint"] = d.tcp_endpoint;
   return out.dump();
 }
 
@@ -108,6 +109,10 @@ Result<SegmentDescriptor> parse_segment_descriptor(std::string_view text) {
   KVF_ASSIGN_OR_RETURN(d.host_id, get_field<std::string>(doc, "host_id"));
   KVF_ASSIGN_OR_RETURN(d.pid, get_field<int64_t>(doc, "pid"));
   KVF_ASSIGN_OR_RETURN(d.version, get_field<uint64_t>(doc, "version"));
+  if (auto tcp = doc.find("tcp_endpoint"); tcp != doc.end()) {
+    if (!tcp->is_string()) return bad("field 'tcp_endpoint' is not a string");
+    d.tcp_endpoint = tcp->get<std::string>();
+  }
   auto transports = doc.find("transports");
   if (transports == doc.end() || !transports->is_array())
     return bad("'transports' is not an array");

@@ -231,16 +231,19 @@ TEST(TransportChoice, ImpossibleForcedChoiceIsAnErrorSayingWhy) {
   auto other = a->open_peer(b->endpoint(), force_local);
   ASSERT_FALSE(other.ok());
   EXPECT_TRUE(contains(other.status().message(), "forced transport local"));
-  PeerOptions force_tcp;
-  force_tcp.transport = TransportKind::kTcp;
-  EXPECT_EQ(a->open_peer(b->endpoint(), force_tcp).status().code(), StatusCode::kNotSupported);
+  PeerOptions force_rdma;
+  force_rdma.transport = TransportKind::kRdma;
+  auto rdma = a->open_peer(b->endpoint(), force_rdma);
+  ASSERT_FALSE(rdma.ok());
+  EXPECT_EQ(rdma.status().code(), StatusCode::kNotSupported);
+  EXPECT_TRUE(contains(rdma.status().message(), "forced transport rdma")) << rdma.status().message();
 }
 
 TEST(TransportChoice, ShmDisallowedOnOneSideLeavesNoTransport) {
   auto a = make_engine("a");
   EngineOptions o;
   o.name = "b";
-  o.allowed_transports = TransportSet{TransportKind::kLocal};
+  o.allowed_transports = TransportSet{TransportKind::kLocal};  // neither shm nor tcp
   auto b = must(TransferEngine::create(o));
   auto r = a->open_peer(b->endpoint());
   ASSERT_FALSE(r.ok());

@@ -1,0 +1,200 @@
+// The bootstrap HTTP server (cpp-httplib: a well-kept library for a small JSON-over-HTTP
+// API, so nothing here parses HTTP by hand).
+#include <httplib.h>
+
+#include <charconv>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "core/logging.h"
+#include "core/net.h"
+#include "kvferry/pd/bootstrap.h"
+#include "pd/bootstrap_json.h"
+
+namespace kvferry::pd {
+
+namespace {
+
+constexpr int kHttpOk = 200;
+constexpr int kHttpBadRequest = 400;
+constexpr int kHttpNotFound = 404;
+constexpr int kHttpUnavailable = 503;
+
+using RankKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // dp, pp, cp, tp
+
+void reply(httplib::Response& res, int code, const nlohmann::json& body) {
+  res.status = code;
+  res.set_content(body.dump(), "application/json");
+}
+
+void reply_error(httplib::Response& res, int code, const std::string& message) {
+  log().warn("bootstrap: HTTP {}: {}", code, message);
+  reply(res, code, {{"error", message}});
+}
+
+// Parses an optional unsigned query parameter; false (with the reply sent) when malformed.
+bool query_uint(const httplib::Request& req, httplib::Response& res, const char* key,
+                bool required, uint32_t& out) {
+  if (!req.has_param(key)) {
+    if (required) reply_error(res, kHttpBadRequest, std::string("missing parameter '") + key + "'");
+    return !required;
+  }
+  const std::string value = req.get_param_value(key);
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+  if (ec != std::errc() || end != value.data() + value.size() || value.empty()) {
+    reply_error(res, kHttpBadRequest,
+                std::string("parameter '") + key + "' is '" + value + "', expected a number");
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+class BootstrapServer::Impl {
+ public:
+  explicit Impl(BootstrapServerOptions options) : options_(std::move(options)) {}
+  ~Impl() { stop(); }
+
+  Status start() {
+    KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(options_.listen_address, true));
+    install_routes();
+    int port = endpoint.port;
+    if (port == 0) {
+      port = server_.bind_to_any_port(endpoint.host);
+    } else if (!server_.bind_to_port(endpoint.host, port)) {
+      port = -1;
+    }
+    if (port <= 0) return Internal("bootstrap: cannot bind " + options_.listen_address);
+    address_ = endpoint.host + ":" + std::to_string(port);
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    return Status::Ok();
+  }
+
+  void stop() {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const std::string& address() const { return address_; }
+
+ private:
+  struct Registered {
+    RankRegistration rank;
+    Clock::time_point last_seen;
+  };
+
+  void install_routes() {
+    server_.Put("/register", [this](const httplib::Request& req, httplib::Response& res) {
+      auto body = nlohmann::json::parse(req.body, nullptr, false);
+      if (body.is_discarded()) return reply_error(res, kHttpBadRequest, "body is not JSON");
+      Result<RankRegistration> rank = rank_from_json(body);
+      if (!rank.ok()) return reply_error(res, kHttpBadRequest, rank.status().message());
+      std::lock_guard lock(mu_);
+      if (!ranks_.empty()) {
+        const RankRegistration& first = ranks_.begin()->second.rank;
+        if (first.tp_size != rank->tp_size || first.pp_size != rank->pp_size ||
+            first.cp_size != rank->cp_size || first.dp_size != rank->dp_size) {
+          return reply_error(res, kHttpBadRequest,
+                             "registration's parallel sizes differ from the instance's (tp " +
+                                 std::to_string(rank->tp_size) + " vs " +
+                                 std::to_string(first.tp_size) + ")");
+        }
+      }
+      RankKey key{rank->dp_rank, rank->pp_rank, rank->cp_rank, rank->tp_rank};
+      auto [it, inserted] = ranks_.insert_or_assign(key, Registered{*rank, Clock::now()});
+      if (inserted) {
+        log().info("bootstrap: registered tp rank {} at {}", rank->tp_rank,
+                   rank->control_endpoint);
+      }
+      reply(res, kHttpOk, {{"ok", true}});
+    });
+    server_.Get("/layout", [this](const httplib::Request&, httplib::Response& res) {
+      std::lock_guard lock(mu_);
+      if (!complete_locked()) return reply_error(res, kHttpUnavailable, waiting_message_locked());
+      const RankRegistration& r = ranks_.begin()->second.rank;
+      reply(res, kHttpOk,
+            to_json(InstanceLayout{r.tp_size, r.pp_size, r.cp_size, r.dp_size,
+                                   r.page_size_tokens, r.dtype_bytes}));
+    });
+    server_.Get("/rank", [this](const httplib::Request& req, httplib::Response& res) {
+      uint32_t tp = 0, pp = 0, cp = 0, dp = 0;
+      if (!query_uint(req, res, "tp_rank", true, tp) || !query_uint(req, res, "pp_rank", false, pp) ||
+          !query_uint(req, res, "cp_rank", false, cp) || !query_uint(req, res, "dp_rank", false, dp)) {
+        return;
+      }
+      std::lock_guard lock(mu_);
+      if (!ranks_.empty()) {
+        const RankRegistration& first = ranks_.begin()->second.rank;
+        if (tp >= first.tp_size || pp >= first.pp_size || cp >= first.cp_size ||
+            dp >= first.dp_size) {
+          return reply_error(res, kHttpNotFound,
+                             "no rank tp " + std::to_string(tp) + " (instance tp size " +
+                                 std::to_string(first.tp_size) + ")");
+        }
+      }
+      if (!complete_locked()) return reply_error(res, kHttpUnavailable, waiting_message_locked());
+      auto it = ranks_.find(RankKey{dp, pp, cp, tp});
+      if (it == ranks_.end()) {
+        return reply_error(res, kHttpNotFound, "no rank tp " + std::to_string(tp));
+      }
+      reply(res, kHttpOk, to_json(it->second.rank));
+    });
+    server_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+      std::lock_guard lock(mu_);
+      HealthReport report;
+      report.healthy = complete_locked();
+      const auto now = Clock::now();
+      for (const auto& [key, reg] : ranks_) {
+        bool alive = options_.rank_stale_after.count() == 0 ||
+                     now - reg.last_seen <= options_.rank_stale_after;
+        report.healthy = report.healthy && alive;
+        report.ranks.push_back({reg.rank.tp_rank, reg.rank.pp_rank, reg.rank.cp_rank,
+                                reg.rank.dp_rank, reg.rank.incarnation, alive});
+      }
+      reply(res, report.healthy ? kHttpOk : kHttpUnavailable, to_json(report));
+    });
+    server_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+      if (res.status == 404 && res.body.empty()) {
+        reply(res, kHttpNotFound, {{"error", "no route " + req.method + " " + req.path}});
+      }
+    });
+  }
+
+  bool complete_locked() const {
+    if (ranks_.empty()) return false;
+    const RankRegistration& r = ranks_.begin()->second.rank;
+    return ranks_.size() ==
+           static_cast<size_t>(r.tp_size) * r.pp_size * r.cp_size * r.dp_size;
+  }
+
+  std::string waiting_message_locked() const {
+    if (ranks_.empty()) return "no prefill rank registered yet";
+    const RankRegistration& r = ranks_.begin()->second.rank;
+    return std::to_string(ranks_.size()) + " of " +
+           std::to_string(static_cast<size_t>(r.tp_size) * r.pp_size * r.cp_size * r.dp_size) +
+           " prefill ranks registered";
+  }
+
+  BootstrapServerOptions options_;
+  httplib::Server server_;
+  std::thread thread_;
+  std::string address_;
+  std::mutex mu_;
+  std::map<RankKey, Registered> ranks_;
+};
+
+Result<std::unique_ptr<BootstrapServer>> BootstrapServer::start(BootstrapServerOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  KVF_RETURN_IF_ERROR(impl->start());
+  return std::unique_ptr<BootstrapServer>(new BootstrapServer(std::move(impl)));
+}
+
+BootstrapServer::BootstrapServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BootstrapServer::~BootstrapServer() = default;
+const std::string& BootstrapServer::address() const { return impl_->address(); }
+void BootstrapServer::stop() { impl_->stop(); }
+
+}  // namespace kvferry::pd

@@ -1,0 +1,73 @@
+// ControlChannel: one TCP connection between a decode rank and a prefill rank carrying
+// control message frames both ways.
+//
+// Framed TCP on core/net.h rather than ZeroMQ: the session layer must notice a dead peer at
+// once (a killed process closes its sockets, and EOF here fails its requests), while ZeroMQ
+// hides disconnects behind silent reconnects and queues. One persistent connection per rank
+// pair also gives message order per request for free.
+//
+// A reader thread decodes frames and hands each message to on_message; a malformed frame is
+// logged and closes the channel (ProtocolError). on_close runs exactly once, on the reader
+// thread, with the reason (EOF, reset, bad frame, or close()).
+//
+// Ownership: the channel owns its socket and reader thread. Callbacks must not outlive what
+// they capture: the owner calls close() before it goes away.
+// Thread-safety: send() and close() are safe from any thread (close() from the reader thread
+// does not join itself).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/fd.h"
+#include "core/net.h"
+#include "kvferry/pd/control_message.h"
+
+namespace kvferry::pd {
+
+class ControlChannel {
+ public:
+  using OnMessage = std::function<void(ControlMessage&&)>;
+  using OnClose = std::function<void(const Status&)>;
+
+  // Takes the connected socket and starts the reader thread.
+  static std::shared_ptr<ControlChannel> start(Fd fd, std::string peer_name, OnMessage on_message,
+                                               OnClose on_close);
+  ~ControlChannel();
+  ControlChannel(const ControlChannel&) = delete;
+  ControlChannel& operator=(const ControlChannel&) = delete;
+
+  // Sends one message within `timeout`. PeerDisconnected once closed.
+  Status send(const ControlMessage& message,
+              std::chrono::milliseconds timeout = std::chrono::milliseconds(2000));
+  // Shuts the socket down and (unless called on the reader thread) joins the reader.
+  void close();
+
+  const std::string& peer_name() const { return peer_name_; }
+  bool closed() const { return closed_.load(); }
+  // When the last frame arrived (the channel's start time before any).
+  Clock::time_point last_received() const {
+    return Clock::time_point(Clock::duration(last_received_ns_.load()));
+  }
+
+ private:
+  ControlChannel(Fd fd, std::string peer_name) : fd_(std::move(fd)), peer_name_(std::move(peer_name)) {}
+  void read_loop();
+  Status read_one(ControlMessage& out);
+
+  Fd fd_;
+  std::string peer_name_;
+  OnMessage on_message_;
+  OnClose on_close_;
+  std::mutex send_mu_;
+  std::atomic<bool> closed_{false};
+  std::atomic<int64_t> last_received_ns_{0};
+  std::thread reader_;
+};
+
+}  // namespace kvferry::pd

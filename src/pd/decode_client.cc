@@ -1,0 +1,389 @@
+// DecodeClient: finding prefill instances, control links, messages, heartbeats, timeouts.
+// The per-request path is in kv_receiver.cc.
+#include "kvferry/pd/decode_client.h"
+
+#include "core/logging.h"
+#include "kvferry/kv/tp_slice.h"
+#include "pd/decode_state.h"
+
+namespace kvferry::pd {
+namespace detail {
+namespace {
+constexpr auto kBootstrapRetry = std::chrono::milliseconds(50);
+
+std::string rank_name(const PrefillInstance& inst, uint32_t rank) {
+  return "prefill tp " + std::to_string(rank) + " of " + inst.bootstrap_address;
+}
+}  // namespace
+
+DecodeClientImpl::DecodeClientImpl(DecodeClientOptions options)
+    : options_(std::move(options)), engine_(*options_.engine) {}
+
+Status DecodeClientImpl::start() {
+  KVF_RETURN_IF_ERROR(kv::validate_tp_pair({1, 0, options_.tp.size, options_.tp.rank}));
+  if (options_.buffers.layout.num_entries() == 0) {
+    return InvalidArgument("decode client: the KV layout has no entries");
+  }
+  bootstrap_pool_ = std::make_unique<ThreadPool>(std::max(1, options_.bootstrap_threads));
+  monitor_thread_ = std::thread([this] { monitor_loop(); });
+  return Status::Ok();
+}
+
+DecodeClientImpl::~DecodeClientImpl() {
+  stopping_ = true;
+  if (monitor_thread_.joinable()) monitor_thread_.join();
+  bootstrap_pool_.reset();
+  std::vector<std::shared_ptr<PrefillLink>> links;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [addr, inst] : instances_) {
+      for (auto& [rank, link] : inst->links) links.push_back(link);
+    }
+  }
+  for (auto& link : links) link->channel->close();
+}
+
+bool DecodeClientImpl::replicated() const {
+  for (const kv::KvEntry& e : options_.buffers.layout.entries()) {
+    if (e.role == kv::KvRole::kKey || e.role == kv::KvRole::kValue) return false;
+  }
+  return true;
+}
+
+RegisterLayout DecodeClientImpl::registration() const {
+  RegisterLayout reg;
+  reg.tp_rank = options_.tp.rank;
+  reg.tp_size = options_.tp.size;
+  reg.total_kv_heads = options_.tp.total_kv_heads;
+  reg.engine_endpoint = engine_.endpoint();
+  reg.incarnation = engine_.incarnation();
+  reg.info = options_.buffers.layout.info();
+  reg.entries.assign(options_.buffers.layout.entries().begin(),
+                     options_.buffers.layout.entries().end());
+  reg.aux = options_.buffers.aux;
+  reg.state = options_.buffers.state;
+  return reg;
+}
+
+Result<KvReceiver> DecodeClientImpl::create_receiver(const std::string& bootstrap_address,
+                                                     uint64_t room) {
+  KVF_RETURN_IF_ERROR(parse_endpoint(bootstrap_address).status());
+  std::shared_ptr<ReceiverState> r;
+  bool connect = false;
+  std::shared_ptr<PrefillInstance> inst;
+  {
+    std::lock_guard lock(mu_);
+    auto existing = rooms_.find(room);
+    if (existing != rooms_.end()) {
+      return AlreadyExists("decode: a receiver for room " + std::to_string(room) + " exists");
+    }
+    auto& slot = instances_[bootstrap_address];
+    if (!slot || slot->phase == PrefillInstance::Phase::kDead) {
+      slot = std::make_shared<PrefillInstance>();
+      slot->bootstrap_address = bootstrap_address;
+      connect = true;
+    }
+    inst = slot;
+    r = std::make_shared<ReceiverState>(room, this, inst);
+    rooms_[room] = r;
+    if (inst->phase == PrefillInstance::Phase::kReady) r->cell.advance(RequestState::kWaitingForInput);
+  }
+  if (connect) bootstrap_pool_->post([this, inst] { connect_instance(inst); });
+  return KvReceiver(r);
+}
+
+void DecodeClientImpl::connect_instance(const std::shared_ptr<PrefillInstance>& inst) {
+  Status s = stopping_ ? Cancelled("decode client is stopping") : connect_links(inst);
+  std::vector<std::shared_ptr<ReceiverState>> waiting;
+  {
+    std::lock_guard lock(mu_);
+    if (s.ok() && inst->phase == PrefillInstance::Phase::kConnecting) {
+      inst->phase = PrefillInstance::Phase::kReady;
+      inst->last_healthy = Clock::now();
+    } else if (s.ok()) {
+      s = inst->error;  // a link died while the others were connecting
+    }
+    for (auto& [room, r] : rooms_) {
+      if (r->instance == inst) waiting.push_back(r);
+    }
+  }
+  if (!s.ok()) {
+    log().warn("decode: cannot reach prefill instance {}: {}", inst->bootstrap_address,
+               s.to_string());
+    kill_instance(inst, s);
+    return;
+  }
+  log().info("decode tp {}: connected to prefill instance {} (tp {}, reading ranks {}..{})",
+             options_.tp.rank, inst->bootstrap_address, inst->layout.tp_size, inst->ranks.front(),
+             inst->ranks.back());
+  for (auto& r : waiting) {
+    if (r->cell.advance(RequestState::kWaitingForInput)) dispatch(r);
+  }
+}
+
+Status DecodeClientImpl::connect_links(const std::shared_ptr<PrefillInstance>& inst) {
+  const auto deadline = Clock::now() + options_.timeouts.bootstrap_timeout;
+  BootstrapClient bootstrap(inst->bootstrap_address,
+                            std::max(std::chrono::milliseconds(200),
+                                     options_.timeouts.heartbeat_interval));
+  Result<InstanceLayout> layout = bootstrap.layout();
+  while (!layout.ok() && Clock::now() < deadline && !stopping_ &&
+         (layout.status().code() == StatusCode::kFailedPrecondition ||
+          layout.status().code() == StatusCode::kPeerUnreachable)) {
+    std::this_thread::sleep_for(kBootstrapRetry);
+    layout = bootstrap.layout();
+  }
+  if (!layout.ok()) return layout.status();
+  KVF_ASSIGN_OR_RETURN(std::vector<uint32_t> ranks,
+                       kv::prefill_ranks_for_decode_rank(layout->tp_size, options_.tp.size,
+                                                         options_.tp.rank));
+  inst->layout = *layout;
+  inst->ranks = ranks;
+  for (uint32_t rank : ranks) {
+    KVF_ASSIGN_OR_RETURN(auto link, connect_link(inst, bootstrap, rank, deadline));
+    std::lock_guard lock(mu_);
+    inst->links[rank] = link;
+  }
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
+    const std::shared_ptr<PrefillInstance>& inst, const BootstrapClient& bootstrap,
+    uint32_t prefill_rank, Clock::time_point deadline) {
+  KVF_ASSIGN_OR_RETURN(RankRegistration reg, bootstrap.rank(prefill_rank));
+  KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(reg.control_endpoint));
+  KVF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(endpoint, deadline));
+  auto link = std::make_shared<PrefillLink>();
+  link->prefill_rank = prefill_rank;
+  std::weak_ptr<PrefillInstance> weak_inst = inst;
+  std::weak_ptr<PrefillLink> weak_link = link;
+  link->channel = ControlChannel::start(
+      std::move(fd), rank_name(*inst, prefill_rank),
+      [this, weak_inst, weak_link, prefill_rank](ControlMessage&& m) {
+        auto l = weak_link.lock();
+        if (auto* reply = std::get_if<RegisterReply>(&m); reply != nullptr && l) {
+          std::lock_guard lock(l->mu);
+          l->reply = *reply;
+          l->cv.notify_all();
+          return;
+        }
+        if (auto i = weak_inst.lock()) on_message(i, prefill_rank, std::move(m));
+      },
+      [this, weak_inst, weak_link, prefill_rank](const Status& reason) {
+        if (auto l = weak_link.lock()) {
+          l->alive = false;
+          std::lock_guard lock(l->mu);
+          l->cv.notify_all();
+        }
+        if (auto i = weak_inst.lock()) on_link_lost(i, prefill_rank, reason);
+      });
+  KVF_RETURN_IF_ERROR(link->channel->send(registration()));
+  std::unique_lock lock(link->mu);
+  link->cv.wait_until(lock, deadline, [&] { return link->reply.has_value() || !link->alive; });
+  if (!link->reply) {
+    link->channel->close();
+    return PeerUnreachable(rank_name(*inst, prefill_rank) + " did not accept the registration");
+  }
+  if (link->reply->code != StatusCode::kOk) {
+    link->channel->close();
+    return Status(link->reply->code,
+                  rank_name(*inst, prefill_rank) + " refused the layout: " + link->reply->reason);
+  }
+  return link;
+}
+
+void DecodeClientImpl::on_message(const std::shared_ptr<PrefillInstance>& inst, uint32_t rank,
+                                  ControlMessage&& message) {
+  if (std::holds_alternative<Heartbeat>(message)) return;
+  if (auto* status = std::get_if<RequestStatusMessage>(&message)) {
+    auto r = find_room(status->room);
+    if (!r || r->instance != inst) return;  // finished or unknown: nothing to do
+    if (status->state == RequestState::kSuccess) {
+      bool all = false;
+      {
+        std::lock_guard lock(r->mu);
+        r->pending_ranks.erase(rank);
+        all = r->sent && r->pending_ranks.empty();
+        if (all) r->transfer_end = Clock::now();
+      }
+      if (all) r->cell.advance(RequestState::kSuccess);
+    } else if (status->state == RequestState::kFailed) {
+      fail(r, Status(status->code, rank_name(*inst, rank) + ": " + status->reason));
+    }
+    settle(r);
+    return;
+  }
+  if (auto* ack = std::get_if<AbortAck>(&message)) {
+    if (auto r = find_room(ack->room)) {
+      {
+        std::lock_guard lock(r->mu);
+        r->ack_pending_ranks.erase(rank);
+        r->ack_cv.notify_all();
+      }
+      settle(r);
+    }
+    return;
+  }
+  if (auto* abort = std::get_if<AbortMessage>(&message)) {
+    if (auto r = find_room(abort->room)) {
+      fail(r, Cancelled(rank_name(*inst, rank) + " aborted the request: " + abort->reason));
+      settle(r);
+    }
+    return;
+  }
+  log().warn("decode: {} sent unexpected {}", rank_name(*inst, rank),
+             message_type_name(message_type(message)));
+}
+
+void DecodeClientImpl::on_link_lost(const std::shared_ptr<PrefillInstance>& inst, uint32_t rank,
+                                    const Status& reason) {
+  if (stopping_) return;
+  kill_instance(inst, PeerDisconnected(rank_name(*inst, rank) + " lost: " + reason.message()));
+}
+
+void DecodeClientImpl::kill_instance(const std::shared_ptr<PrefillInstance>& inst,
+                                     const Status& reason) {
+  std::vector<std::shared_ptr<ReceiverState>> affected;
+  std::vector<std::shared_ptr<PrefillLink>> links;
+  {
+    std::lock_guard lock(mu_);
+    if (inst->phase != PrefillInstance::Phase::kDead) {
+      inst->phase = PrefillInstance::Phase::kDead;
+      inst->error = reason;
+    }
+    for (auto& [rank, link] : inst->links) links.push_back(link);
+    for (auto& [room, r] : rooms_) {
+      if (r->instance == inst) affected.push_back(r);
+    }
+  }
+  for (auto& link : links) link->channel->close();
+  if (!affected.empty()) {
+    log().warn("decode: prefill instance {} failed: {} ({} requests fail)",
+               inst->bootstrap_address, reason.message(), affected.size());
+  }
+  for (auto& r : affected) {
+    fail(r, reason);
+    {
+      std::lock_guard lock(r->mu);
+      r->ack_pending_ranks.clear();  // a dead prefill writes nothing more
+      r->ack_cv.notify_all();
+    }
+    settle(r);
+  }
+}
+
+std::shared_ptr<ReceiverState> DecodeClientImpl::find_room(uint64_t room) const {
+  std::lock_guard lock(mu_);
+  auto it = rooms_.find(room);
+  return it == rooms_.end() ? nullptr : it->second;
+}
+
+void DecodeClientImpl::check_health(const std::shared_ptr<PrefillInstance>& inst) {
+  BootstrapClient bootstrap(inst->bootstrap_address,
+                            std::max(std::chrono::milliseconds(50),
+                                     options_.timeouts.heartbeat_interval / 2));
+  Result<HealthReport> health = bootstrap.health();
+  const auto now = Clock::now();
+  if (health.ok()) {
+    for (const RankHealth& rank : health->ranks) {
+      auto it = inst->links.find(rank.tp_rank);
+      if (it == inst->links.end() || !it->second->reply) continue;
+      if (rank.incarnation != it->second->reply->incarnation) {
+        return kill_instance(inst, PeerDisconnected(rank_name(*inst, rank.tp_rank) +
+                                                    " restarted (bootstrap reports a new "
+                                                    "incarnation)"));
+      }
+      if (!rank.alive) {
+        return kill_instance(inst, PeerDisconnected(rank_name(*inst, rank.tp_rank) +
+                                                    " stopped heartbeating the bootstrap server"));
+      }
+    }
+    inst->last_healthy = now;
+  } else if (now - inst->last_healthy > options_.timeouts.effective_heartbeat_timeout()) {
+    kill_instance(inst, PeerUnreachable("bootstrap server " + inst->bootstrap_address +
+                                        " unreachable: " + health.status().message()));
+  }
+}
+
+void DecodeClientImpl::monitor_loop() {
+  const PdTimeouts& t = options_.timeouts;
+  Clock::time_point next_beat = Clock::now();
+  uint64_t sequence = 0;
+  while (!stopping_) {
+    std::this_thread::sleep_for(t.tick());
+    const auto now = Clock::now();
+    std::vector<std::shared_ptr<PrefillInstance>> ready;
+    std::vector<std::shared_ptr<ReceiverState>> receivers;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [addr, inst] : instances_) {
+        if (inst->phase == PrefillInstance::Phase::kReady) ready.push_back(inst);
+      }
+      for (auto& [room, r] : rooms_) receivers.push_back(r);
+    }
+    for (auto& r : receivers) {
+      RequestState state = r->cell.state();
+      if (state == RequestState::kBootstrapping && now - r->created > t.bootstrap_timeout) {
+        fail(r, Timeout("room " + std::to_string(r->room) + " still Bootstrapping after " +
+                        std::to_string(t.bootstrap_timeout.count()) + " ms"));
+        settle(r);
+      } else if (state == RequestState::kTransferring) {
+        Clock::time_point start;
+        {
+          std::lock_guard lock(r->mu);
+          start = r->transfer_start;
+        }
+        if (now - start > t.waiting_timeout) {
+          abort(r, Timeout("room " + std::to_string(r->room) + " still Transferring after " +
+                           std::to_string(t.waiting_timeout.count()) + " ms"));
+        }
+      }
+    }
+    const bool beat = now >= next_beat;
+    if (beat) next_beat = now + t.heartbeat_interval;
+    for (auto& inst : ready) {
+      for (auto& [rank, link] : inst->links) {
+        if (now - link->channel->last_received() > t.effective_heartbeat_timeout()) {
+          kill_instance(inst, PeerDisconnected(rank_name(*inst, rank) + " silent for more than " +
+                                               std::to_string(t.effective_heartbeat_timeout().count()) +
+                                               " ms"));
+          break;
+        }
+        if (beat) link->channel->send(Heartbeat{sequence, engine_.incarnation()}).ignore();
+      }
+      if (beat) check_health(inst);
+    }
+    ++sequence;
+  }
+}
+
+DecodeStats DecodeClientImpl::stats() const {
+  std::lock_guard lock(mu_);
+  DecodeStats s = stats_;
+  for (auto& [addr, inst] : instances_) {
+    if (inst->phase == PrefillInstance::Phase::kReady) {
+      s.prefill_connections += static_cast<uint32_t>(inst->links.size());
+    }
+  }
+  return s;
+}
+
+}  // namespace detail
+
+Result<std::unique_ptr<DecodeClient>> DecodeClient::create(DecodeClientOptions options) {
+  if (options.engine == nullptr) return InvalidArgument("decode client: engine is null");
+  auto impl = std::make_unique<detail::DecodeClientImpl>(std::move(options));
+  KVF_RETURN_IF_ERROR(impl->start());
+  return std::unique_ptr<DecodeClient>(new DecodeClient(std::move(impl)));
+}
+
+DecodeClient::DecodeClient(std::unique_ptr<detail::DecodeClientImpl> impl)
+    : impl_(std::move(impl)) {}
+DecodeClient::~DecodeClient() = default;
+Result<KvReceiver> DecodeClient::create_receiver(const std::string& bootstrap_address,
+                                                 uint64_t room) {
+  return impl_->create_receiver(bootstrap_address, room);
+}
+DecodeStats DecodeClient::stats() const { return impl_->stats(); }
+
+}  // namespace kvferry::pd

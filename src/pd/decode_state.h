@@ -1,0 +1,119 @@
+// Internal state of the decode side: prefill instances (found through one bootstrap server
+// each), their control links (one per prefill rank this decode rank reads from), and
+// per-request receiver state.
+//
+// Locking: DecodeClientImpl::mu_ guards the instance and room maps and each instance's
+// phase; ReceiverState::mu guards one request; PrefillLink::mu its registration reply.
+// Order: mu_ before ReceiverState::mu; never mu_ while holding a ReceiverState::mu.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/net.h"
+#include "core/thread_pool.h"
+#include "kvferry/pd/bootstrap.h"
+#include "kvferry/pd/decode_client.h"
+#include "pd/control_channel.h"
+
+namespace kvferry::pd::detail {
+
+struct PrefillLink {
+  uint32_t prefill_rank = 0;
+  std::shared_ptr<ControlChannel> channel;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<RegisterReply> reply;
+  std::atomic<bool> alive{true};
+};
+
+struct PrefillInstance {
+  enum class Phase { kConnecting, kReady, kDead };
+  std::string bootstrap_address;
+  Phase phase = Phase::kConnecting;  // guarded by DecodeClientImpl::mu_
+  Status error;                      // why kDead
+  InstanceLayout layout;
+  std::vector<uint32_t> ranks;  // prefill ranks this decode rank reads from
+  std::map<uint32_t, std::shared_ptr<PrefillLink>> links;
+  Clock::time_point last_healthy = Clock::now();
+};
+
+struct ReceiverState {
+  ReceiverState(uint64_t room_id, DecodeClientImpl* owner, std::shared_ptr<PrefillInstance> inst)
+      : room(room_id), client(owner), instance(std::move(inst)), created(Clock::now()) {}
+
+  const uint64_t room;
+  DecodeClientImpl* const client;
+  const std::shared_ptr<PrefillInstance> instance;
+  const Clock::time_point created;
+  RequestStatusCell cell{RequestState::kBootstrapping};
+
+  mutable std::mutex mu;
+  mutable std::condition_variable ack_cv;
+  bool has_input = false;
+  TransferRequest input;
+  bool sent = false;
+  Clock::time_point transfer_start{};
+  Clock::time_point transfer_end{};
+  std::set<uint32_t> pending_ranks;      // ranks yet to report Success
+  std::set<uint32_t> ack_pending_ranks;  // ranks yet to acknowledge an abort
+  bool counted = false;                  // in the stats
+};
+
+class DecodeClientImpl {
+ public:
+  explicit DecodeClientImpl(DecodeClientOptions options);
+  ~DecodeClientImpl();
+  Status start();
+
+  Result<KvReceiver> create_receiver(const std::string& bootstrap_address, uint64_t room);
+  DecodeStats stats() const;
+
+  // --- Used by KvReceiver (kv_receiver.cc).
+  Status init(const std::shared_ptr<ReceiverState>& r, std::vector<kv::PageIndex> pages,
+              uint64_t aux_row, uint64_t state_slot);
+  void abort(const std::shared_ptr<ReceiverState>& r, Status reason);
+  void fail(const std::shared_ptr<ReceiverState>& r, Status reason);
+
+ private:
+  void connect_instance(const std::shared_ptr<PrefillInstance>& inst);
+  Status connect_links(const std::shared_ptr<PrefillInstance>& inst);
+  Result<std::shared_ptr<PrefillLink>> connect_link(const std::shared_ptr<PrefillInstance>& inst,
+                                                    const BootstrapClient& bootstrap,
+                                                    uint32_t prefill_rank,
+                                                    Clock::time_point deadline);
+  void dispatch(const std::shared_ptr<ReceiverState>& r);
+  void on_message(const std::shared_ptr<PrefillInstance>& inst, uint32_t rank,
+                  ControlMessage&& message);
+  void on_link_lost(const std::shared_ptr<PrefillInstance>& inst, uint32_t rank,
+                    const Status& reason);
+  void kill_instance(const std::shared_ptr<PrefillInstance>& inst, const Status& reason);
+  std::shared_ptr<ReceiverState> find_room(uint64_t room) const;
+  void settle(const std::shared_ptr<ReceiverState>& r);
+  void monitor_loop();
+  void check_health(const std::shared_ptr<PrefillInstance>& inst);
+  RegisterLayout registration() const;
+  bool replicated() const;
+
+  DecodeClientOptions options_;
+  TransferEngine& engine_;
+  std::atomic<bool> stopping_{false};
+  std::unique_ptr<ThreadPool> bootstrap_pool_;
+  std::thread monitor_thread_;
+
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<PrefillInstance>> instances_;
+  std::unordered_map<uint64_t, std::shared_ptr<ReceiverState>> rooms_;
+  DecodeStats stats_;
+};
+
+}  // namespace kvferry::pd::detail

@@ -1,0 +1,324 @@
+// PrefillServer: control listener, decode peers, message handling, heartbeats and timeouts.
+// The send path is in kv_sender.cc.
+#include "kvferry/pd/prefill_server.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include "core/logging.h"
+#include "kvferry/kv/tp_slice.h"
+#include "kvferry/pd/bootstrap.h"
+#include "pd/prefill_state.h"
+
+namespace kvferry::pd {
+namespace detail {
+namespace {
+constexpr auto kAcceptPoll = std::chrono::milliseconds(100);
+}  // namespace
+
+PrefillServerImpl::PrefillServerImpl(PrefillServerOptions options)
+    : options_(std::move(options)), engine_(*options_.engine) {}
+
+Status PrefillServerImpl::start() {
+  KVF_RETURN_IF_ERROR(kv::validate_tp_pair({options_.tp.size, options_.tp.rank, 1, 0}));
+  if (options_.buffers.layout.num_entries() == 0) {
+    return InvalidArgument("prefill server: the KV layout has no entries");
+  }
+  if (options_.worker_shards <= 0) {
+    return InvalidArgument("prefill server: worker_shards " +
+                           std::to_string(options_.worker_shards) + " (need > 0)");
+  }
+  KVF_ASSIGN_OR_RETURN(Endpoint listen, parse_endpoint(options_.control_listen, true));
+  Endpoint bound;
+  KVF_ASSIGN_OR_RETURN(listen_fd_, listen_tcp(listen, &bound));
+  control_endpoint_ = bound.to_string();
+  for (int i = 0; i < options_.worker_shards; ++i) {
+    shards_.push_back(std::make_unique<ThreadPool>(1));
+  }
+  if (!options_.bootstrap_address.empty()) KVF_RETURN_IF_ERROR(register_with_bootstrap());
+  accept_thread_ = std::thread([this] { accept_loop(); });
+  monitor_thread_ = std::thread([this] { monitor_loop(); });
+  return Status::Ok();
+}
+
+PrefillServerImpl::~PrefillServerImpl() {
+  stopping_ = true;
+  if (accept_thread_.joinable()) accept_thread_.join();
+  if (monitor_thread_.joinable()) monitor_thread_.join();
+  std::vector<std::shared_ptr<DecodePeer>> peers;
+  {
+    std::lock_guard lock(mu_);
+    for (auto& [id, peer] : peers_) peers.push_back(peer);
+  }
+  for (auto& peer : peers) peer->channel->close();
+  shards_.clear();  // runs what is queued (tasks see stopping_) and joins
+}
+
+Status PrefillServerImpl::register_with_bootstrap() {
+  RankRegistration r;
+  r.tp_rank = options_.tp.rank;
+  r.tp_size = options_.tp.size;
+  r.control_endpoint = control_endpoint_;
+  r.engine_endpoint = engine_.endpoint();
+  r.incarnation = engine_.incarnation();
+  r.page_size_tokens = options_.buffers.layout.info().page_size_tokens;
+  r.dtype_bytes = options_.buffers.layout.info().dtype_bytes;
+  BootstrapClient client(options_.bootstrap_address,
+                         std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval));
+  return client.register_rank(r);
+}
+
+Result<KvSender> PrefillServerImpl::create_sender(uint64_t room) {
+  std::lock_guard lock(mu_);
+  auto& slot = rooms_[room];
+  if (!slot) slot = std::make_shared<SenderState>(room, this);
+  std::lock_guard slock(slot->mu);
+  if (slot->claimed) {
+    return AlreadyExists("prefill: a sender for room " + std::to_string(room) + " exists");
+  }
+  slot->claimed = true;
+  return KvSender(slot);
+}
+
+PrefillStats PrefillServerImpl::stats() const {
+  std::lock_guard lock(mu_);
+  PrefillStats s = stats_;
+  s.decode_connections = static_cast<uint32_t>(peers_.size());
+  return s;
+}
+
+void PrefillServerImpl::accept_loop() {
+  while (!stopping_) {
+    pollfd p{listen_fd_.get(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(kAcceptPoll.count())) <= 0) continue;
+    Fd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!fd.valid()) continue;
+    auto peer = std::make_shared<DecodePeer>();
+    {
+      std::lock_guard lock(mu_);
+      peer->id = next_peer_id_++;
+      peer->name = "decode connection " + std::to_string(peer->id);
+      peers_[peer->id] = peer;
+    }
+    // Callbacks hold the peer weakly: the channel must not keep its own owner alive.
+    std::weak_ptr<DecodePeer> weak = peer;
+    peer->channel = ControlChannel::start(
+        std::move(fd), peer->name,
+        [this, weak](ControlMessage&& m) {
+          if (auto self = weak.lock()) on_message(self, std::move(m));
+        },
+        [this, weak](const Status& reason) {
+          if (auto self = weak.lock()) on_close(self, reason);
+        });
+  }
+}
+
+void PrefillServerImpl::on_message(const std::shared_ptr<DecodePeer>& peer,
+                                   ControlMessage&& message) {
+  if (auto* reg = std::get_if<RegisterLayout>(&message)) return on_register(peer, std::move(*reg));
+  if (auto* req = std::get_if<TransferRequest>(&message)) return on_request(peer, std::move(*req));
+  if (auto* abort = std::get_if<AbortMessage>(&message)) return on_abort(peer, *abort);
+  if (std::holds_alternative<Heartbeat>(message)) return;
+  log().warn("prefill: {} sent unexpected {}", peer->name,
+             message_type_name(message_type(message)));
+}
+
+void PrefillServerImpl::on_register(const std::shared_ptr<DecodePeer>& peer,
+                                    RegisterLayout&& reg) {
+  RegisterReply reply{options_.tp.rank, engine_.incarnation(), StatusCode::kOk, ""};
+  auto refuse = [&](const Status& why) {
+    log().warn("prefill: refused registration from {}: {}", peer->name, why.to_string());
+    reply.code = why.code();
+    reply.reason = why.message();
+    peer->channel->send(reply).ignore();
+  };
+  if (peer->registered) return refuse(FailedPrecondition("already registered on this connection"));
+  Result<kv::KvLayout> layout = kv::KvLayout::create(reg.info, reg.entries);
+  if (!layout.ok()) return refuse(layout.status());
+  if (layout->num_entries() != options_.buffers.layout.num_entries()) {
+    return refuse(InvalidArgument("decode layout has " + std::to_string(layout->num_entries()) +
+                                  " entries, prefill has " +
+                                  std::to_string(options_.buffers.layout.num_entries())));
+  }
+  Status tp = kv::validate_tp_pair({options_.tp.size, options_.tp.rank, reg.tp_size, reg.tp_rank});
+  if (!tp.ok()) return refuse(tp);
+  Result<PeerHandle> engine_peer = engine_.open_peer(reg.engine_endpoint);
+  if (!engine_peer.ok()) return refuse(engine_peer.status());
+  peer->name = "decode tp " + std::to_string(reg.tp_rank) + "/" + std::to_string(reg.tp_size) +
+               " @ " + reg.engine_endpoint;
+  peer->layout = std::move(*layout);
+  peer->engine_peer = *engine_peer;
+  peer->registration = std::move(reg);
+  peer->registered = true;
+  log().info("prefill tp {}: registered {} over {}", options_.tp.rank, peer->name,
+             transport_kind_name(peer->engine_peer.transport()));
+  peer->channel->send(reply).ignore();
+}
+
+void PrefillServerImpl::on_request(const std::shared_ptr<DecodePeer>& peer,
+                                   TransferRequest&& request) {
+  const uint64_t room = request.room;
+  if (!peer->registered) {
+    send_status(peer, RequestStatusMessage{room, RequestState::kFailed,
+                                           StatusCode::kFailedPrecondition,
+                                           "TransferRequest before RegisterLayout"});
+    return;
+  }
+  std::shared_ptr<SenderState> s;
+  {
+    std::lock_guard lock(mu_);
+    auto& slot = rooms_[room];
+    if (!slot) slot = std::make_shared<SenderState>(room, this);
+    s = slot;
+  }
+  Status bad;
+  bool complete = false;
+  {
+    std::lock_guard lock(s->mu);
+    if (s->required == 0) s->required = request.required_dst_ranks;
+    if (request.required_dst_ranks != s->required) {
+      bad = InvalidArgument("room " + std::to_string(room) + ": required_dst_ranks " +
+                            std::to_string(request.required_dst_ranks) + " differs from " +
+                            std::to_string(s->required));
+    } else if (s->dsts.size() >= s->required) {
+      bad = InvalidArgument("room " + std::to_string(room) + ": more destinations than " +
+                            std::to_string(s->required));
+    } else {
+      s->dsts.push_back(Destination{peer, std::move(request)});
+      complete = s->dsts.size() == s->required;
+    }
+  }
+  if (!bad.ok()) {
+    fail(s, bad);
+    return;
+  }
+  if (s->cell.state() == RequestState::kFailed) {
+    finish_if_drained(s);  // e.g. aborted earlier: tell this destination too
+  } else if (complete) {
+    s->cell.advance(RequestState::kWaitingForInput);
+  }
+}
+
+void PrefillServerImpl::on_abort(const std::shared_ptr<DecodePeer>& peer,
+                                 const AbortMessage& abort) {
+  std::shared_ptr<SenderState> s;
+  {
+    std::lock_guard lock(mu_);
+    auto it = rooms_.find(abort.room);
+    if (it != rooms_.end()) s = it->second;
+  }
+  if (!s) {
+    send_status(peer, AbortAck{abort.room});  // nothing of it in flight
+    return;
+  }
+  {
+    std::lock_guard lock(s->mu);
+    s->ack_to.push_back(peer);
+  }
+  log().info("prefill: room {} aborted by {}: {}", abort.room, peer->name, abort.reason);
+  fail(s, Cancelled("room " + std::to_string(abort.room) + " aborted by " + peer->name + ": " +
+                    abort.reason));
+  finish_if_drained(s);
+}
+
+void PrefillServerImpl::on_close(const std::shared_ptr<DecodePeer>& peer, const Status& reason) {
+  peer->alive = false;
+  std::vector<std::shared_ptr<SenderState>> affected;
+  {
+    std::lock_guard lock(mu_);
+    peers_.erase(peer->id);
+    for (auto& [room, s] : rooms_) {
+      std::lock_guard slock(s->mu);
+      for (const Destination& d : s->dsts) {
+        if (d.peer == peer) affected.push_back(s);
+      }
+    }
+  }
+  if (!stopping_) {
+    log().warn("prefill tp {}: lost {}: {} ({} requests fail)", options_.tp.rank, peer->name,
+               reason.message(), affected.size());
+  }
+  for (auto& s : affected) {
+    fail(s, PeerDisconnected(peer->name + " disconnected: " + reason.message()));
+    finish_if_drained(s);
+  }
+  if (peer->engine_peer.valid()) engine_.close_peer(peer->engine_peer);
+}
+
+void PrefillServerImpl::send_status(const std::shared_ptr<DecodePeer>& peer,
+                                    const ControlMessage& message) {
+  if (!peer->alive) return;
+  Status s = peer->channel->send(message);
+  if (!s.ok()) log().warn("prefill: cannot tell {}: {}", peer->name, s.to_string());
+}
+
+void PrefillServerImpl::monitor_loop() {
+  const PdTimeouts& t = options_.timeouts;
+  Clock::time_point next_beat = Clock::now();
+  uint64_t sequence = 0;
+  while (!stopping_) {
+    std::this_thread::sleep_for(t.tick());
+    const auto now = Clock::now();
+    std::vector<std::shared_ptr<DecodePeer>> peers;
+    std::vector<std::shared_ptr<SenderState>> stale;
+    {
+      std::lock_guard lock(mu_);
+      for (auto& [id, peer] : peers_) peers.push_back(peer);
+      for (auto& [room, s] : rooms_) {
+        if (s->cell.state() == RequestState::kBootstrapping &&
+            now - s->created > t.bootstrap_timeout) {
+          stale.push_back(s);
+        }
+      }
+    }
+    for (auto& s : stale) {
+      fail(s, Timeout("room " + std::to_string(s->room) + " still Bootstrapping after " +
+                      std::to_string(t.bootstrap_timeout.count()) + " ms"));
+      finish_if_drained(s);
+    }
+    const bool beat = now >= next_beat;
+    if (beat) next_beat = now + t.heartbeat_interval;
+    for (auto& peer : peers) {
+      if (now - peer->channel->last_received() > t.effective_heartbeat_timeout()) {
+        log().warn("prefill: {} silent for more than {} ms", peer->channel->peer_name(),
+                   t.effective_heartbeat_timeout().count());
+        peer->channel->close();
+      } else if (beat) {
+        peer->channel->send(Heartbeat{sequence, engine_.incarnation()}).ignore();
+      }
+    }
+    ++sequence;
+    if (beat && !options_.bootstrap_address.empty()) {
+      Status s = register_with_bootstrap();
+      if (!s.ok()) log().debug("prefill: bootstrap heartbeat: {}", s.to_string());
+    }
+  }
+}
+
+void PrefillServerImpl::forget_room(uint64_t room, const SenderState* s) {
+  std::lock_guard lock(mu_);
+  auto it = rooms_.find(room);
+  if (it != rooms_.end() && it->second.get() == s) {
+    (s->cell.state() == RequestState::kSuccess ? stats_.requests_succeeded
+                                               : stats_.requests_failed)++;
+    rooms_.erase(it);
+  }
+}
+
+}  // namespace detail
+
+Result<std::unique_ptr<PrefillServer>> PrefillServer::create(PrefillServerOptions options) {
+  if (options.engine == nullptr) return InvalidArgument("prefill server: engine is null");
+  auto impl = std::make_unique<detail::PrefillServerImpl>(std::move(options));
+  KVF_RETURN_IF_ERROR(impl->start());
+  return std::unique_ptr<PrefillServer>(new PrefillServer(std::move(impl)));
+}
+
+PrefillServer::PrefillServer(std::unique_ptr<detail::PrefillServerImpl> impl)
+    : impl_(std::move(impl)) {}
+PrefillServer::~PrefillServer() = default;
+const std::string& PrefillServer::control_endpoint() const { return impl_->control_endpoint(); }
+Result<KvSender> PrefillServer::create_sender(uint64_t room) { return impl_->create_sender(room); }
+PrefillStats PrefillServer::stats() const { return impl_->stats(); }
+
+}  // namespace kvferry::pd

@@ -1,0 +1,116 @@
+// Internal state of the prefill side: decode peers (one per control connection), per-request
+// sender state, and the server implementation that owns both.
+//
+// Locking: PrefillServerImpl::mu_ guards the peer and room maps; SenderState::mu guards one
+// request. Never take mu_ while holding a SenderState::mu.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "core/fd.h"
+#include "core/net.h"
+#include "core/thread_pool.h"
+#include "kvferry/kv/transfer_plan.h"
+#include "kvferry/pd/control_message.h"
+#include "kvferry/pd/prefill_server.h"
+#include "pd/control_channel.h"
+
+namespace kvferry::pd::detail {
+
+// One connected decode rank.
+struct DecodePeer {
+  uint64_t id = 0;
+  std::shared_ptr<ControlChannel> channel;
+  std::string name;  // "decode tp d @ endpoint", for messages
+  bool registered = false;  // written once by the reader thread before any request
+  RegisterLayout registration;
+  kv::KvLayout layout;
+  PeerHandle engine_peer;
+  std::atomic<bool> alive{true};
+};
+
+struct Destination {
+  std::shared_ptr<DecodePeer> peer;
+  TransferRequest request;
+  bool last_done = false;
+};
+
+struct SenderState {
+  SenderState(uint64_t room_id, PrefillServerImpl* owner)
+      : room(room_id), server(owner), created(Clock::now()) {}
+
+  const uint64_t room;
+  PrefillServerImpl* const server;
+  const Clock::time_point created;
+  RequestStatusCell cell{RequestState::kBootstrapping};
+
+  std::mutex mu;
+  bool claimed = false;  // create_sender was called
+  uint32_t required = 0;
+  std::vector<Destination> dsts;
+  uint64_t pages_sent = 0;
+  bool last_queued = false;
+  int inflight = 0;
+  bool notified = false;  // decode was told the final state
+  std::vector<std::shared_ptr<DecodePeer>> ack_to;  // abort acks owed once drained
+};
+
+class PrefillServerImpl {
+ public:
+  explicit PrefillServerImpl(PrefillServerOptions options);
+  ~PrefillServerImpl();
+
+  Status start();
+  const std::string& control_endpoint() const { return control_endpoint_; }
+  Result<KvSender> create_sender(uint64_t room);
+  PrefillStats stats() const;
+
+  // --- Used by KvSender (kv_sender.cc).
+  Status send_chunk(const std::shared_ptr<SenderState>& s, std::span<const kv::PageIndex> pages,
+                    const LastChunkExtras* last);
+  void fail(const std::shared_ptr<SenderState>& s, Status reason);
+  // Reports the final state to decode and owed abort acks once nothing is in flight.
+  void finish_if_drained(const std::shared_ptr<SenderState>& s);
+
+ private:
+  void accept_loop();
+  void monitor_loop();
+  void on_message(const std::shared_ptr<DecodePeer>& peer, ControlMessage&& message);
+  void on_close(const std::shared_ptr<DecodePeer>& peer, const Status& reason);
+  void on_register(const std::shared_ptr<DecodePeer>& peer, RegisterLayout&& reg);
+  void on_request(const std::shared_ptr<DecodePeer>& peer, TransferRequest&& request);
+  void on_abort(const std::shared_ptr<DecodePeer>& peer, const AbortMessage& abort);
+  Status register_with_bootstrap();
+  Result<kv::TransferPlan> plan_chunk(const Destination& dst, std::span<const kv::PageIndex> pages,
+                                      uint64_t dst_offset) const;
+  Status plan_extras(const Destination& dst, const LastChunkExtras& last,
+                     std::vector<kv::TransferPlan>& plans) const;
+  void run_plans(const std::shared_ptr<SenderState>& s, const std::shared_ptr<DecodePeer>& peer,
+                 const std::vector<kv::TransferPlan>& plans, bool last);
+  void send_status(const std::shared_ptr<DecodePeer>& peer, const ControlMessage& message);
+  void forget_room(uint64_t room, const SenderState* s);
+
+  PrefillServerOptions options_;
+  TransferEngine& engine_;
+  Fd listen_fd_;
+  std::string control_endpoint_;
+  std::atomic<bool> stopping_{false};
+  std::thread accept_thread_;
+  std::thread monitor_thread_;
+  std::vector<std::unique_ptr<ThreadPool>> shards_;
+
+  mutable std::mutex mu_;
+  uint64_t next_peer_id_ = 0;
+  std::unordered_map<uint64_t, std::shared_ptr<DecodePeer>> peers_;
+  std::unordered_map<uint64_t, std::shared_ptr<SenderState>> rooms_;
+  PrefillStats stats_;
+};
+
+}  // namespace kvferry::pd::detail

@@ -1,0 +1,426 @@
+#include "transport/tcp/tcp_link.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <fmt/format.h>
+
+#include <array>
+#include <condition_variable>
+#include <deque>
+#include <thread>
+#include <unordered_map>
+
+#include "core/logging.h"
+#include "transport/tcp/tcp_auth.h"
+#include "transport/tcp/tcp_wire.h"
+
+namespace kvferry::detail {
+namespace {
+
+int64_t to_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+struct TcpChunk {
+  std::shared_ptr<BatchRecord> batch;
+  OpKind kind = OpKind::kWrite;
+  char* local = nullptr;
+  uint64_t remote_addr = 0;
+  uint64_t length = 0;
+};
+
+// Why a chunk of this batch must not be started, or OK.
+Status chunk_stop_reason(const BatchRecord& b) {
+  if (b.cancelled.load()) return b.stop_reason();
+  if (Clock::now() >= b.deadline) {
+    return Timeout(fmt::format("batch exceeded its timeout of {} ms", b.timeout.count()));
+  }
+  return Status::Ok();
+}
+
+constexpr size_t kMaxGather = 64;  // chunks per sendmsg
+
+}  // namespace
+
+class TcpLane {
+ public:
+  static Result<std::shared_ptr<TcpLane>> connect(const TcpLinkOptions& o);
+  ~TcpLane() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    ::shutdown(fd_.get(), SHUT_RDWR);
+    sender_.join();
+    reader_.join();
+    fail_all(PeerDisconnected("connection to " + peer_ + " closed"));
+  }
+
+  bool broken() const {
+    std::lock_guard lock(mu_);
+    return broken_;
+  }
+
+  void enqueue(std::vector<TcpChunk>& chunks) {
+    {
+      std::lock_guard lock(mu_);
+      if (!broken_) {
+        for (TcpChunk& c : chunks) queue_.push_back(std::move(c));
+        chunks.clear();
+      }
+    }
+    // A lane that broke meanwhile fails what it was given.
+    for (TcpChunk& c : chunks) finish(c, broken_status());
+    cv_.notify_one();
+  }
+
+ private:
+  TcpLane(Fd fd, std::string peer, int64_t offset_ns)
+      : fd_(std::move(fd)), peer_(std::move(peer)), clock_offset_ns_(offset_ns) {
+    sender_ = std::thread([this] { send_loop(); });
+    reader_ = std::thread([this] { read_loop(); });
+  }
+
+  Status broken_status() const {
+    std::lock_guard lock(mu_);
+    return broken_status_.ok() ? PeerDisconnected("connection to " + peer_ + " is broken")
+                               : broken_status_;
+  }
+
+  static void finish(TcpChunk& c, const Status& s) { c.batch->finish_task(s); }
+
+  // Marks the lane broken and fails everything queued or in flight on it.
+  void fail_all(const Status& why) {
+    std::deque<TcpChunk> queued;
+    std::unordered_map<uint64_t, TcpChunk> flying;
+    {
+      std::lock_guard lock(mu_);
+      if (!broken_) {
+        broken_ = true;
+        broken_status_ = why;
+      }
+      queued.swap(queue_);
+      flying.swap(in_flight_);
+    }
+    ::shutdown(fd_.get(), SHUT_RDWR);
+    cv_.notify_all();
+    for (TcpChunk& c : queued) finish(c, why);
+    for (auto& [id, c] : flying) {
+      c.batch->wire_in_flight.fetch_sub(1);
+      // A batch past its deadline failed because of it, not because of the lane.
+      Status reason = chunk_stop_reason(*c.batch);
+      finish(c, reason.ok() ? why : reason);
+    }
+  }
+
+  void send_loop() {
+    std::vector<TcpChunk> batch_of_chunks;
+    std::vector<std::array<std::byte, kTcpHeaderBytes>> headers(kMaxGather);
+    std::vector<iovec> iov;
+    for (;;) {
+      batch_of_chunks.clear();
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || broken_ || !queue_.empty(); });
+        if (stopping_ || broken_) return;
+        while (!queue_.empty() && batch_of_chunks.size() < kMaxGather) {
+          batch_of_chunks.push_back(std::move(queue_.front()));
+          queue_.pop_front();
+        }
+      }
+      iov.clear();
+      Clock::time_point send_deadline = Clock::time_point::max();
+      size_t slot = 0;
+      for (TcpChunk& c : batch_of_chunks) {
+        if (Status why = chunk_stop_reason(*c.batch); !why.ok()) {
+          finish(c, why);
+          continue;
+        }
+        TcpHeader h;
+        h.type = c.kind == OpKind::kWrite ? TcpFrame::kWrite : TcpFrame::kRead;
+        h.addr = c.remote_addr;
+        h.length = c.length;
+        // The deadline on the receiver's clock, never later than ours.
+        h.deadline_ns = to_ns(c.batch->deadline) + clock_offset_ns_;
+        bool registered = false;
+        {
+          std::lock_guard lock(mu_);
+          // Once broken, fail_all has swept in_flight_: a chunk registered now would
+          // never be answered nor failed.
+          if (!broken_) {
+            h.request_id = next_id_++;
+            c.batch->wire_in_flight.fetch_add(1);
+            in_flight_.emplace(h.request_id, c);
+            registered = true;
+          }
+        }
+        if (!registered) {
+          finish(c, broken_status());
+          continue;
+        }
+        encode_tcp_header(h, headers[slot].data());
+        iov.push_back({headers[slot].data(), kTcpHeaderBytes});
+        if (c.kind == OpKind::kWrite) iov.push_back({c.local, c.length});
+        send_deadline = std::min(send_deadline, c.batch->deadline);
+        ++slot;
+      }
+      if (iov.empty()) continue;
+      if (Status s = send_iov(iov, send_deadline); !s.ok()) {
+        fail_all(s.code() == StatusCode::kTimeout
+                     ? Timeout("sending to " + peer_ + " did not finish before the batch deadline")
+                     : PeerDisconnected("connection to " + peer_ + " lost: " + s.message()));
+        return;
+      }
+    }
+  }
+
+  Status send_iov(std::vector<iovec>& iov, Clock::time_point deadline) {
+    size_t first = 0;
+    while (first < iov.size()) {
+      msghdr msg{};
+      msg.msg_iov = iov.data() + first;
+      msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
+      ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          return ErrnoStatus(StatusCode::kPeerDisconnected, "send", errno);
+        }
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        if (left.count() <= 0) return Timeout("send");
+        pollfd p{fd_.get(), POLLOUT, 0};
+        ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
+        continue;
+      }
+      auto sent = static_cast<size_t>(n);
+      while (first < iov.size() && sent >= iov[first].iov_len) sent -= iov[first++].iov_len;
+      if (first < iov.size()) {
+        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + sent;
+        iov[first].iov_len -= sent;
+      }
+    }
+    return Status::Ok();
+  }
+
+  // True when a request is unanswered past its batch's deadline: the lane is stuck.
+  bool has_overdue_request() {
+    std::lock_guard lock(mu_);
+    auto now = Clock::now();
+    for (const auto& [id, c] : in_flight_) {
+      if (now >= c.batch->deadline) return true;
+    }
+    return false;
+  }
+
+  void read_loop() {
+    std::array<std::byte, kTcpHeaderBytes> raw;
+    for (;;) {
+      pollfd p{fd_.get(), POLLIN, 0};
+      int rc = ::poll(&p, 1, 50);
+      {
+        std::lock_guard lock(mu_);
+        if (stopping_ || broken_) return;
+      }
+      if (rc == 0) {
+        if (has_overdue_request()) {
+          fail_all(Timeout("peer " + peer_ + " did not answer before the batch deadline"));
+          return;
+        }
+        continue;
+      }
+      if (rc < 0 && errno == EINTR) continue;
+      // A frame has started: the rest follows promptly from a live peer.
+      Status s = recv_all(fd_.get(), raw, Clock::now() + std::chrono::seconds(10));
+      if (s.ok()) s = on_frame(raw.data());
+      if (!s.ok()) {
+        fail_all(s.code() == StatusCode::kProtocolError
+                     ? s
+                     : PeerDisconnected("connection to " + peer_ + " lost: " + s.message()));
+        return;
+      }
+    }
+  }
+
+  Status on_frame(const std::byte* raw) {
+    KVF_ASSIGN_OR_RETURN(TcpHeader h, decode_tcp_header(raw));
+    if (h.type != TcpFrame::kAck && h.type != TcpFrame::kReadData) {
+      return ProtocolError(fmt::format("peer {} sent frame type {} on a data lane", peer_,
+                                       static_cast<int>(h.type)));
+    }
+    TcpChunk chunk;
+    {
+      std::lock_guard lock(mu_);
+      auto it = in_flight_.find(h.request_id);
+      if (it == in_flight_.end()) {
+        return ProtocolError(fmt::format("peer {} answered unknown request {}", peer_, h.request_id));
+      }
+      chunk = std::move(it->second);
+      in_flight_.erase(it);
+    }
+    Status result = h.status == 0 ? Status::Ok()
+                                  : Status(static_cast<StatusCode>(h.status),
+                                           fmt::format("peer {} refused a request at {:#x}: {}",
+                                                       peer_, chunk.remote_addr,
+                                                       status_code_name(static_cast<StatusCode>(h.status))));
+    if (h.type == TcpFrame::kReadData && h.length != 0) {
+      if (h.length != chunk.length) {
+        chunk.batch->wire_in_flight.fetch_sub(1);
+        finish(chunk, ProtocolError("read reply of the wrong length"));
+        return ProtocolError(fmt::format("peer {} sent {} bytes for a {}-byte read", peer_,
+                                         h.length, chunk.length));
+      }
+      Status received = receive_read_payload(chunk);
+      if (!received.ok() && received.code() != StatusCode::kCancelled &&
+          received.code() != StatusCode::kTimeout) {
+        chunk.batch->wire_in_flight.fetch_sub(1);
+        finish(chunk, received);
+        return received;
+      }
+      if (result.ok()) result = received;
+    }
+    chunk.batch->wire_in_flight.fetch_sub(1);
+    finish(chunk, result);
+    return Status::Ok();
+  }
+
+  // Reads a READ's payload into local memory, in pieces; once the batch is stopped the
+  // rest is drained, never written.
+  Status receive_read_payload(TcpChunk& c) {
+    constexpr uint64_t kPiece = 1 << 20;
+    std::array<std::byte, 64 * 1024> scratch;
+    uint64_t done = 0;
+    Status outcome;
+    while (done < c.length) {
+      BatchRecord& b = *c.batch;
+      b.active_copies.fetch_add(1);
+      Status why = outcome.ok() ? chunk_stop_reason(b) : outcome;
+      uint64_t n = std::min(kPiece, c.length - done);
+      Status s;
+      if (why.ok()) {
+        s = recv_all(fd_.get(), {reinterpret_cast<std::byte*>(c.local + done), n},
+                     Clock::now() + std::chrono::seconds(10));
+      } else {
+        outcome = why;
+        n = std::min<uint64_t>(n, scratch.size());
+        s = recv_all(fd_.get(), {scratch.data(), n}, Clock::now() + std::chrono::seconds(10));
+      }
+      b.active_copies.fetch_sub(1);
+      if (!s.ok()) return s;
+      done += n;
+    }
+    return outcome;
+  }
+
+  Fd fd_;
+  std::string peer_;
+  int64_t clock_offset_ns_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<TcpChunk> queue_;                         // guarded by mu_
+  std::unordered_map<uint64_t, TcpChunk> in_flight_;   // guarded by mu_
+  bool broken_ = false;                                // guarded by mu_
+  bool stopping_ = false;                              // guarded by mu_
+  Status broken_status_;                               // guarded by mu_
+  uint64_t next_id_ = 1;                               // guarded by mu_
+  std::thread sender_;
+  std::thread reader_;
+};
+
+Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o) {
+  auto deadline = Clock::now() + o.connect_timeout;
+  KVF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(o.endpoint, deadline));
+  std::array<std::byte, kTcpHeaderBytes> raw;
+  TcpHeader hello;
+  hello.type = TcpFrame::kHello;
+  const auto t_sent = Clock::now();
+  hello.deadline_ns = to_ns(t_sent);
+  encode_tcp_header(hello, raw.data());
+  auto unreachable = [&](const Status& s) {
+    return Status(s.code() == StatusCode::kProtocolError ? s.code() : StatusCode::kPeerUnreachable,
+                  "tcp handshake with " + o.peer_name + ": " + s.message());
+  };
+  if (Status s = send_all(fd.get(), raw, deadline); !s.ok()) return unreachable(s);
+  if (Status s = recv_all(fd.get(), raw, deadline); !s.ok()) return unreachable(s);
+  const auto t_received = Clock::now();
+  auto ack = decode_tcp_header(raw.data());
+  if (!ack.ok()) return unreachable(ack.status());
+  if (ack->type != TcpFrame::kHelloAck) return ProtocolError("tcp handshake: expected HelloAck");
+  if (ack->request_id != o.expected_incarnation) {
+    return PeerDisconnected(fmt::format("peer {} restarted (incarnation {:016x}, expected {:016x})",
+                                        o.peer_name, ack->request_id, o.expected_incarnation));
+  }
+  // The receiver read its clock between t_sent and t_received (ours): the smallest offset
+  // consistent with that makes converted deadlines early, never late.
+  const int64_t offset_ns = ack->deadline_ns - to_ns(t_received);
+  if (ack->length != 0) {
+    AuthNonce nonce;
+    if (ack->length != nonce.size()) return ProtocolError("tcp handshake: bad nonce length");
+    if (Status s = recv_all(fd.get(), nonce, deadline); !s.ok()) return unreachable(s);
+    if (!o.secret) {
+      return Unauthenticated("peer " + o.peer_name +
+                             " requires authentication; no secret is configured here");
+    }
+    AuthProof proof = auth_proof(*o.secret, nonce);
+    TcpHeader auth;
+    auth.type = TcpFrame::kAuth;
+    auth.length = proof.size();
+    encode_tcp_header(auth, raw.data());
+    if (Status s = send_all(fd.get(), raw, deadline); !s.ok()) return unreachable(s);
+    if (Status s = send_all(fd.get(), proof, deadline); !s.ok()) return unreachable(s);
+    if (Status s = recv_all(fd.get(), raw, deadline); !s.ok()) {
+      return Unauthenticated("peer " + o.peer_name + " refused our credentials");
+    }
+    auto verdict = decode_tcp_header(raw.data());
+    if (!verdict.ok() || verdict->type != TcpFrame::kAck || verdict->status != 0) {
+      return Unauthenticated("peer " + o.peer_name + " refused our credentials (wrong secret?)");
+    }
+  }
+  return std::shared_ptr<TcpLane>(new TcpLane(std::move(fd), o.peer_name, offset_ns));
+}
+
+TcpLink::TcpLink(TcpLinkOptions options) : options_(std::move(options)) {
+  lanes_.resize(std::max(1, options_.lanes));
+}
+
+TcpLink::~TcpLink() = default;
+
+Result<std::shared_ptr<TcpLane>> TcpLink::lane(size_t index) {
+  std::lock_guard lock(mu_);
+  std::shared_ptr<TcpLane>& slot = lanes_[index];
+  if (!slot || slot->broken()) {
+    KVF_ASSIGN_OR_RETURN(slot, TcpLane::connect(options_));
+  }
+  return slot;
+}
+
+Status TcpLink::post(const std::shared_ptr<BatchRecord>& batch) {
+  const size_t lane_count = lanes_.size();
+  std::vector<std::vector<TcpChunk>> per_lane(lane_count);
+  size_t next = next_lane_.fetch_add(1);
+  size_t chunks = 0;
+  for (const ResolvedOp& op : batch->work.spans) {
+    for (uint64_t off = 0; off < op.length; off += kTcpChunkBytes) {
+      uint64_t n = std::min(kTcpChunkBytes, op.length - off);
+      per_lane[next++ % lane_count].push_back(
+          TcpChunk{batch, op.kind, op.local + off, op.remote_addr + off, n});
+      ++chunks;
+    }
+  }
+  std::vector<std::shared_ptr<TcpLane>> targets(lane_count);
+  for (size_t i = 0; i < lane_count; ++i) {
+    if (per_lane[i].empty()) continue;
+    KVF_ASSIGN_OR_RETURN(targets[i], lane(i));
+  }
+  batch->pending_tasks.store(static_cast<int>(chunks));
+  for (size_t i = 0; i < lane_count; ++i) {
+    if (!per_lane[i].empty()) targets[i]->enqueue(per_lane[i]);
+  }
+  std::lock_guard lock(batch->mu);
+  batch->post_time = Clock::now() - batch->start;
+  return Status::Ok();
+}
+
+}  // namespace kvferry::detail

@@ -1,0 +1,65 @@
+// TcpLink: the initiating side of the tcp transport for one peer — a few persistent
+// connections ("lanes", opened on first use and reused) over which a batch's ops are
+// striped in chunks of at most kTcpChunkBytes, so lanes share large ops.
+//
+// Each lane has a sender thread (writes request frames and WRITE payloads straight from
+// registered memory) and a reader thread (acknowledgements, and READ payloads received
+// straight into registered memory). A chunk completes when its acknowledgement (or its
+// data) arrives: completion means the bytes are in place.
+//
+// Failure: a lane whose connection breaks fails every chunk queued or in flight on it
+// with PeerDisconnected and is replaced on the next post (checking the peer's
+// incarnation). A lane with a chunk unanswered past its deadline is closed: nothing more
+// can come of it (the receiver never writes a request's bytes after its deadline).
+//
+// Thread-safety: post() may be called from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/net.h"
+#include "engine/batch_record.h"
+
+namespace kvferry::detail {
+
+inline constexpr uint64_t kTcpChunkBytes = 4ull << 20;
+
+struct TcpLinkOptions {
+  Endpoint endpoint;            // the peer's tcp data endpoint
+  std::string peer_name;
+  uint64_t expected_incarnation = 0;
+  int lanes = 2;
+  std::chrono::milliseconds connect_timeout{2000};
+  std::optional<std::string> secret;
+};
+
+class TcpLane;
+
+class TcpLink {
+ public:
+  explicit TcpLink(TcpLinkOptions options);
+  ~TcpLink();
+  TcpLink(const TcpLink&) = delete;
+  TcpLink& operator=(const TcpLink&) = delete;
+
+  // Splits the batch's ops into chunks and queues them on the lanes; the batch's
+  // pending_tasks is set to the number of chunks. Errors (no lane could connect, the peer
+  // restarted) are returned before anything is queued.
+  Status post(const std::shared_ptr<BatchRecord>& batch);
+
+ private:
+  Result<std::shared_ptr<TcpLane>> lane(size_t index);
+
+  TcpLinkOptions options_;
+  std::mutex mu_;
+  std::vector<std::shared_ptr<TcpLane>> lanes_;  // guarded by mu_
+  std::atomic<uint64_t> next_lane_{0};
+};
+
+}  // namespace kvferry::detail

@@ -1,0 +1,442 @@
+#include "transport/tcp/tcp_server.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <cerrno>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+#include "core/logging.h"
+#include "transport/tcp/tcp_auth.h"
+#include "transport/tcp/tcp_wire.h"
+
+namespace kvferry {
+namespace {
+
+int64_t monotonic_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             Clock::now().time_since_epoch())
+      .count();
+}
+
+// A registered range pinned for the duration of one request (see RegionUse).
+struct Pin {
+  std::shared_ptr<const RegionIndex> snapshot;
+  RegionUse* use = nullptr;
+  char* ptr = nullptr;
+
+  void release() {
+    if (use != nullptr) use->in_flight.fetch_sub(1);
+    use = nullptr;
+    snapshot.reset();
+  }
+};
+
+// Finds and pins [addr, +length) in one registered region.
+Result<Pin> pin_range(const std::shared_ptr<const RegionIndex>& regions, uint64_t addr,
+                      uint64_t length) {
+  size_t hint = 0;
+  const RegionEntry* r = regions->find(addr, length, hint);
+  if (r == nullptr || r->use == nullptr || r->host_ptr == nullptr) {
+    return NotRegistered("range [" + std::to_string(addr) + ", +" + std::to_string(length) +
+                         ") is outside every registered region of the receiver");
+  }
+  r->use->in_flight.fetch_add(1);
+  if (r->use->removed.load()) {
+    r->use->in_flight.fetch_sub(1);
+    return NotRegistered("region at " + std::to_string(r->addr) + " is being unregistered");
+  }
+  return Pin{regions, r->use.get(), r->host_ptr + (addr - r->addr)};
+}
+
+struct OutPiece {
+  std::array<std::byte, kTcpHeaderBytes> header{};
+  size_t header_sent = 0;
+  std::vector<std::byte> owned;  // small payloads (a nonce)
+  const char* payload = nullptr;
+  uint64_t payload_len = 0;
+  uint64_t payload_sent = 0;
+  Pin pin;  // keeps a kReadData source registered until sent
+};
+
+enum class InState { kHeader, kPayload, kDrain, kAuth };
+
+struct Conn {
+  Fd fd;
+  InState in = InState::kHeader;
+  std::array<std::byte, kTcpHeaderBytes> header{};
+  size_t header_have = 0;
+  TcpHeader current;
+  uint64_t remaining = 0;
+  Status verdict;  // what the current kWrite will be acknowledged with
+  Pin target;      // the current kWrite's target
+  std::deque<OutPiece> out;
+  bool hello_done = false;
+  bool authenticated = false;
+  bool close_after_flush = false;
+  AuthNonce nonce{};
+  std::array<std::byte, kTcpProofBytes> proof{};
+  size_t proof_have = 0;
+
+  ~Conn() {
+    target.release();
+    for (OutPiece& p : out) p.pin.release();
+  }
+};
+
+}  // namespace
+
+struct TcpServer::IoThread {
+  IoThread(const TcpServerOptions& options, RegionSource regions)
+      : options_(options),
+        regions_(std::move(regions)),
+        epoll_(::epoll_create1(EPOLL_CLOEXEC)),
+        wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = wake_.get();
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~IoThread() {
+    stopping_.store(true);
+    signal();
+    thread_.join();
+  }
+
+  void adopt(Fd fd) {
+    {
+      std::lock_guard lock(mu_);
+      incoming_.push_back(std::move(fd));
+    }
+    signal();
+  }
+
+ private:
+  void signal() {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
+  }
+
+  void loop() {
+    std::array<epoll_event, 64> events;
+    while (!stopping_.load()) {
+      int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return;
+      for (int i = 0; i < n; ++i) {
+        int fd = events[i].data.fd;
+        if (fd == wake_.get()) {
+          uint64_t drained;
+          [[maybe_unused]] ssize_t r = ::read(wake_.get(), &drained, sizeof(drained));
+          take_incoming();
+          continue;
+        }
+        auto it = conns_.find(fd);
+        if (it == conns_.end()) continue;
+        Conn& c = *it->second;
+        bool alive = true;
+        if ((events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0) alive = on_readable(c);
+        if (alive && (events[i].events & EPOLLOUT) != 0) alive = flush(c);
+        if (alive) alive = update_interest(c);
+        if (!alive) drop(fd);
+      }
+    }
+  }
+
+  void take_incoming() {
+    std::vector<Fd> fresh;
+    {
+      std::lock_guard lock(mu_);
+      fresh.swap(incoming_);
+    }
+    for (Fd& fd : fresh) {
+      int raw = fd.get();
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = raw;
+      if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, raw, &ev) != 0) continue;
+      auto conn = std::make_unique<Conn>();
+      conn->fd = std::move(fd);
+      conns_.emplace(raw, std::move(conn));
+    }
+  }
+
+  void drop(int fd) {
+    ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, fd, nullptr);
+    conns_.erase(fd);
+  }
+
+  bool update_interest(Conn& c) {
+    epoll_event ev{};
+    ev.events = EPOLLIN | (c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
+    ev.data.fd = c.fd.get();
+    if (c.close_after_flush && c.out.empty()) return false;
+    return ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) == 0;
+  }
+
+  static void queue(Conn& c, const TcpHeader& h, OutPiece piece = {}) {
+    encode_tcp_header(h, piece.header.data());
+    c.out.push_back(std::move(piece));
+  }
+
+  static void ack(Conn& c, uint64_t id, const Status& s) {
+    TcpHeader h;
+    h.type = TcpFrame::kAck;
+    h.request_id = id;
+    h.status = static_cast<uint32_t>(s.code());
+    queue(c, h);
+  }
+
+  // Reads whatever is available and acts on complete frames. False: close the connection.
+  bool on_readable(Conn& c) {
+    std::array<std::byte, 64 * 1024> scratch;
+    for (;;) {
+      void* into = nullptr;
+      size_t want = 0;
+      switch (c.in) {
+        case InState::kHeader:
+          into = c.header.data() + c.header_have;
+          want = kTcpHeaderBytes - c.header_have;
+          break;
+        case InState::kPayload:
+          if (monotonic_ns() > c.current.deadline_ns && c.current.deadline_ns != 0) {
+            // Past its deadline: no byte of it may land any more.
+            c.target.release();
+            c.verdict = Timeout("write request passed its deadline on the receiver");
+            c.in = InState::kDrain;
+            continue;
+          }
+          into = c.target.ptr + (c.current.length - c.remaining);
+          want = c.remaining;
+          break;
+        case InState::kDrain:
+          into = scratch.data();
+          want = std::min<uint64_t>(c.remaining, scratch.size());
+          break;
+        case InState::kAuth:
+          into = c.proof.data() + c.proof_have;
+          want = c.current.length - c.proof_have;
+          break;
+      }
+      ssize_t n = want == 0 ? 0 : ::recv(c.fd.get(), into, want, MSG_DONTWAIT);
+      if (want != 0 && n == 0) return false;  // peer closed
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return flush(c);
+        if (errno == EINTR) continue;
+        return false;
+      }
+      if (!advance(c, static_cast<size_t>(n))) return false;
+    }
+  }
+
+  // Accounts for n received bytes in the current state; false: close.
+  bool advance(Conn& c, size_t n) {
+    switch (c.in) {
+      case InState::kHeader:
+        c.header_have += n;
+        if (c.header_have < kTcpHeaderBytes) return true;
+        c.header_have = 0;
+        return on_header(c);
+      case InState::kPayload:
+      case InState::kDrain:
+        c.remaining -= n;
+        if (c.remaining != 0) return true;
+        c.target.release();
+        ack(c, c.current.request_id, c.verdict);
+        c.in = InState::kHeader;
+        return true;
+      case InState::kAuth:
+        c.proof_have += n;
+        if (c.proof_have < c.current.length) return true;
+        c.in = InState::kHeader;
+        if (auth_proof_matches(auth_proof(*options_.secret, c.nonce), c.proof)) {
+          c.authenticated = true;
+          ack(c, c.current.request_id, Status::Ok());
+          return true;
+        }
+        log().warn("tcp: refused a connection that failed authentication");
+        ack(c, c.current.request_id, Unauthenticated("wrong secret"));
+        c.close_after_flush = true;
+        return true;
+    }
+    return false;
+  }
+
+  bool on_header(Conn& c) {
+    auto decoded = decode_tcp_header(c.header.data());
+    if (!decoded.ok()) {
+      log().warn("tcp: closing a connection: {}", decoded.status().message());
+      return false;
+    }
+    c.current = *decoded;
+    const bool auth_required = options_.secret.has_value() && !c.authenticated;
+    if (!c.hello_done) {
+      if (c.current.type != TcpFrame::kHello) return false;
+      c.hello_done = true;
+      TcpHeader reply;
+      reply.type = TcpFrame::kHelloAck;
+      reply.request_id = options_.incarnation;
+      reply.deadline_ns = monotonic_ns();
+      OutPiece piece;
+      if (options_.secret) {
+        auto nonce = make_auth_nonce();
+        if (!nonce.ok()) return false;
+        c.nonce = *nonce;
+        piece.owned.assign(c.nonce.begin(), c.nonce.end());
+        reply.length = piece.owned.size();
+      }
+      queue(c, reply, std::move(piece));
+      return true;
+    }
+    if (auth_required) {
+      if (c.current.type != TcpFrame::kAuth || c.current.length != kTcpProofBytes) {
+        log().warn("tcp: refused an unauthenticated request");
+        ack(c, c.current.request_id, Unauthenticated("authentication required"));
+        c.close_after_flush = true;
+        return true;
+      }
+      c.proof_have = 0;
+      c.in = InState::kAuth;
+      return true;
+    }
+    switch (c.current.type) {
+      case TcpFrame::kWrite: {
+        c.remaining = c.current.length;
+        auto pin = pin_range(regions_(), c.current.addr, c.current.length);
+        if (pin.ok()) {
+          c.target = std::move(*pin);
+          c.verdict = Status::Ok();
+          c.in = InState::kPayload;
+        } else {
+          c.verdict = pin.status();
+          c.in = InState::kDrain;
+        }
+        if (c.remaining == 0) return advance(c, 0);
+        return true;
+      }
+      case TcpFrame::kRead: {
+        TcpHeader reply;
+        reply.type = TcpFrame::kReadData;
+        reply.request_id = c.current.request_id;
+        auto pin = pin_range(regions_(), c.current.addr, c.current.length);
+        OutPiece piece;
+        if (pin.ok()) {
+          reply.length = c.current.length;
+          piece.payload = pin->ptr;
+          piece.payload_len = c.current.length;
+          piece.pin = std::move(*pin);
+        } else {
+          reply.status = static_cast<uint32_t>(pin.status().code());
+        }
+        queue(c, reply, std::move(piece));
+        return true;
+      }
+      default:
+        log().warn("tcp: unexpected frame type {} from an initiator",
+                   static_cast<int>(c.current.type));
+        return false;
+    }
+  }
+
+  // Sends queued output until the socket would block. False: close.
+  static bool flush(Conn& c) {
+    while (!c.out.empty()) {
+      OutPiece& p = c.out.front();
+      const std::byte* data;
+      size_t left;
+      if (p.header_sent < kTcpHeaderBytes) {
+        data = p.header.data() + p.header_sent;
+        left = kTcpHeaderBytes - p.header_sent;
+      } else if (!p.owned.empty() && p.payload_sent < p.owned.size()) {
+        data = p.owned.data() + p.payload_sent;
+        left = p.owned.size() - p.payload_sent;
+      } else if (p.payload != nullptr && p.payload_sent < p.payload_len) {
+        data = reinterpret_cast<const std::byte*>(p.payload) + p.payload_sent;
+        left = p.payload_len - p.payload_sent;
+      } else {
+        p.pin.release();
+        c.out.pop_front();
+        continue;
+      }
+      ssize_t n = ::send(c.fd.get(), data, left, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        if (errno == EINTR) continue;
+        return false;
+      }
+      if (p.header_sent < kTcpHeaderBytes) {
+        p.header_sent += static_cast<size_t>(n);
+      } else {
+        p.payload_sent += static_cast<uint64_t>(n);
+      }
+    }
+    return true;
+  }
+
+  const TcpServerOptions& options_;
+  RegionSource regions_;
+  Fd epoll_;
+  Fd wake_;
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::vector<Fd> incoming_;                                // guarded by mu_
+  std::unordered_map<int, std::unique_ptr<Conn>> conns_;   // I/O thread only
+  std::thread thread_;
+};
+
+Result<std::unique_ptr<TcpServer>> TcpServer::start(const TcpServerOptions& options,
+                                                    RegionSource regions) {
+  if (options.io_threads < 1 || options.io_threads > 64) {
+    return InvalidArgument("tcp io_threads " + std::to_string(options.io_threads) +
+                           " out of range 1..64");
+  }
+  Endpoint bound;
+  KVF_ASSIGN_OR_RETURN(Fd listener, listen_tcp(options.listen, &bound));
+  return std::unique_ptr<TcpServer>(
+      new TcpServer(options, std::move(regions), std::move(listener), bound));
+}
+
+TcpServer::TcpServer(const TcpServerOptions& options, RegionSource regions, Fd listener,
+                     Endpoint bound)
+    : options_(options),
+      regions_(std::move(regions)),
+      listener_(std::move(listener)),
+      wake_(::eventfd(0, EFD_CLOEXEC)),
+      bound_(std::move(bound)) {
+  for (int i = 0; i < options_.io_threads; ++i) {
+    io_.push_back(std::make_unique<IoThread>(options_, regions_));
+  }
+  acceptor_ = std::thread([this] { accept_loop(); });
+}
+
+TcpServer::~TcpServer() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
+  acceptor_.join();
+  io_.clear();
+}
+
+void TcpServer::accept_loop() {
+  for (;;) {
+    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    int rc = ::poll(fds, 2, -1);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0 || (fds[1].revents & POLLIN) != 0) return;
+    int conn = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (conn < 0) continue;
+    int one = 1;
+    ::setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    io_[next_io_.fetch_add(1) % io_.size()]->adopt(Fd(conn));
+  }
+}
+
+}  // namespace kvferry

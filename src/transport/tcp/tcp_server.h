@@ -1,0 +1,64 @@
+// TcpServer: the receiving side of the tcp transport. Accepts data connections and serves
+// them on a few I/O threads with epoll (non-blocking sockets, level-triggered).
+//
+// For a kWrite it checks, before reading any payload, that the whole target range lies in
+// one registered region, pins that region (so it cannot be unregistered mid-write), and
+// reads the payload straight into it; it acknowledges only once every byte is in place.
+// A range outside registered memory is refused: its payload is drained into a scratch
+// buffer and acknowledged with NotRegistered. A request's bytes are never written after
+// its deadline (they are drained instead and acknowledged with Timeout). kRead is served
+// from registered memory the same way.
+//
+// Thread-safety: constructed and destroyed by the engine; the region source is called
+// from the I/O threads and must be thread-safe.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/fd.h"
+#include "core/net.h"
+#include "engine/region_index.h"
+
+namespace kvferry {
+
+struct TcpServerOptions {
+  Endpoint listen;
+  int io_threads = 2;
+  uint64_t incarnation = 0;
+  std::optional<std::string> secret;  // authentication on when set
+};
+
+class TcpServer {
+ public:
+  using RegionSource = std::function<std::shared_ptr<const RegionIndex>()>;
+
+  static Result<std::unique_ptr<TcpServer>> start(const TcpServerOptions& options,
+                                                  RegionSource regions);
+  ~TcpServer();
+  TcpServer(const TcpServer&) = delete;
+  TcpServer& operator=(const TcpServer&) = delete;
+
+  const Endpoint& endpoint() const { return bound_; }
+
+ private:
+  struct IoThread;
+  TcpServer(const TcpServerOptions& options, RegionSource regions, Fd listener, Endpoint bound);
+  void accept_loop();
+
+  TcpServerOptions options_;
+  RegionSource regions_;
+  Fd listener_;
+  Fd wake_;
+  Endpoint bound_;
+  std::vector<std::unique_ptr<IoThread>> io_;
+  std::atomic<size_t> next_io_{0};
+  std::thread acceptor_;
+};
+
+}  // namespace kvferry

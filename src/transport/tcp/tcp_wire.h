@@ -1,0 +1,60 @@
+// The tcp transport's wire format: every message starts with a fixed 48-byte header,
+// little-endian, followed by `length` payload bytes for kWrite and kReadData frames.
+//
+//   magic u32 "KVFD" | version u16 | type u16 | request_id u64 | addr u64 | length u64 |
+//   deadline_ns i64 | status u32 | reserved u32
+//
+// `addr` is an address in the receiver's registered memory (the target of a kWrite, the
+// source of a kRead). `deadline_ns` is the request's deadline on the receiver's
+// CLOCK_MONOTONIC (the initiator converts with the clock offset measured at kHello): the
+// receiver never writes a byte of a request after it. `status` carries a StatusCode in
+// kAck and kReadData. docs/PROTOCOL.md describes the exchanges.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvferry/status.h"
+
+namespace kvferry {
+
+inline constexpr uint32_t kTcpMagic = 0x4446564B;  // "KVFD" in memory order
+inline constexpr uint16_t kTcpVersion = 1;
+inline constexpr size_t kTcpHeaderBytes = 48;
+// A single frame never carries more than this; the initiator splits ops into chunks.
+inline constexpr uint64_t kTcpMaxFrameBytes = 64ull << 20;
+// Challenge and proof sizes of the optional shared-secret authentication.
+inline constexpr size_t kTcpNonceBytes = 32;
+inline constexpr size_t kTcpProofBytes = 32;
+
+enum class TcpFrame : uint16_t {
+  kHello = 1,       // initiator -> receiver: deadline_ns = initiator's clock
+  kHelloAck = 2,    // receiver -> initiator: request_id = incarnation, deadline_ns = its clock;
+                    // payload: a nonce when authentication is on
+  kAuth = 3,        // initiator -> receiver: payload = HMAC-SHA256(secret, nonce)
+  kWrite = 4,       // payload = the bytes to place at addr
+  kRead = 5,        // asks for `length` bytes at addr
+  kAck = 6,         // completes a kWrite (or refuses a kHello/kAuth) with `status`
+  kReadData = 7,    // answers a kRead: payload = the bytes (or length 0 and an error status)
+};
+
+struct TcpHeader {
+  TcpFrame type = TcpFrame::kHello;
+  uint64_t request_id = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+  int64_t deadline_ns = 0;
+  uint32_t status = 0;
+};
+
+void encode_tcp_header(const TcpHeader& header, std::byte* out);
+// Checks magic, version, type, and that payload-carrying frames stay within
+// kTcpMaxFrameBytes; the error names the bad field and value.
+Result<TcpHeader> decode_tcp_header(const std::byte* in);
+
+// Whether frames of this type are followed by `length` payload bytes.
+bool tcp_frame_has_payload(TcpFrame type);
+
+}  // namespace kvferry
