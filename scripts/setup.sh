@@ -8,6 +8,8 @@ packages=(
   build-essential cmake ninja-build ccache pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libxxhash-dev
+  libcpp-httplib-dev libzmq3-dev cppzmq-dev libhiredis-dev libssl-dev
+  etcd-server etcd-client redis-server nftables iproute2
   clang-format clang-tidy
 )
 

@@ -34,7 +34,7 @@ struct CopySlice {
 struct BatchRecord {
   // Immutable after submit.
   ResolvedBatch work;
-  std::shared_ptr<PeerState> peer;
+  std::shared_ptr<PeerLiveness> peer;
   std::shared_ptr<const RegionIndex> local_snapshot;     // keeps RegionUse alive
   std::shared_ptr<const RemoteSegment> remote_snapshot;  // keeps mappings alive
   Clock::time_point start;

@@ -11,7 +11,7 @@ namespace {
 Status stop_reason(const BatchRecord& b) {
   if (b.cancelled.load()) return b.stop_reason();
   if (b.peer->is_disconnected()) {
-    return PeerDisconnected("peer " + b.peer->name +
+    return PeerDisconnected("peer " + b.peer->name() +
                             " disconnected: " + b.peer->disconnect_reason());
   }
   if (Clock::now() >= b.deadline) {

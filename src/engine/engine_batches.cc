@@ -17,7 +17,7 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
   batch->timeout = options.timeout.count() > 0 ? options.timeout : options_.batch_timeout;
   batch->deadline = batch->start + batch->timeout;
   batch->ops_submitted = ops.size();
-  batch->peer = peer;
+  batch->peer = peer->liveness;
   if (peer->is_disconnected()) {
     return PeerDisconnected("peer " + peer->name + " disconnected: " + peer->disconnect_reason());
   }

@@ -70,11 +70,6 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
   }
   std::unique_ptr<EngineImpl> engine(new EngineImpl(std::move(options)));
   engine->served_ = served;
-  engine->self_peer_ = std::make_shared<PeerState>();
-  engine->self_peer_->is_self = true;
-  engine->self_peer_->transport = TransportKind::kLocal;
-  engine->self_peer_->incarnation = engine->incarnation_;
-  engine->self_peer_->pid = ::getpid();
   EngineImpl* raw = engine.get();
   KVF_ASSIGN_OR_RETURN(engine->handshake_,
                        HandshakeServer::start(
@@ -107,7 +102,11 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
                          TcpServer::start(tcp, [raw] { return raw->local_regions_.load(); }));
     engine->tcp_endpoint_ = engine->tcp_server_->endpoint().to_string();
   }
-  engine->self_peer_->name = engine->endpoint_;
+  engine->self_peer_ = std::make_shared<PeerState>(engine->endpoint_);
+  engine->self_peer_->is_self = true;
+  engine->self_peer_->transport = TransportKind::kLocal;
+  engine->self_peer_->incarnation = engine->incarnation_;
+  engine->self_peer_->pid = ::getpid();
   {
     std::lock_guard lock(engine->registry_mu_);
     engine->publish_locked();

@@ -57,8 +57,7 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
   if (is_self && forced != TransportKind::kTcp) return self_peer_;  // another name for us
   KVF_ASSIGN_OR_RETURN(TransportKind transport, choose_transport(d, forced, is_self));
   const bool same_host = d.host_id == host_identity();
-  auto peer = std::make_shared<PeerState>();
-  peer->name = name;
+  auto peer = std::make_shared<PeerState>(name);
   peer->transport = transport;
   peer->incarnation = d.incarnation;
   peer->pid = d.pid;

@@ -27,16 +27,12 @@ struct RemoteSegment {
   std::vector<std::shared_ptr<ShmMapping>> mappings;  // keep host_ptrs valid
 };
 
-struct PeerState {
-  std::string name;
-  TransportKind transport = TransportKind::kLocal;
-  bool is_self = false;
-  uint64_t incarnation = 0;
-  int64_t pid = 0;
-  std::atomic<std::shared_ptr<const RemoteSegment>> segment;  // null for the self peer
-  std::shared_ptr<TcpLink> tcp;  // set when transport == kTcp
-  std::mutex refresh_mu;                                      // one descriptor refresh at a time
-
+// Whether a peer is still usable. Shared with the batches to it (which must not own the
+// PeerState: its tcp lanes' threads would then end up destroying themselves).
+class PeerLiveness {
+ public:
+  explicit PeerLiveness(std::string name) : name_(std::move(name)) {}
+  const std::string& name() const { return name_; }
   bool is_disconnected() const { return disconnected_.load(std::memory_order_acquire); }
   void mark_disconnected(std::string reason) {
     std::lock_guard lock(reason_mu_);
@@ -50,9 +46,28 @@ struct PeerState {
   }
 
  private:
+  std::string name_;
   std::atomic<bool> disconnected_{false};
   mutable std::mutex reason_mu_;
   std::string reason_;
+};
+
+struct PeerState {
+  explicit PeerState(std::string peer_name)
+      : name(std::move(peer_name)), liveness(std::make_shared<PeerLiveness>(name)) {}
+  const std::string name;
+  std::shared_ptr<PeerLiveness> liveness;
+  TransportKind transport = TransportKind::kLocal;
+  bool is_self = false;
+  uint64_t incarnation = 0;
+  int64_t pid = 0;
+  std::atomic<std::shared_ptr<const RemoteSegment>> segment;  // null for the self peer
+  std::shared_ptr<TcpLink> tcp;  // set when transport == kTcp
+  std::mutex refresh_mu;                                      // one descriptor refresh at a time
+
+  bool is_disconnected() const { return liveness->is_disconnected(); }
+  void mark_disconnected(std::string reason) { liveness->mark_disconnected(std::move(reason)); }
+  std::string disconnect_reason() const { return liveness->disconnect_reason(); }
 };
 
 }  // namespace kvferry::detail

@@ -189,8 +189,11 @@ class TcpLane {
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
           return ErrnoStatus(StatusCode::kPeerDisconnected, "send", errno);
         }
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        if (left.count() <= 0) return Timeout("send");
+        // Never declare a timeout before the deadline itself: the batch must not end
+        // while the receiver may still write it.
+        auto now = Clock::now();
+        if (now >= deadline) return Timeout("send");
+        auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
         pollfd p{fd_.get(), POLLOUT, 0};
         ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
         continue;
@@ -391,7 +394,17 @@ Result<std::shared_ptr<TcpLane>> TcpLink::lane(size_t index) {
   std::lock_guard lock(mu_);
   std::shared_ptr<TcpLane>& slot = lanes_[index];
   if (!slot || slot->broken()) {
-    KVF_ASSIGN_OR_RETURN(slot, TcpLane::connect(options_));
+    const bool had_connection = slot != nullptr;
+    auto fresh = TcpLane::connect(options_);
+    if (!fresh.ok()) {
+      // A peer we were connected to and cannot reach again is gone, not "unreachable".
+      if (had_connection && fresh.status().code() == StatusCode::kPeerUnreachable) {
+        return PeerDisconnected("lost the connection to " + options_.peer_name +
+                                " and cannot reconnect: " + fresh.status().message());
+      }
+      return fresh.status();
+    }
+    slot = std::move(*fresh);
   }
   return slot;
 }
