@@ -22,8 +22,11 @@ scripts/format.sh --check
 
 echo "== build (RelWithDebInfo, -Werror)"
 scripts/build.sh -DKVFERRY_BUILD_BENCH=ON
-echo "== tests"
+echo "== tests (with etcd and redis on loopback)"
+trap 'scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
+eval "$(scripts/services.sh start)"
 ctest --test-dir build --output-on-failure -j "$JOBS" --timeout 600
+scripts/services.sh stop
 
 if [ "$sanitizers" = 1 ]; then
   echo "== unit tests under ASan+UBSan"

@@ -28,6 +28,8 @@ struct ServeArgs {
   std::string listen = "127.0.0.1:0";
   std::string name = "serve";
   int threads = 2;
+  std::string metadata = "p2p";
+  int metadata_ttl_s = 10;
 };
 
 int serve(const ServeArgs& args) {
@@ -35,6 +37,8 @@ int serve(const ServeArgs& args) {
   options.name = args.name;
   options.listen_address = args.listen;
   options.worker_threads = args.threads;
+  options.metadata_uri = args.metadata;
+  options.metadata_ttl = std::chrono::seconds(args.metadata_ttl_s);
   auto engine = TransferEngine::create(options);
   if (!engine.ok()) {
     std::cerr << "kvferry serve: " << engine.status().to_string() << "\n";
@@ -95,6 +99,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--listen", args->listen, "handshake listen address host:port");
   cmd->add_option("--name", args->name, "engine name");
   cmd->add_option("--threads", args->threads, "worker threads");
+  cmd->add_option("--metadata", args->metadata, "p2p | etcd://host:port[,...] | redis://host:port");
+  cmd->add_option("--metadata-ttl", args->metadata_ttl_s, "seconds a record outlives its engine");
   cmd->callback([args] {
     int rc = serve(*args);
     if (rc != 0) throw CLI::RuntimeError(rc);

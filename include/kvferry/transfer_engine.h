@@ -69,8 +69,12 @@ struct EngineOptions {
   std::string name = "kvferry";
   // Handshake listener, "host:port". Port 0 picks a free port (see endpoint()).
   std::string listen_address = "127.0.0.1:0";
-  // Where peers find each other. "p2p" (embedded handshake, the default) only for now.
+  // Where peers find each other: "p2p" (embedded handshake, the default),
+  // "etcd://host:port[,host:port...]" or "redis://host:port".
   std::string metadata_uri = "p2p";
+  // Lifetime of this engine's record in etcd/redis, renewed every third of it: a killed
+  // engine's record disappears after at most this long.
+  std::chrono::seconds metadata_ttl{10};
   // Transports this engine serves and may use. Empty = all built ones.
   TransportSet allowed_transports{};
   // When set, every peer uses this transport or open_peer fails saying why.

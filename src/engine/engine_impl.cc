@@ -50,10 +50,6 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
     return InvalidArgument(
         fmt::format("handshake_timeout {} ms must be positive", options.handshake_timeout.count()));
   }
-  if (options.metadata_uri != "p2p") {
-    return InvalidArgument("metadata backend '" + options.metadata_uri +
-                           "' is not supported (valid: p2p)");
-  }
   KVF_ASSIGN_OR_RETURN(Endpoint listen, parse_endpoint(options.listen_address, true));
   TransportSet served = options.allowed_transports.empty()
                             ? kBuiltTransports
@@ -102,6 +98,11 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
                          TcpServer::start(tcp, [raw] { return raw->local_regions_.load(); }));
     engine->tcp_endpoint_ = engine->tcp_server_->endpoint().to_string();
   }
+  MetadataStoreOptions store_options;
+  store_options.record_ttl = engine->options_.metadata_ttl;
+  store_options.io_timeout = engine->options_.handshake_timeout;
+  KVF_ASSIGN_OR_RETURN(engine->store_,
+                       open_metadata_store(engine->options_.metadata_uri, store_options));
   engine->self_peer_ = std::make_shared<PeerState>(engine->endpoint_);
   engine->self_peer_->is_self = true;
   engine->self_peer_->transport = TransportKind::kLocal;
@@ -109,7 +110,9 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
   engine->self_peer_->pid = ::getpid();
   {
     std::lock_guard lock(engine->registry_mu_);
-    engine->publish_locked();
+    // The first publish proves the store works; later failures are retried by its
+    // keep-alive and logged.
+    KVF_RETURN_IF_ERROR(engine->publish_locked());
   }
   log().info("engine '{}' listening on {} (incarnation {:016x})", engine->options_.name,
              engine->endpoint_, engine->incarnation_);
@@ -161,11 +164,11 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
   std::sort(entries.begin(), entries.end(),
             [](const RegionEntry& a, const RegionEntry& b) { return a.addr < b.addr; });
   local_regions_.store(std::make_shared<const RegionIndex>(std::move(entries)));
-  publish_locked();
+  publish_locked().ignore();
   return Status::Ok();
 }
 
-void EngineImpl::publish_locked() {
+Status EngineImpl::publish_locked() {
   SegmentDescriptor d;
   d.name = options_.name;
   d.endpoint = endpoint_;
@@ -178,7 +181,15 @@ void EngineImpl::publish_locked() {
   for (const RegionEntry& e : local_regions_.load()->entries()) {
     d.regions.push_back(RegionDescriptor{e.addr, e.length, e.location, e.shm});
   }
-  descriptor_json_.store(std::make_shared<const std::string>(serialize_segment_descriptor(d)));
+  auto json = std::make_shared<const std::string>(serialize_segment_descriptor(d));
+  descriptor_json_.store(json);
+  if (!store_) return Status::Ok();
+  Status published = store_->publish(endpoint_, *json);
+  if (!published.ok()) {
+    log().warn("publishing to {} failed (its keep-alive retries): {}", store_->uri(),
+               published.to_string());
+  }
+  return published;
 }
 
 Status EngineImpl::register_memory(std::span<const MemoryRegion> regions) {
@@ -214,7 +225,7 @@ Status EngineImpl::unregister_memory(std::span<void* const> addrs) {
     if (std::find(victims.begin(), victims.end(), &e) == victims.end()) kept.push_back(e);
   }
   local_regions_.store(std::make_shared<const RegionIndex>(std::move(kept)));
-  publish_locked();
+  publish_locked().ignore();
   return Status::Ok();
 }
 

@@ -20,6 +20,7 @@
 #include "engine/region_index.h"
 #include "kvferry/transfer_engine.h"
 #include "metadata/handshake.h"
+#include "metadata/metadata_store.h"
 #include "transport/shm/shm_mapping.h"
 #include "transport/tcp/tcp_server.h"
 
@@ -56,7 +57,8 @@ class EngineImpl {
 
   // Registration helpers; registry_mu_ held.
   Status add_regions_locked(std::span<const MemoryRegion> regions);
-  void publish_locked();
+  // Rebuilds the descriptor and publishes it; the error is the store's.
+  Status publish_locked();
   std::optional<ShmBacking> shm_backing_locked(uint64_t addr, uint64_t length) const;
 
   // Peers.
@@ -98,6 +100,7 @@ class EngineImpl {
   PeerMonitor monitor_;
   std::unique_ptr<HandshakeServer> handshake_;
   std::unique_ptr<TcpServer> tcp_server_;
+  std::unique_ptr<MetadataStore> store_;  // destroyed first: withdraws our record
 };
 
 }  // namespace kvferry::detail

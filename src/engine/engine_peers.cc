@@ -49,7 +49,7 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
                                                             const PeerOptions& options) {
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(name));
   KVF_ASSIGN_OR_RETURN(std::string json,
-                       fetch_descriptor(endpoint, Clock::now() + options_.handshake_timeout));
+                       store_->fetch(endpoint.to_string(), Clock::now() + options_.handshake_timeout));
   KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
   std::optional<TransportKind> forced =
       options.transport ? options.transport : options_.forced_transport;
@@ -157,7 +157,7 @@ Status EngineImpl::refresh_peer(PeerState& peer) {
   std::lock_guard lock(peer.refresh_mu);
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(peer.name));
   KVF_ASSIGN_OR_RETURN(std::string json,
-                       fetch_descriptor(endpoint, Clock::now() + options_.handshake_timeout));
+                       store_->fetch(endpoint.to_string(), Clock::now() + options_.handshake_timeout));
   KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
   if (d.incarnation != peer.incarnation) {
     std::string why = fmt::format("restarted (incarnation {:016x} -> {:016x}); open it again",
