@@ -10,6 +10,7 @@
 namespace kvferry::cli {
 
 void add_bench_engine_command(CLI::App& bench);
+void add_bench_kv_command(CLI::App& bench);
 
 std::string self_executable() {
   std::array<char, 4096> path{};
@@ -21,6 +22,7 @@ void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "benchmarks (ratios against same-run references)");
   bench->require_subcommand(1);
   add_bench_engine_command(*bench);
+  add_bench_kv_command(*bench);
 }
 
 }  // namespace kvferry::cli
