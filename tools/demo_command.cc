@@ -1,39 +1,46 @@
-// `kvferry demo`: the main job. A prefill process (this one) moves KV pages into a decode
-// process (`kvferry serve`, a child) through the engine, one batch per request, with the
-// destination pages scattered at random as a paged KV pool would have them. Every page
-// carries data derived from its destination position, so decode verifies every byte on
-// its own. Prints a summary (or --json).
-//
-// Until the PD session layer lands this drives the engine directly: requests are page
-// lists, not prompts.
+// `kvferry demo`: the main job on the PD session layer. Starts a bootstrap server (in this
+// process), prefill rank processes (`kvferry pd-prefill`) and decode rank processes
+// (`kvferry pd-decode`) on this machine, then routes N requests of random prompt lengths to
+// both sides, as a serving stack's router would. Prefill runs chunked prefill, filling each
+// chunk's pages with data derived from (request, layer, token) and sending it; decode
+// verifies every page it received on its own. Prints a summary (or --json); progress goes
+// to stderr.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
-#include <numeric>
 #include <random>
 #include <sstream>
 #include <vector>
 
-#include "bench_util.h"
 #include "commands.h"
+#include "core/child_process.h"
 #include "core/net.h"
-#include "core/pattern.h"
-#include "kvferry/transfer_engine.h"
+#include "kvferry/pd/bootstrap.h"
+#include "pd_model.h"
 #include "serve_client.h"
 
 namespace kvferry::cli {
 namespace {
 
+constexpr auto kHelloTimeout = std::chrono::seconds(30);
+// read_line rounds its wait down to whole milliseconds: below 2 ms it would never poll.
+constexpr auto kPollLine = std::chrono::milliseconds(3);
+
 struct DemoArgs {
+  WorkerArgs worker;
   int requests = 64;
-  uint64_t page_bytes = 64 * 1152;  // deepseek-v3 MLA: 64 tokens x 1152 bytes, one layer
-  int layers = 8;                   // page-major: one page holds every layer's slice
-  int pool_pages = 1024;
+  uint32_t min_tokens = 16;
+  uint32_t max_tokens = 512;
+  uint32_t chunk_tokens = 128;
+  uint32_t prefill_tp = 1;
+  uint32_t decode_tp = 1;
+  uint32_t decode_instances = 1;
   uint64_t seed = 2026;
-  int threads = 2;
-  std::string transport = "shm";
+  int timeout_s = 120;
   bool json = false;
 };
 
@@ -44,94 +51,234 @@ struct DemoSummary {
   std::string first_error;
 };
 
+struct Worker {
+  ChildProcess process;
+  uint32_t instance = 0;  // decode instance (decode workers)
+};
+
+struct Request {
+  uint64_t room = 0;
+  uint32_t tokens = 0;
+  uint32_t pages = 0;
+  uint32_t instance = 0;
+  uint32_t prefill_reports = 0, decode_reports = 0;
+  bool ok = true;
+  double transfer_ms = 0;
+};
+
+Result<Worker> spawn_worker(std::vector<std::string> argv, uint32_t instance) {
+  KVF_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::spawn(argv));
+  KVF_ASSIGN_OR_RETURN(std::string hello, child.read_line(kHelloTimeout));
+  auto j = nlohmann::json::parse(hello, nullptr, false);
+  if (j.is_discarded() || !j.contains("ready")) {
+    return ProtocolError(argv[1] + " said '" + hello + "', expected its ready line");
+  }
+  return Worker{std::move(child), instance};
+}
+
+std::vector<std::string> worker_argv(const DemoArgs& a, const char* role, uint32_t tp_size,
+                                     uint32_t tp_rank) {
+  return {self_executable(), role,
+          "--model", a.worker.model,
+          "--page-tokens", std::to_string(a.worker.page_tokens),
+          "--pool-pages", std::to_string(a.worker.pool_pages),
+          "--tp-size", std::to_string(tp_size),
+          "--tp-rank", std::to_string(tp_rank),
+          "--transport", a.worker.transport,
+          "--heartbeat-ms", std::to_string(a.worker.heartbeat_ms),
+          "--threads", std::to_string(a.worker.threads)};
+}
+
 Status run_demo(const DemoArgs& args, DemoSummary& out) {
-  KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(args.transport));
-  if (transport != TransportKind::kShm) {
-    return NotSupported("demo: transport " + args.transport + " is not built yet (valid: shm)");
+  KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(args.worker.transport));
+  if (!kPdWorkerTransports.contains(transport)) {
+    return NotSupported("demo: transport " + args.worker.transport +
+                        " is not available to the PD demo (valid: shm, tcp)");
   }
-  if (args.requests <= 0 || args.pool_pages < args.requests || args.layers <= 0) {
-    return InvalidArgument(
-        fmt::format("demo: need requests > 0, layers > 0 and pool_pages >= requests "
-                    "(got {}, {}, {})",
-                    args.requests, args.layers, args.pool_pages));
+  KVF_ASSIGN_OR_RETURN(ModelPreset model, find_model(args.worker.model));
+  const uint32_t page = args.worker.page_tokens;
+  if (args.requests <= 0 || page == 0 || args.min_tokens == 0 ||
+      args.min_tokens > args.max_tokens || args.decode_instances == 0) {
+    return InvalidArgument(fmt::format(
+        "demo: need requests > 0, page tokens > 0, 0 < min-tokens <= max-tokens and "
+        "decode-instances > 0 (got {}, {}, {}, {}, {})",
+        args.requests, page, args.min_tokens, args.max_tokens, args.decode_instances));
   }
-  const uint64_t page = args.page_bytes * args.layers;
-  const uint64_t pool_bytes = page * args.pool_pages;
-  std::cerr << fmt::format("demo: decode pool {} pages x {} = {}, {} requests\n", args.pool_pages,
-                           format_bytes(page), format_bytes(pool_bytes), args.requests);
-  KVF_ASSIGN_OR_RETURN(ServePeer decode,
-                       start_serve_peer(self_executable(), pool_bytes, {"--name", "decode"}));
-  EngineOptions options;
-  options.name = "prefill";
-  options.worker_threads = args.threads;
-  KVF_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(options));
-  PeerOptions peer_options;
-  peer_options.transport = transport;
-  KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(decode.endpoint, peer_options));
+  const uint32_t max_pages = (args.max_tokens + page - 1) / page;
+  if (max_pages > args.worker.pool_pages) {
+    return InvalidArgument(fmt::format("demo: a {}-token prompt needs {} pages, the pool has {}",
+                                       args.max_tokens, max_pages, args.worker.pool_pages));
+  }
+  pd::BootstrapServerOptions bootstrap_options;
+  bootstrap_options.rank_stale_after = std::chrono::milliseconds(args.worker.heartbeat_ms * 3);
+  KVF_ASSIGN_OR_RETURN(auto bootstrap, pd::BootstrapServer::start(bootstrap_options));
+  std::cerr << fmt::format(
+      "demo: {} ({}), prefill tp {}, decode tp {} x {} instance(s), {} pages of {} tokens "
+      "per rank, bootstrap {}\n",
+      model.name, model.kind == ModelKind::kMla ? "MLA" : "MHA", args.prefill_tp, args.decode_tp,
+      args.decode_instances, args.worker.pool_pages, page, bootstrap->address());
 
-  // Every decode page is written by exactly one request: a random permutation of the
-  // pool, cut into requests of random length.
-  std::mt19937_64 rng(args.seed);
-  std::vector<uint64_t> dst_pages(args.pool_pages);
-  std::iota(dst_pages.begin(), dst_pages.end(), 0);
-  std::shuffle(dst_pages.begin(), dst_pages.end(), rng);
-  std::vector<int> cuts = {0, args.pool_pages};
-  std::uniform_int_distribution<int> cut(1, args.pool_pages - 1);
-  while (static_cast<int>(cuts.size()) < args.requests + 1) {
-    int c = cut(rng);
-    if (std::find(cuts.begin(), cuts.end(), c) == cuts.end()) cuts.push_back(c);
+  std::vector<Worker> prefills, decodes;
+  for (uint32_t r = 0; r < args.prefill_tp; ++r) {
+    auto argv = worker_argv(args, "pd-prefill", args.prefill_tp, r);
+    argv.insert(argv.end(), {"--bootstrap", bootstrap->address(), "--chunk-tokens",
+                             std::to_string(args.chunk_tokens)});
+    KVF_ASSIGN_OR_RETURN(Worker w, spawn_worker(argv, 0));
+    prefills.push_back(std::move(w));
   }
-  std::sort(cuts.begin(), cuts.end());
-
-  // Prefill's own KV: page i of the source holds what decode page dst_pages[i] must hold.
-  std::vector<std::byte> src(pool_bytes);
-  for (int i = 0; i < args.pool_pages; ++i) {
-    fill_pattern({src.data() + i * page, page}, args.seed, dst_pages[i] * page);
-  }
-  KVF_RETURN_IF_ERROR(engine->register_memory(src.data(), src.size()));
-
-  std::vector<double> latencies_ms;
-  auto start = Clock::now();
-  for (int r = 0; r < args.requests; ++r) {
-    std::vector<TransferOp> ops;
-    for (int i = cuts[r]; i < cuts[r + 1]; ++i) {
-      ops.push_back({OpKind::kWrite, reinterpret_cast<uint64_t>(src.data() + i * page),
-                     decode.addr + dst_pages[i] * page, page});
+  for (uint32_t i = 0; i < args.decode_instances; ++i) {
+    for (uint32_t r = 0; r < args.decode_tp; ++r) {
+      KVF_ASSIGN_OR_RETURN(Worker w, spawn_worker(worker_argv(args, "pd-decode", args.decode_tp, r), i));
+      decodes.push_back(std::move(w));
     }
-    auto t0 = Clock::now();
-    Status s = engine->transfer_sync(peer, ops);
-    latencies_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-    ++out.requests;
-    if (s.ok()) {
+  }
+
+  std::mt19937_64 rng(args.seed);
+  std::uniform_int_distribution<uint32_t> length(args.min_tokens, args.max_tokens);
+  std::map<uint64_t, Request> requests;
+  std::deque<uint64_t> queue;
+  for (int i = 0; i < args.requests; ++i) {
+    Request r;
+    r.room = static_cast<uint64_t>(i) + 1;
+    r.tokens = length(rng);
+    r.pages = (r.tokens + page - 1) / page;
+    r.instance = static_cast<uint32_t>(i) % args.decode_instances;
+    requests[r.room] = r;
+    queue.push_back(r.room);
+  }
+  uint32_t prefill_free = args.worker.pool_pages;
+  std::vector<uint32_t> decode_free(args.decode_instances, args.worker.pool_pages);
+  std::vector<double> latencies_ms;
+  int finished = 0, next_progress = 0;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::seconds(args.timeout_s);
+
+  auto finish_request = [&](Request& r) {
+    ++finished;
+    decode_free[r.instance] += r.pages;
+    if (r.ok) {
       ++out.succeeded;
-      out.bytes += ops.size() * page;
+      latencies_ms.push_back(r.transfer_ms);
     } else {
       ++out.failed;
-      if (out.first_error.empty()) out.first_error = s.to_string();
     }
-    if ((r + 1) % std::max(1, args.requests / 4) == 0 || r + 1 == args.requests) {
-      std::cerr << fmt::format("demo: {}/{} requests sent\n", r + 1, args.requests);
+  };
+  auto handle_line = [&](const std::string& line, bool from_prefill) -> Status {
+    std::istringstream in(line);
+    std::string verb, result;
+    uint64_t room = 0;
+    in >> verb >> room >> result;
+    auto it = requests.find(room);
+    if (verb != "done" || it == requests.end()) {
+      return ProtocolError("demo: unexpected worker line '" + line + "'");
+    }
+    Request& r = it->second;
+    if (result != "ok") {
+      r.ok = false;
+      if (out.first_error.empty()) out.first_error = line;
+    }
+    if (from_prefill) {
+      if (++r.prefill_reports == args.prefill_tp) prefill_free += r.pages;
+      return Status::Ok();
+    }
+    if (result == "ok") {
+      uint64_t us = 0, pages = 0, corrupt = 0, bytes = 0;
+      in >> us >> pages >> corrupt >> bytes;
+      r.transfer_ms = std::max(r.transfer_ms, us / 1000.0);
+      out.pages_verified += pages;
+      out.corrupt_pages += corrupt;
+      out.bytes += bytes;
+    }
+    if (++r.decode_reports == args.decode_tp) finish_request(r);
+    return Status::Ok();
+  };
+
+  while (finished < args.requests) {
+    while (!queue.empty()) {
+      Request& r = requests[queue.front()];
+      if (r.pages > prefill_free || r.pages > decode_free[r.instance]) break;
+      prefill_free -= r.pages;
+      decode_free[r.instance] -= r.pages;
+      queue.pop_front();
+      for (Worker& d : decodes) {
+        if (d.instance != r.instance) continue;
+        KVF_RETURN_IF_ERROR(d.process.send_line(
+            fmt::format("req {} {} {}", r.room, r.tokens, bootstrap->address())));
+      }
+      for (Worker& p : prefills) {
+        KVF_RETURN_IF_ERROR(p.process.send_line(fmt::format("req {} {}", r.room, r.tokens)));
+      }
+    }
+    for (auto* group : {&prefills, &decodes}) {
+      for (Worker& w : *group) {
+        for (;;) {
+          Result<std::string> line = w.process.read_line(kPollLine);
+          if (!line.ok()) {
+            if (line.status().code() == StatusCode::kTimeout) break;
+            return Status(line.status().code(), "demo: a worker exited: " + line.status().message());
+          }
+          KVF_RETURN_IF_ERROR(handle_line(*line, group == &prefills));
+        }
+      }
+    }
+    if (finished >= next_progress) {
+      std::cerr << fmt::format("demo: {}/{} requests done ({} failed)\n", finished, args.requests,
+                               out.failed);
+      next_progress = finished + std::max(1, args.requests / 8);
+    }
+    if (Clock::now() > deadline) {
+      return Timeout(fmt::format("demo: {} of {} requests unfinished after {} s",
+                                 args.requests - finished, args.requests, args.timeout_s));
     }
   }
+  out.requests = args.requests;
   out.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   std::sort(latencies_ms.begin(), latencies_ms.end());
   auto pct = [&](double p) {
+    if (latencies_ms.empty()) return 0.0;
     return latencies_ms[std::min(latencies_ms.size() - 1,
                                  static_cast<size_t>(p / 100 * latencies_ms.size()))];
   };
   out.p50_ms = pct(50);
   out.p99_ms = pct(99);
   out.gbps = out.bytes / out.seconds / 1e9;
-
-  // Decode checks every page on its own.
-  KVF_ASSIGN_OR_RETURN(std::string reply,
-                       decode.process.ask(fmt::format("verify-pages {} {}", args.seed, page),
-                                          std::chrono::seconds(120)));
-  std::istringstream in(reply);
-  std::string ok;
-  in >> ok >> out.pages_verified >> out.corrupt_pages;
-  if (ok != "ok") return Internal("decode could not verify: " + reply);
+  for (auto* group : {&prefills, &decodes}) {
+    for (Worker& w : *group) w.process.send_line("quit").ignore();
+  }
+  for (auto* group : {&prefills, &decodes}) {
+    for (Worker& w : *group) w.process.finish(std::chrono::seconds(10)).status().ignore();
+  }
   return Status::Ok();
+}
+
+void print_summary(const DemoArgs& args, const DemoSummary& s) {
+  if (args.json) {
+    std::cout << nlohmann::json{{"requests", s.requests},
+                                {"succeeded", s.succeeded},
+                                {"failed", s.failed},
+                                {"bytes", s.bytes},
+                                {"pages_verified", s.pages_verified},
+                                {"corrupt_pages", s.corrupt_pages},
+                                {"p50_ms", s.p50_ms},
+                                {"p99_ms", s.p99_ms},
+                                {"gbps", s.gbps},
+                                {"seconds", s.seconds},
+                                {"first_error", s.first_error}}
+                     .dump()
+              << std::endl;
+    return;
+  }
+  std::cout << fmt::format(
+      "kvferry demo summary ({}, prefill tp {}, decode tp {})\n"
+      "  requests        {} ({} succeeded, {} failed)\n"
+      "  bytes moved     {} ({:.1f} MiB)\n"
+      "  pages verified  {} by the decode processes, {} corrupt\n"
+      "  latency/request p50 {:.3f} ms, p99 {:.3f} ms (TransferRequest sent -> Success)\n"
+      "  throughput      {:.2f} GB/s over {:.2f} s\n",
+      args.worker.model, args.prefill_tp, args.decode_tp, s.requests, s.succeeded, s.failed,
+      s.bytes, s.bytes / 1048576.0, s.pages_verified, s.corrupt_pages, s.p50_ms, s.p99_ms,
+      s.gbps, s.seconds);
+  if (!s.first_error.empty()) std::cout << "  first error     " << s.first_error << "\n";
 }
 
 }  // namespace
@@ -139,14 +286,17 @@ Status run_demo(const DemoArgs& args, DemoSummary& out) {
 void add_demo_command(CLI::App& app) {
   auto args = std::make_shared<DemoArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "demo", "prefill -> decode KV page transfer between two processes, verified");
+      "demo", "PD demo: bootstrap + prefill + decode processes, chunked prefill, verified pages");
+  add_worker_flags(cmd, args->worker);
   cmd->add_option("--requests", args->requests, "number of requests");
-  cmd->add_option("--page-bytes", args->page_bytes, "bytes of one page of one layer");
-  cmd->add_option("--layers", args->layers, "layers per page (page-major layout)");
-  cmd->add_option("--pool-pages", args->pool_pages, "pages in decode's KV pool");
-  cmd->add_option("--seed", args->seed, "seed for page data and page placement");
-  cmd->add_option("--threads", args->threads, "engine worker threads");
-  cmd->add_option("--transport", args->transport, "shm");
+  cmd->add_option("--min-tokens", args->min_tokens, "shortest prompt");
+  cmd->add_option("--max-tokens", args->max_tokens, "longest prompt");
+  cmd->add_option("--chunk-tokens", args->chunk_tokens, "tokens per prefill chunk");
+  cmd->add_option("--prefill-tp", args->prefill_tp, "prefill ranks (processes)");
+  cmd->add_option("--decode-tp", args->decode_tp, "decode ranks per decode instance");
+  cmd->add_option("--decode-instances", args->decode_instances, "decode instances");
+  cmd->add_option("--seed", args->seed, "seed for prompt lengths");
+  cmd->add_option("--timeout-s", args->timeout_s, "give up after this long");
   cmd->add_flag("--json", args->json, "print the summary as one JSON object");
   cmd->callback([args] {
     DemoSummary s;
@@ -155,31 +305,7 @@ void add_demo_command(CLI::App& app) {
       std::cerr << "kvferry demo: " << status.to_string() << "\n";
       throw CLI::RuntimeError(1);
     }
-    if (args->json) {
-      std::cout << nlohmann::json{{"requests", s.requests},
-                                  {"succeeded", s.succeeded},
-                                  {"failed", s.failed},
-                                  {"bytes", s.bytes},
-                                  {"pages_verified", s.pages_verified},
-                                  {"corrupt_pages", s.corrupt_pages},
-                                  {"p50_ms", s.p50_ms},
-                                  {"p99_ms", s.p99_ms},
-                                  {"gbps", s.gbps},
-                                  {"first_error", s.first_error}}
-                       .dump()
-                << "\n";
-    } else {
-      std::cout << fmt::format(
-          "kvferry demo summary\n"
-          "  requests        {} ({} succeeded, {} failed)\n"
-          "  bytes moved     {} ({:.1f} MiB)\n"
-          "  pages verified  {} by the decode process, {} corrupt\n"
-          "  latency/request p50 {:.3f} ms, p99 {:.3f} ms\n"
-          "  throughput      {:.2f} GB/s\n",
-          s.requests, s.succeeded, s.failed, s.bytes, s.bytes / 1048576.0, s.pages_verified,
-          s.corrupt_pages, s.p50_ms, s.p99_ms, s.gbps);
-      if (!s.first_error.empty()) std::cout << "  first error     " << s.first_error << "\n";
-    }
+    print_summary(*args, s);
     if (s.failed != 0 || s.corrupt_pages != 0) throw CLI::RuntimeError(3);
   });
 }

@@ -1,0 +1,119 @@
+// Control message codec: round trips, and malformed bytes rejected with ProtocolError.
+#include "kvferry/pd/control_message.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+namespace kvferry::pd {
+namespace {
+
+RegisterLayout sample_layout() {
+  RegisterLayout m;
+  m.tp_rank = 1;
+  m.tp_size = 2;
+  m.total_kv_heads = 8;
+  m.engine_endpoint = "127.0.0.1:4000";
+  m.incarnation = 77;
+  m.info = {16, 4, 128, 2, kv::PageOrder::kLayerMajor};
+  m.entries = {kv::contiguous_entry(0x1000, 256, 10, kv::KvRole::kKey, 0),
+               kv::contiguous_entry(0x9000, 256, 10, kv::KvRole::kValue, 0)};
+  m.aux = {{0x20000, 640, 64}};
+  m.state = {{{0x30000, 4096, 512}, 8}};
+  return m;
+}
+
+TEST(ControlMessage, EveryTypeRoundTrips) {
+  std::vector<ControlMessage> messages = {
+      sample_layout(),
+      RegisterReply{3, 99, StatusCode::kInvalidArgument, "bad"},
+      TransferRequest{42, 2, true, {5, 6, 9}, 3, kNoSlot},
+      RequestStatusMessage{42, RequestState::kFailed, StatusCode::kTimeout, "slow"},
+      AbortMessage{42, "user"},
+      AbortAck{42},
+      Heartbeat{7, 8}};
+  for (const ControlMessage& m : messages) {
+    std::vector<std::byte> frame = encode_control_message(m);
+    auto decoded = decode_control_message(frame);
+    ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
+    EXPECT_EQ(decoded->index(), m.index());
+    EXPECT_EQ(encode_control_message(*decoded), frame);
+  }
+  auto request = std::get<TransferRequest>(
+      *decode_control_message(encode_control_message(messages[2])));
+  EXPECT_EQ(request.dst_pages, (std::vector<kv::PageIndex>{5, 6, 9}));
+  EXPECT_TRUE(request.dummy);
+  EXPECT_EQ(request.aux_row, 3u);
+}
+
+TEST(ControlMessage, RejectsBadMagicVersionTypeAndLength) {
+  std::vector<std::byte> frame = encode_control_message(Heartbeat{1, 2});
+  auto corrupt = [&](size_t at, std::byte value) {
+    std::vector<std::byte> f = frame;
+    f[at] = value;
+    return decode_control_message(f).status();
+  };
+  EXPECT_EQ(corrupt(0, std::byte{0}).code(), StatusCode::kProtocolError);   // magic
+  EXPECT_EQ(corrupt(4, std::byte{9}).code(), StatusCode::kProtocolError);   // version
+  EXPECT_EQ(corrupt(6, std::byte{0}).code(), StatusCode::kProtocolError);   // type 0
+  EXPECT_EQ(corrupt(6, std::byte{99}).code(), StatusCode::kProtocolError);  // unknown type
+  EXPECT_EQ(corrupt(11, std::byte{0x7f}).code(), StatusCode::kProtocolError);  // over limit
+  std::vector<std::byte> longer = frame;
+  longer.push_back(std::byte{0});
+  EXPECT_EQ(decode_control_message(longer).status().code(), StatusCode::kProtocolError);
+  EXPECT_EQ(decode_control_message(std::span(frame).first(5)).status().code(),
+            StatusCode::kProtocolError);
+}
+
+TEST(ControlMessage, RejectsCountsLargerThanThePayload) {
+  std::vector<std::byte> frame = encode_control_message(TransferRequest{1, 1, false, {1, 2}});
+  // The page count is the last u32 before the pages: claim a billion pages.
+  const size_t count_at = frame.size() - 8 - 4;
+  frame[count_at + 3] = std::byte{0x40};
+  auto decoded = decode_control_message(frame);
+  ASSERT_FALSE(decoded.ok());
+  EXPECT_EQ(decoded.status().code(), StatusCode::kProtocolError);
+  EXPECT_NE(decoded.status().message().find("page count"), std::string::npos);
+}
+
+TEST(ControlMessage, RejectsOutOfRangeEnums) {
+  std::vector<std::byte> frame =
+      encode_control_message(RequestStatusMessage{1, RequestState::kSuccess, StatusCode::kOk, ""});
+  frame[kFrameHeaderBytes + 8] = std::byte{17};  // state
+  EXPECT_EQ(decode_control_message(frame).status().code(), StatusCode::kProtocolError);
+}
+
+TEST(ControlMessage, EveryTruncationAndRandomBytesAreRejectedWithoutCrashing) {
+  std::vector<std::byte> frame = encode_control_message(sample_layout());
+  for (size_t n = 0; n < frame.size(); ++n) {
+    EXPECT_FALSE(decode_control_message(std::span(frame).first(n)).ok()) << n;
+  }
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<std::byte> f = frame;
+    for (int k = 0; k < 4; ++k) f[rng() % f.size()] = static_cast<std::byte>(rng());
+    auto decoded = decode_control_message(f);
+    if (decoded.ok()) {
+      EXPECT_EQ(encode_control_message(*decoded), f);
+    }
+  }
+}
+
+TEST(RequestStatusCell, NeverGoesBackwardsAndFailedIsSticky) {
+  RequestStatusCell cell;
+  EXPECT_TRUE(cell.advance(RequestState::kTransferring));
+  EXPECT_FALSE(cell.advance(RequestState::kWaitingForInput));
+  EXPECT_EQ(cell.state(), RequestState::kTransferring);
+  EXPECT_TRUE(cell.fail(Timeout("slow")));
+  EXPECT_FALSE(cell.advance(RequestState::kSuccess));
+  EXPECT_FALSE(cell.fail(Internal("second")));
+  EXPECT_EQ(cell.state(), RequestState::kFailed);
+  EXPECT_EQ(cell.failure().code(), StatusCode::kTimeout);
+  RequestStatusCell done;
+  EXPECT_TRUE(done.advance(RequestState::kSuccess));
+  EXPECT_FALSE(done.fail(Internal("late")));
+  EXPECT_EQ(done.state(), RequestState::kSuccess);
+}
+
+}  // namespace
+}  // namespace kvferry::pd

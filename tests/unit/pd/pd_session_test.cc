@@ -1,0 +1,193 @@
+// PD session layer in one process: bootstrap server, prefill servers and decode clients with
+// their own engines (shm between them), bytes verified on the decode side.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "unit/pd/pd_fixture.h"
+
+namespace kvferry::pd {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ModelShape;
+using testing::TestRank;
+
+struct TpCase {
+  bool mla;
+  uint32_t prefill_tp;
+  uint32_t decode_tp;
+};
+
+class PdSessionTp : public ::testing::TestWithParam<TpCase> {};
+
+// Every decode rank receives every page of a 3-chunk request (its head slice for MHA, a full
+// copy for MLA) plus the aux row with the last chunk.
+TEST_P(PdSessionTp, EveryDecodeRankVerifiesItsPages) {
+  const TpCase c = GetParam();
+  ModelShape m;
+  m.mla = c.mla;
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  std::vector<TestRank> prefill_ranks, decode_ranks;
+  std::vector<std::unique_ptr<PrefillServer>> prefills;
+  std::vector<std::unique_ptr<DecodeClient>> decodes;
+  for (uint32_t r = 0; r < c.prefill_tp; ++r) {
+    prefill_ranks.push_back(testing::make_rank("prefill", m, c.prefill_tp, r));
+  }
+  for (uint32_t r = 0; r < c.decode_tp; ++r) {
+    decode_ranks.push_back(testing::make_rank("decode", m, c.decode_tp, r));
+  }
+  for (auto& r : prefill_ranks) prefills.push_back(testing::make_prefill(r, bootstrap->address()));
+  for (auto& r : decode_ranks) decodes.push_back(testing::make_decode(r));
+
+  const uint64_t room = 7, tokens = 10 * m.page_tokens - 1;  // last page partly filled
+  const auto src_pages = testing::pages_from(3, 10);
+  const auto dst_pages = testing::pages_from(20, 10, 1);
+  std::vector<KvReceiver> receivers;
+  for (size_t d = 0; d < decodes.size(); ++d) {
+    receivers.push_back(testing::must(decodes[d]->create_receiver(bootstrap->address(), room)));
+    ASSERT_TRUE(receivers.back().init(dst_pages, /*aux_row=*/2).ok());
+  }
+  std::vector<KvSender> senders;
+  for (size_t p = 0; p < prefills.size(); ++p) {
+    fill_request_pages(prefill_ranks[p].buffers.layout, src_pages, tokens, room,
+                       prefill_ranks[p].heads);
+    fill_rows(prefill_ranks[p].buffers.aux, 5, room);
+    senders.push_back(testing::must(prefills[p]->create_sender(room)));
+    ASSERT_EQ(senders.back().wait_at_least(RequestState::kWaitingForInput, 5s),
+              RequestState::kWaitingForInput);
+    std::span<const kv::PageIndex> all(src_pages);
+    ASSERT_TRUE(senders.back().send(all.subspan(0, 4)).ok());
+    ASSERT_TRUE(senders.back().send(all.subspan(4, 4)).ok());
+    LastChunkExtras extras{5, kNoSlot};
+    ASSERT_TRUE(senders.back().send(all.subspan(8), &extras).ok());
+  }
+  for (auto& s : senders) EXPECT_EQ(s.wait_final(5s), RequestState::kSuccess) << s.failure().to_string();
+  for (size_t d = 0; d < receivers.size(); ++d) {
+    ASSERT_EQ(receivers[d].wait_final(5s), RequestState::kSuccess)
+        << receivers[d].failure().to_string();
+    EXPECT_EQ(count_corrupt_pages(decode_ranks[d].buffers.layout, dst_pages, tokens, room,
+                                  decode_ranks[d].heads),
+              0u);
+    EXPECT_EQ(count_corrupt_rows(decode_ranks[d].buffers.aux, 2, room), 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TpPairs, PdSessionTp,
+                         ::testing::Values(TpCase{false, 1, 1}, TpCase{false, 1, 2},
+                                           TpCase{false, 2, 1}, TpCase{true, 1, 1},
+                                           TpCase{true, 1, 2}, TpCase{true, 2, 1}));
+
+TEST(PdSession, StateAndAuxArriveWithTheLastChunkOnly) {
+  ModelShape m;
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  TestRank p = testing::make_rank("prefill", m, 1, 0), d = testing::make_rank("decode", m, 1, 0);
+  auto prefill = testing::make_prefill(p, bootstrap->address());
+  auto decode = testing::make_decode(d);
+  const uint64_t room = 11, tokens = 8 * m.page_tokens;
+  auto src = testing::pages_from(0, 8), dst = testing::pages_from(8, 8, 2);
+  fill_request_pages(p.buffers.layout, src, tokens, room, p.heads);
+  fill_rows(p.buffers.aux, 1, room);
+  std::vector<kv::RowBuffer> p_state = {p.buffers.state[0].rows}, d_state = {d.buffers.state[0].rows};
+  fill_rows(p_state, 3, room);
+  KvReceiver receiver = testing::must(decode->create_receiver(bootstrap->address(), room));
+  ASSERT_TRUE(receiver.init(dst, 4, 6).ok());
+  KvSender sender = testing::must(prefill->create_sender(room));
+  ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s), RequestState::kWaitingForInput);
+  std::span<const kv::PageIndex> all(src);
+  ASSERT_TRUE(sender.send(all.subspan(0, 4)).ok());
+  // Wait until the first chunk landed: the aux row and state slot must still be untouched.
+  for (int i = 0; i < 200 && count_corrupt_pages(d.buffers.layout, std::span(dst).first(4),
+                                                 4 * m.page_tokens, room, d.heads) != 0; ++i) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(count_corrupt_rows(d.buffers.aux, 4, room), 1u);
+  EXPECT_EQ(count_corrupt_rows(d_state, 6, room), 1u);
+  EXPECT_EQ(receiver.poll(), RequestState::kTransferring);
+  LastChunkExtras extras{1, 3};
+  ASSERT_TRUE(sender.send(all.subspan(4), &extras).ok());
+  ASSERT_EQ(receiver.wait_final(5s), RequestState::kSuccess) << receiver.failure().to_string();
+  EXPECT_EQ(count_corrupt_pages(d.buffers.layout, dst, tokens, room, d.heads), 0u);
+  EXPECT_EQ(count_corrupt_rows(d.buffers.aux, 4, room), 0u);
+  EXPECT_EQ(count_corrupt_rows(d_state, 6, room), 0u);
+}
+
+TEST(PdSession, SendRejectsBadChunksWithTypedErrors) {
+  ModelShape m;
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  TestRank p = testing::make_rank("prefill", m, 1, 0), d = testing::make_rank("decode", m, 1, 0);
+  auto prefill = testing::make_prefill(p, bootstrap->address());
+  auto decode = testing::make_decode(d);
+  KvSender early = testing::must(prefill->create_sender(1));
+  auto pages = testing::pages_from(0, 4);
+  EXPECT_EQ(early.send(pages).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(prefill->create_sender(1).status().code(), StatusCode::kAlreadyExists);
+  KvReceiver receiver = testing::must(decode->create_receiver(bootstrap->address(), 1));
+  ASSERT_TRUE(receiver.init(testing::pages_from(10, 3)).ok());
+  ASSERT_EQ(early.wait_at_least(RequestState::kWaitingForInput, 5s), RequestState::kWaitingForInput);
+  Status too_many = early.send(pages);
+  EXPECT_EQ(too_many.code(), StatusCode::kOutOfRange);
+  EXPECT_NE(too_many.message().find("gave 3"), std::string::npos) << too_many.message();
+  LastChunkExtras none;
+  EXPECT_EQ(early.send(std::span(pages).first(2), &none).code(), StatusCode::kOutOfRange);
+  EXPECT_TRUE(early.send(std::span(pages).first(3), &none).ok());
+  EXPECT_EQ(receiver.wait_final(5s), RequestState::kSuccess);
+  EXPECT_EQ(early.send(pages).code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(PdSession, DecodeAbortIsAcknowledgedAndPrefillKeepsServing) {
+  ModelShape m;
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  TestRank p = testing::make_rank("prefill", m, 1, 0), d = testing::make_rank("decode", m, 1, 0);
+  auto prefill = testing::make_prefill(p, bootstrap->address());
+  auto decode = testing::make_decode(d);
+  KvReceiver aborted = testing::must(decode->create_receiver(bootstrap->address(), 1));
+  ASSERT_TRUE(aborted.init(testing::pages_from(0, 8)).ok());
+  KvSender sender = testing::must(prefill->create_sender(1));
+  ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s), RequestState::kWaitingForInput);
+  ASSERT_TRUE(sender.send(testing::pages_from(0, 4)).ok());
+  aborted.abort("client went away");
+  EXPECT_EQ(aborted.poll(), RequestState::kFailed);
+  EXPECT_EQ(aborted.failure().code(), StatusCode::kCancelled);
+  EXPECT_TRUE(aborted.wait_abort_acked(5s).ok());
+  EXPECT_EQ(sender.wait_final(5s), RequestState::kFailed);
+  EXPECT_EQ(sender.failure().code(), StatusCode::kCancelled);
+  EXPECT_FALSE(sender.send(testing::pages_from(4, 4)).ok());
+
+  KvReceiver next = testing::must(decode->create_receiver(bootstrap->address(), 2));
+  ASSERT_TRUE(next.init(testing::pages_from(8, 2)).ok());
+  KvSender s2 = testing::must(prefill->create_sender(2));
+  ASSERT_EQ(s2.wait_at_least(RequestState::kWaitingForInput, 5s), RequestState::kWaitingForInput);
+  LastChunkExtras none;
+  ASSERT_TRUE(s2.send(testing::pages_from(0, 2), &none).ok());
+  EXPECT_EQ(next.wait_final(5s), RequestState::kSuccess) << next.failure().to_string();
+}
+
+TEST(PdSession, DeadPrefillFailsPendingRequestsWithinTwoHeartbeats) {
+  ModelShape m;
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  TestRank p = testing::make_rank("prefill", m, 1, 0), d = testing::make_rank("decode", m, 1, 0);
+  auto prefill = testing::make_prefill(p, bootstrap->address());
+  auto decode = testing::make_decode(d);
+  KvReceiver receiver = testing::must(decode->create_receiver(bootstrap->address(), 3));
+  ASSERT_TRUE(receiver.init(testing::pages_from(0, 4)).ok());
+  ASSERT_EQ(receiver.wait_at_least(RequestState::kTransferring, 5s), RequestState::kTransferring);
+  auto t0 = std::chrono::steady_clock::now();
+  prefill.reset();
+  EXPECT_EQ(receiver.wait_final(5s), RequestState::kFailed);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2 * testing::fast_timeouts().heartbeat_interval);
+  EXPECT_EQ(receiver.failure().code(), StatusCode::kPeerDisconnected);
+}
+
+TEST(PdSession, UnreachableBootstrapFailsWithTimeoutOrUnreachable) {
+  ModelShape m;
+  TestRank d = testing::make_rank("decode", m, 1, 0);
+  auto decode = testing::make_decode(d);
+  KvReceiver receiver = testing::must(decode->create_receiver("127.0.0.1:1", 4));
+  EXPECT_EQ(receiver.wait_final(10s), RequestState::kFailed);
+  EXPECT_EQ(receiver.failure().code(), StatusCode::kPeerUnreachable)
+      << receiver.failure().to_string();
+}
+
+}  // namespace
+}  // namespace kvferry::pd

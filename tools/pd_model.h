@@ -1,0 +1,160 @@
+// Model presets and rank setup shared by the demo and its worker processes (pd-prefill,
+// pd-decode): each rank allocates one shared region holding its KV pool and aux rows, and
+// hands out pages from a free list.
+#pragma once
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kvferry/pd/pd_options.h"
+#include "kvferry/transfer_engine.h"
+#include "pd/page_pattern.h"
+
+namespace kvferry::cli {
+
+enum class ModelKind : uint8_t { kMla = 0, kMha };
+
+struct ModelPreset {
+  const char* name;
+  ModelKind kind;
+  uint32_t layers;
+  uint32_t kv_heads;         // MHA: total KV heads
+  uint32_t head_dim;         // MHA
+  uint32_t dtype_bytes;      // MHA
+  uint32_t bytes_per_token;  // MLA, per layer
+};
+
+inline constexpr ModelPreset kModelPresets[] = {
+    {"deepseek-v3", ModelKind::kMla, 61, 0, 0, 0, 1152},  // (512 + 64) x 2 bytes
+    {"llama-3.1-8b", ModelKind::kMha, 32, 8, 128, 2, 0},
+    {"tiny-mha", ModelKind::kMha, 4, 4, 16, 2, 0},  // tests: small pages, many requests
+    {"tiny-mla", ModelKind::kMla, 4, 0, 0, 0, 64},
+};
+
+inline Result<ModelPreset> find_model(const std::string& name) {
+  std::string valid;
+  for (const ModelPreset& m : kModelPresets) {
+    if (name == m.name) return m;
+    valid += (valid.empty() ? "" : ", ") + std::string(m.name);
+  }
+  return InvalidArgument("unknown model '" + name + "' (valid: " + valid + ")");
+}
+
+// Free list of page indices. Thread-safe.
+class PageAllocator {
+ public:
+  explicit PageAllocator(uint32_t pages) {
+    for (uint32_t p = pages; p-- > 0;) free_.push_back(p);
+  }
+  Result<std::vector<kv::PageIndex>> allocate(size_t n) {
+    std::lock_guard lock(mu_);
+    if (n > free_.size()) {
+      return OutOfRange(fmt::format("need {} pages, {} free", n, free_.size()));
+    }
+    std::vector<kv::PageIndex> out(free_.end() - static_cast<ptrdiff_t>(n), free_.end());
+    free_.resize(free_.size() - n);
+    return out;
+  }
+  void release(const std::vector<kv::PageIndex>& pages) {
+    std::lock_guard lock(mu_);
+    free_.insert(free_.end(), pages.begin(), pages.end());
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<kv::PageIndex> free_;
+};
+
+struct RankSetup {
+  pd::RankBuffers buffers;
+  pd::TpRank tp;
+  pd::HeadRange heads;
+  uint64_t bytes_per_token = 0;  // on this rank, all entries
+};
+
+inline constexpr uint64_t kAuxRowBytes = 64;
+
+// Allocates the rank's shared KV pool (+ one aux row per page, enough for any request mix).
+inline Result<RankSetup> setup_rank(TransferEngine& engine, const ModelPreset& m,
+                                    uint32_t page_tokens, uint32_t pool_pages, uint32_t tp_size,
+                                    uint32_t tp_rank) {
+  RankSetup r;
+  r.tp = {tp_rank, tp_size, m.kind == ModelKind::kMha ? m.kv_heads : 0};
+  r.heads = pd::head_range_for_rank(r.tp.total_kv_heads, tp_size, tp_rank);
+  kv::MhaShape mha{m.layers, page_tokens, std::max(1u, m.kv_heads / tp_size), m.head_dim,
+                   m.head_dim, m.dtype_bytes, pool_pages};
+  kv::MlaShape mla{m.layers, page_tokens, m.bytes_per_token, pool_pages};
+  const bool is_mla = m.kind == ModelKind::kMla;
+  uint64_t kv_bytes = 0;
+  if (is_mla) {
+    KVF_ASSIGN_OR_RETURN(kv_bytes, kv::KvLayout::region_bytes(mla));
+  } else {
+    KVF_ASSIGN_OR_RETURN(kv_bytes, kv::KvLayout::region_bytes(mha));
+  }
+  const uint64_t aux_bytes = kAuxRowBytes * pool_pages;
+  KVF_ASSIGN_OR_RETURN(SharedBuffer pool, engine.allocate_shared(kv_bytes + aux_bytes));
+  const auto base = reinterpret_cast<uint64_t>(pool.addr);
+  if (is_mla) {
+    KVF_ASSIGN_OR_RETURN(r.buffers.layout, kv::KvLayout::mla(mla, base));
+    r.bytes_per_token = uint64_t{m.layers} * m.bytes_per_token;
+  } else {
+    KVF_ASSIGN_OR_RETURN(r.buffers.layout, kv::KvLayout::mha(mha, base));
+    r.bytes_per_token = uint64_t{2} * m.layers * mha.kv_heads * m.head_dim * m.dtype_bytes;
+  }
+  r.buffers.aux = {{base + kv_bytes, aux_bytes, kAuxRowBytes}};
+  return r;
+}
+
+// Common flags of the worker processes.
+struct WorkerArgs {
+  std::string model = "deepseek-v3";
+  uint32_t page_tokens = 16;
+  uint32_t pool_pages = 256;
+  uint32_t tp_size = 1;
+  uint32_t tp_rank = 0;
+  std::string transport = "shm";
+  int heartbeat_ms = 500;
+  int threads = 2;
+};
+
+inline void add_worker_flags(CLI::App* cmd, WorkerArgs& a) {
+  cmd->add_option("--model", a.model, "model preset");
+  cmd->add_option("--page-tokens", a.page_tokens, "tokens per KV page");
+  cmd->add_option("--pool-pages", a.pool_pages, "pages in this rank's KV pool");
+  cmd->add_option("--tp-size", a.tp_size, "attention TP size of this instance");
+  cmd->add_option("--tp-rank", a.tp_rank, "this rank");
+  cmd->add_option("--transport", a.transport, "engine transport");
+  cmd->add_option("--heartbeat-ms", a.heartbeat_ms, "heartbeat interval");
+  cmd->add_option("--threads", a.threads, "engine worker threads");
+}
+
+inline pd::PdTimeouts worker_timeouts(const WorkerArgs& a) {
+  pd::PdTimeouts t;
+  t.heartbeat_interval = std::chrono::milliseconds(a.heartbeat_ms);
+  return t;
+}
+
+// Transports a demo worker can be told to use between processes.
+inline constexpr TransportSet kPdWorkerTransports = {TransportKind::kShm, TransportKind::kTcp};
+
+// An engine restricted to the chosen transport (a typed kind parsed once, here at the edge).
+inline Result<std::unique_ptr<TransferEngine>> make_worker_engine(const WorkerArgs& a,
+                                                                  const std::string& name) {
+  KVF_ASSIGN_OR_RETURN(TransportKind kind, parse_transport_kind(a.transport));
+  if (!kPdWorkerTransports.contains(kind)) {
+    return NotSupported("transport " + a.transport +
+                        " is not available to the PD workers (valid: shm, tcp)");
+  }
+  EngineOptions options;
+  options.name = name;
+  options.worker_threads = a.threads;
+  options.forced_transport = kind;
+  return TransferEngine::create(options);
+}
+
+}  // namespace kvferry::cli
