@@ -1,8 +1,10 @@
 // `kvferry bench engine`: batch throughput and latency of the engine against a memcpy of
 // the same bytes on the same number of threads, measured in the same run.
 //
-// Grid: transport (local; shm to a `kvferry serve` child process) x worker threads x block
-// size x ops per batch. Destinations are laid out in reverse block order so ops never
+// Grid: transport (local; shm and tcp to a `kvferry serve` child process) x worker threads x
+// block size x ops per batch. The reference is a memcpy of the same blocks for local and
+// shm, and a plain single-stream TCP socket sending the same bytes to the same child
+// process (its `sink`) for tcp. Destinations are laid out in reverse block order so ops never
 // merge: the figures measure per-op cost, not the merger.
 #include <fmt/format.h>
 
@@ -11,7 +13,9 @@
 #include <fstream>
 #include <iostream>
 #include <latch>
+#include <cstdio>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <vector>
 
@@ -27,7 +31,7 @@ namespace kvferry::cli {
 namespace {
 
 struct EngineBenchArgs {
-  std::vector<std::string> transports = {"local", "shm"};
+  std::vector<std::string> transports = {"local", "shm", "tcp"};
   std::vector<int> threads = {1, 2};
   std::vector<uint64_t> block_bytes = {64, 4096, 65536, 1 << 20, 4 << 20, 64 << 20};
   std::vector<int> ops_per_batch = {1, 16, 256, 1024};
@@ -79,6 +83,31 @@ class ReferenceCopier {
   ThreadPool pool_;
 };
 
+// The tcp reference: one plain TCP stream into the serve child's sink, which receives a
+// length-prefixed message into its buffer and answers one byte.
+class SocketStream {
+ public:
+  static Result<SocketStream> connect(const std::string& host, uint16_t port) {
+    KVF_ASSIGN_OR_RETURN(Fd fd, connect_tcp({host, port}, Clock::now() + std::chrono::seconds(5)));
+    return SocketStream(std::move(fd));
+  }
+  Status send_blocks(const std::vector<std::pair<char*, const char*>>& copies, uint64_t block) {
+    auto deadline = Clock::now() + std::chrono::seconds(60);
+    uint64_t total = block * copies.size();
+    KVF_RETURN_IF_ERROR(send_all(fd_.get(), {reinterpret_cast<std::byte*>(&total), sizeof(total)}, deadline));
+    for (const auto& copy : copies) {
+      KVF_RETURN_IF_ERROR(
+          send_all(fd_.get(), {reinterpret_cast<const std::byte*>(copy.second), block}, deadline));
+    }
+    std::byte ack;
+    return recv_all(fd_.get(), {&ack, 1}, deadline);
+  }
+
+ private:
+  explicit SocketStream(Fd fd) : fd_(std::move(fd)) {}
+  Fd fd_;
+};
+
 Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   const uint64_t buffer_bytes = args.max_batch_bytes;
   std::vector<char> src(buffer_bytes);
@@ -90,12 +119,27 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   std::unique_ptr<ServePeer> serve;
   for (const std::string& transport_name : args.transports) {
     KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
-    if (transport != TransportKind::kLocal && transport != TransportKind::kShm) {
-      return NotSupported("bench engine: transport " + transport_name + " is not built yet");
+    if (transport != TransportKind::kLocal && transport != TransportKind::kShm &&
+        transport != TransportKind::kTcp) {
+      return NotSupported("bench engine: transport " + transport_name +
+                          " is not built (valid: local, shm, tcp)");
     }
-    if (transport == TransportKind::kShm && !serve) {
+    const bool remote = transport != TransportKind::kLocal;
+    if (remote && !serve) {
       KVF_ASSIGN_OR_RETURN(ServePeer peer, start_serve_peer(self_executable(), buffer_bytes));
       serve = std::make_unique<ServePeer>(std::move(peer));
+    }
+    std::optional<SocketStream> stream;
+    if (transport == TransportKind::kTcp) {
+      KVF_ASSIGN_OR_RETURN(std::string reply, serve->process.ask("sink", std::chrono::seconds(5)));
+      unsigned port = 0;
+      if (std::sscanf(reply.c_str(), "ok %u", &port) != 1) {
+        return Internal("serve child did not start its sink: " + reply);
+      }
+      KVF_ASSIGN_OR_RETURN(Endpoint serve_endpoint, parse_endpoint(serve->endpoint));
+      KVF_ASSIGN_OR_RETURN(SocketStream s,
+                           SocketStream::connect(serve_endpoint.host, static_cast<uint16_t>(port)));
+      stream.emplace(std::move(s));
     }
     for (int threads : args.threads) {
       EngineOptions options;
@@ -105,12 +149,12 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
       KVF_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(options));
       KVF_RETURN_IF_ERROR(engine->register_memory(src.data(), src.size()));
       KVF_RETURN_IF_ERROR(engine->register_memory(local_dst.data(), local_dst.size()));
-      std::string peer_name =
-          transport == TransportKind::kShm ? serve->endpoint : engine->endpoint();
-      KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(peer_name));
-      const uint64_t dst_base = transport == TransportKind::kShm
-                                    ? serve->addr
-                                    : reinterpret_cast<uint64_t>(local_dst.data());
+      std::string peer_name = remote ? serve->endpoint : engine->endpoint();
+      PeerOptions peer_options;
+      peer_options.transport = transport;
+      KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(peer_name, peer_options));
+      const uint64_t dst_base =
+          remote ? serve->addr : reinterpret_cast<uint64_t>(local_dst.data());
       ReferenceCopier reference(threads);
       for (uint64_t block : args.block_bytes) {
         for (int n : args.ops_per_batch) {
@@ -139,11 +183,19 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
           // The reference is the faster of one thread and `threads` threads: nobody
           // splits a 64-byte copy across threads, and we do not want a weak baseline.
           LatencySampler ref_parallel;
-          ref_lat.run(args.min_time_ms / 2, [&] {
-            for (const auto& [dst, src_ptr] : copies) std::memcpy(dst, src_ptr, block);
-            return true;
-          });
-          if (threads > 1) {
+          if (stream) {
+            ref_lat.run(args.min_time_ms, [&] {
+              failure = stream->send_blocks(copies, block);
+              return failure.ok();
+            });
+            KVF_RETURN_IF_ERROR(failure);
+          } else {
+            ref_lat.run(args.min_time_ms / 2, [&] {
+              for (const auto& [dst, src_ptr] : copies) std::memcpy(dst, src_ptr, block);
+              return true;
+            });
+          }
+          if (threads > 1 && !stream) {
             ref_parallel.run(args.min_time_ms / 2, [&] {
               reference.run(copies, block);
               return true;
@@ -165,9 +217,10 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
           rows.push_back(row);
           std::cout << fmt::format(
                            "{:>5} thr={} block={:>9} ops={:>4}  {:8.2f} GB/s  p50 {:9.1f} us  "
-                           "p99 {:9.1f} us  memcpy {:8.2f} GB/s  ratio {:5.2f}  {:7.2f} Mops/s\n",
+                           "p99 {:9.1f} us  {:>6} {:8.2f} GB/s  ratio {:5.2f}  {:7.2f} Mops/s\n",
                            row.transport, threads, format_bytes(block), n, row.gbps, row.p50_us,
-                           row.p99_us, row.ref_gbps, row.ratio, row.mops)
+                           row.p99_us, stream ? "socket" : "memcpy", row.ref_gbps, row.ratio,
+                           row.mops)
                     << std::flush;
         }
       }

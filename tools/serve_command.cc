@@ -6,8 +6,14 @@
 //   verify SEED OFFSET LEN   check that range against the pattern            -> ok | mismatch AT
 //   checksum OFFSET LEN      XXH3 of the range                               -> hex
 //   verify-pages SEED PAGE_BYTES  check every whole page of the buffer          -> ok PAGES CORRUPT
+//   sink                     start a plain TCP sink (the benchmarks' reference): each
+//                            message is a u64 length then that many bytes, received into
+//                            the shared buffer, answered with one byte      -> ok PORT
 //   quit                     (or end of input) exits
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,8 +21,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "commands.h"
+#include "core/net.h"
 #include "core/pattern.h"
 #include "kvferry/transfer_engine.h"
 
@@ -31,6 +39,28 @@ struct ServeArgs {
   std::string metadata = "p2p";
   int metadata_ttl_s = 10;
 };
+
+// A plain single-stream TCP receiver: what the tcp transport is measured against.
+void run_sink(Fd listener, std::byte* base, uint64_t capacity) {
+  for (;;) {
+    int c = ::accept(listener.get(), nullptr, nullptr);
+    if (c < 0) return;
+    Fd conn(c);
+    int one = 1;
+    ::setsockopt(conn.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    for (;;) {
+      uint64_t length = 0;
+      auto forever = Clock::now() + std::chrono::hours(24);
+      if (!recv_all(conn.get(), {reinterpret_cast<std::byte*>(&length), sizeof(length)}, forever).ok()) {
+        break;
+      }
+      if (length > capacity) break;
+      if (!recv_all(conn.get(), {base, length}, forever).ok()) break;
+      std::byte ack{1};
+      if (!send_all(conn.get(), {&ack, 1}, forever).ok()) break;
+    }
+  }
+}
 
 int serve(const ServeArgs& args) {
   EngineOptions options;
@@ -55,6 +85,8 @@ int serve(const ServeArgs& args) {
                           {"bytes", buffer->length},
                           {"pid", ::getpid()}};
   std::cout << hello.dump() << std::endl;
+  std::thread sink;
+  Fd sink_listener;
   std::string line;
   while (std::getline(std::cin, line)) {
     std::istringstream in(line);
@@ -67,6 +99,18 @@ int serve(const ServeArgs& args) {
       return offset <= buffer->length && len <= buffer->length - offset;
     };
     if (verb == "quit") break;
+    if (verb == "sink" && !sink.joinable()) {
+      Endpoint bound;
+      auto listener = listen_tcp({parse_endpoint((*engine)->endpoint())->host, 0}, &bound);
+      if (!listener.ok()) {
+        std::cout << "error: " << listener.status().to_string() << std::endl;
+        continue;
+      }
+      sink_listener = Fd(::dup(listener->get()));
+      sink = std::thread(run_sink, std::move(*listener), base, buffer->length);
+      std::cout << "ok " << bound.port << std::endl;
+      continue;
+    }
     if (verb == "fill" && (in >> a >> b >> c) && range_ok(b, c)) {
       fill_pattern({base + b, c}, a, b);
       std::cout << "ok" << std::endl;
@@ -85,6 +129,10 @@ int serve(const ServeArgs& args) {
     } else {
       std::cout << "error: bad command '" << line << "'" << std::endl;
     }
+  }
+  if (sink.joinable()) {
+    ::shutdown(sink_listener.get(), SHUT_RDWR);  // wakes accept()
+    sink.detach();  // it may be inside a connection; the process exits next
   }
   return 0;
 }

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <condition_variable>
 #include <deque>
@@ -414,9 +415,12 @@ Status TcpLink::post(const std::shared_ptr<BatchRecord>& batch) {
   std::vector<std::vector<TcpChunk>> per_lane(lane_count);
   size_t next = next_lane_.fetch_add(1);
   size_t chunks = 0;
+  // Small batches are cut finer so that every lane carries a share of them.
+  const uint64_t chunk_bytes =
+      std::clamp<uint64_t>(batch->work.bytes / lane_count, kTcpMinChunkBytes, kTcpChunkBytes);
   for (const ResolvedOp& op : batch->work.spans) {
-    for (uint64_t off = 0; off < op.length; off += kTcpChunkBytes) {
-      uint64_t n = std::min(kTcpChunkBytes, op.length - off);
+    for (uint64_t off = 0; off < op.length; off += chunk_bytes) {
+      uint64_t n = std::min(chunk_bytes, op.length - off);
       per_lane[next++ % lane_count].push_back(
           TcpChunk{batch, op.kind, op.local + off, op.remote_addr + off, n});
       ++chunks;

@@ -29,6 +29,7 @@
 namespace kvferry::detail {
 
 inline constexpr uint64_t kTcpChunkBytes = 4ull << 20;
+inline constexpr uint64_t kTcpMinChunkBytes = 256ull << 10;
 
 struct TcpLinkOptions {
   Endpoint endpoint;            // the peer's tcp data endpoint
