@@ -306,7 +306,7 @@ Status measure_call_cost(const KvBenchArgs& args, std::vector<CallCostRow>& rows
   std::unique_ptr<ServePeer> serve;
   for (const std::string& transport_name : args.transports) {
     KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
-    if (transport == TransportKind::kShm && !serve) {
+    if (transport != TransportKind::kLocal && !serve) {
       KVF_ASSIGN_OR_RETURN(ServePeer peer, start_serve_peer(self_executable(), 1 << 20));
       serve = std::make_unique<ServePeer>(std::move(peer));
     }
@@ -314,9 +314,11 @@ Status measure_call_cost(const KvBenchArgs& args, std::vector<CallCostRow>& rows
       KVF_ASSIGN_OR_RETURN(auto engine, make_engine(threads, args.inline_bytes));
       KVF_RETURN_IF_ERROR(engine->register_memory(src.data(), src.size()));
       KVF_RETURN_IF_ERROR(engine->register_memory(local_dst.data(), local_dst.size()));
-      const bool shm = transport == TransportKind::kShm;
-      KVF_ASSIGN_OR_RETURN(PeerHandle peer,
-                           engine->open_peer(shm ? serve->endpoint : engine->endpoint()));
+      const bool shm = transport != TransportKind::kLocal;  // shm or tcp: the child process
+      PeerOptions peer_options;
+      peer_options.transport = transport;
+      KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(shm ? serve->endpoint : engine->endpoint(),
+                                                              peer_options));
       const TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()),
                           shm ? serve->addr : reinterpret_cast<uint64_t>(local_dst.data()),
                           kCallCostBytes};
@@ -391,6 +393,7 @@ Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
                      const HostPool& src_pool, const SharedBuffer& local_dst, ServePeer* serve,
                      std::vector<KvRow>& rows) {
   const uint32_t page_size = args.page_size;
+  KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
   KVF_ASSIGN_OR_RETURN(KvLayout src_layout,
                        pool_layout(request.preset, page_size, request.pool_pages, src_pool.base()));
   const uint64_t local_dst_base = reinterpret_cast<uint64_t>(local_dst.addr);
@@ -444,7 +447,8 @@ Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
       KVF_RETURN_IF_ERROR(engine->register_memory(local_dst.addr, local_dst.length));
     }
     KVF_ASSIGN_OR_RETURN(PeerHandle peer,
-                         engine->open_peer(serve ? serve->endpoint : engine->endpoint()));
+                         engine->open_peer(serve ? serve->endpoint : engine->endpoint(),
+                                           PeerOptions{.transport = transport}));
 
     std::vector<KvRow> cell;
     std::optional<double> per_layer_p50;
@@ -531,10 +535,11 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
   bool any_shm = false;
   for (const std::string& name : args.transports) {
     KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(name));
-    if (transport != TransportKind::kLocal && transport != TransportKind::kShm) {
-      return NotSupported("bench kv: transport " + name + " is not built yet");
+    if (transport != TransportKind::kLocal && transport != TransportKind::kShm &&
+        transport != TransportKind::kTcp) {
+      return NotSupported("bench kv: transport " + name + " is not built (valid: local, shm, tcp)");
     }
-    any_shm = any_shm || transport == TransportKind::kShm;
+    any_shm = any_shm || transport != TransportKind::kLocal;
   }
   if (args.inline_bytes == 0) {
     // The engine divides by it when splitting a batch across workers.
@@ -593,14 +598,14 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
       std::unique_ptr<ServePeer> serve;
       for (const std::string& transport_name : args.transports) {
         KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
-        if (transport == TransportKind::kShm && !serve) {
+        if (transport != TransportKind::kLocal && !serve) {
           KVF_ASSIGN_OR_RETURN(ServePeer peer,
                                start_serve_peer(self_executable(), request.pool_bytes));
           serve = std::make_unique<ServePeer>(std::move(peer));
         }
         KVF_RETURN_IF_ERROR(
             run_transport(args, request, strategies, transport_name, src_pool, local_dst,
-                          transport == TransportKind::kShm ? serve.get() : nullptr, rows));
+                          transport != TransportKind::kLocal ? serve.get() : nullptr, rows));
       }
       if (serve) (void)serve->process.ask("quit", std::chrono::seconds(5));
     }
@@ -657,7 +662,7 @@ void add_bench_kv_command(CLI::App& bench) {
       ->delimiter(',');
   cmd->add_option("--max-pages-per-call", args->max_pages_per_call,
                   "pages per call for index_sharded");
-  cmd->add_option("--transport", args->transports, "local, shm")->delimiter(',');
+  cmd->add_option("--transport", args->transports, "local, shm, tcp")->delimiter(',');
   cmd->add_option("--threads", args->threads, "engine worker threads (and memcpy threads)")
       ->delimiter(',');
   cmd->add_option("--min-time-ms", args->min_time_ms, "measuring time per strategy");
