@@ -450,13 +450,36 @@ Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
                          engine->open_peer(serve ? serve->endpoint : engine->endpoint(),
                                            PeerOptions{.transport = transport}));
 
+    // Every strategy and the memcpy references take turns, round after round, so drift on a
+    // shared machine hits them alike. The reference is the faster of one thread and
+    // `threads` threads, so a split that does not pay off never makes the baseline weak.
+    BlockCopier reference(copies, threads);
+    Status failure;
+    std::vector<std::function<bool()>> contestants;
+    for (const StrategyPlan& sp : plans) {
+      contestants.push_back([&, plan = &sp.plan] { return execute_once(*plan, *engine, peer, failure); });
+    }
+    contestants.push_back([&] {
+      reference.run_one_thread();
+      return true;
+    });
+    if (threads > 1) {
+      contestants.push_back([&] {
+        reference.run_all_threads();
+        return true;
+      });
+    }
+    std::vector<LatencySampler> samples =
+        run_interleaved(args.min_time_ms * static_cast<int>(contestants.size()), contestants);
+    KVF_RETURN_IF_ERROR(failure);
+    double memcpy_p50_us = samples[plans.size()].percentile_us(50);
+    if (threads > 1) memcpy_p50_us = std::min(memcpy_p50_us, samples[plans.size() + 1].percentile_us(50));
+
     std::vector<KvRow> cell;
     std::optional<double> per_layer_p50;
-    for (const StrategyPlan& sp : plans) {
-      Status failure;
-      LatencySampler latency;
-      latency.run(args.min_time_ms, [&] { return execute_once(sp.plan, *engine, peer, failure); });
-      KVF_RETURN_IF_ERROR(failure);
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const StrategyPlan& sp = plans[i];
+      const LatencySampler& latency = samples[i];
       KVF_RETURN_IF_ERROR(spot_check(sp.plan, serve, dst_base));
       KvRow row;
       row.preset = std::string(request.preset.name);
@@ -474,24 +497,6 @@ Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
       row.gbps = static_cast<double>(bytes) / (row.p50_us * 1e3);
       if (sp.strategy == SendStrategy::kPerLayer) per_layer_p50 = row.p50_us;
       cell.push_back(row);
-    }
-
-    // The reference is the faster of one thread and `threads` threads, so a split that does
-    // not pay off never makes the baseline weak.
-    BlockCopier reference(copies, threads);
-    LatencySampler one_thread;
-    one_thread.run(args.min_time_ms / 2, [&] {
-      reference.run_one_thread();
-      return true;
-    });
-    double memcpy_p50_us = one_thread.percentile_us(50);
-    if (threads > 1) {
-      LatencySampler all_threads;
-      all_threads.run(args.min_time_ms / 2, [&] {
-        reference.run_all_threads();
-        return true;
-      });
-      memcpy_p50_us = std::min(memcpy_p50_us, all_threads.percentile_us(50));
     }
 
     for (KvRow& row : cell) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -43,10 +44,35 @@ class LatencySampler {
     return samples_[i] / 1e3;
   }
   size_t count() const { return samples_.size(); }
+  void add(double ns) { samples_.push_back(ns); }
+  void finish() { std::sort(samples_.begin(), samples_.end()); }
 
  private:
   std::vector<double> samples_;
 };
+
+// Runs every contestant once per round, in turn, for at least `min_time_ms` (and at least 3
+// rounds), after one unmeasured warm-up round. On a shared machine a slow spell then hits
+// every contestant alike, so their ratios stay meaningful. A contestant returning false
+// stops the run. Returns one sampler per contestant.
+inline std::vector<LatencySampler> run_interleaved(int min_time_ms,
+                                                   const std::vector<std::function<bool()>>& contestants) {
+  std::vector<LatencySampler> out(contestants.size());
+  for (const auto& c : contestants) {
+    if (!c()) return out;
+  }
+  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(min_time_ms);
+  for (size_t round = 0; round < 3 || (std::chrono::steady_clock::now() < until && round < 100000);
+       ++round) {
+    for (size_t i = 0; i < contestants.size(); ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      if (!contestants[i]()) return out;
+      out[i].add(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  for (auto& s : out) s.finish();
+  return out;
+}
 
 inline std::string format_bytes(uint64_t b) {
   if (b >= (1u << 20) && b % (1u << 20) == 0) return fmt::format("{}MiB", b >> 20);
