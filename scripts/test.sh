@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds, checks formatting, runs every
 # unit and integration test, then builds the unit tests with AddressSanitizer and
-# UndefinedBehaviorSanitizer and runs them. Every test stops by itself.
+# UndefinedBehaviorSanitizer and runs them, then runs the libFuzzer targets for a bounded
+# time (scripts/fuzz.sh; FUZZ_SECONDS per target). Every test stops by itself.
 #   --no-sanitizers   skip the ASan+UBSan pass
+#   --no-fuzz         skip the fuzzers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitizers=1
+fuzz=1
 for arg in "$@"; do
   case "$arg" in
     --no-sanitizers) sanitizers=0 ;;
-    *) echo "test.sh: unknown argument '$arg' (valid: --no-sanitizers)" >&2; exit 2 ;;
+    --no-fuzz) fuzz=0 ;;
+    *) echo "test.sh: unknown argument '$arg' (valid: --no-sanitizers, --no-fuzz)" >&2; exit 2 ;;
   esac
 done
 JOBS=${JOBS:-$(nproc)}
@@ -33,5 +37,10 @@ if [ "$sanitizers" = 1 ]; then
   BUILD_DIR=build-asan scripts/build.sh -DKVFERRY_SANITIZE=ON -DKVFERRY_BUILD_BENCH=OFF
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan -L unit --output-on-failure -j "$JOBS" --timeout 600
+fi
+
+if [ "$fuzz" = 1 ]; then
+  echo "== fuzzers (clang, libFuzzer + ASan + UBSan)"
+  JOBS="$JOBS" scripts/fuzz.sh
 fi
 echo "== all tests passed in $(( $(date +%s) - start )) s"

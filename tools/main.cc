@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   kvferry::cli::add_bench_command(app);
   kvferry::cli::add_serve_command(app);
   kvferry::cli::add_plan_command(app);
+  kvferry::cli::add_bootstrap_command(app);
   kvferry::cli::add_pd_prefill_command(app);
   kvferry::cli::add_pd_decode_command(app);
   CLI11_PARSE(app, argc, argv);

@@ -1,11 +1,14 @@
 // `kvferry pd-decode` (hidden): one decode rank for the demo and the integration tests.
-// Prints {"ready": true, "pid": N}, then reads commands on stdin, one reply line each:
+// Prints {"ready": true, "endpoint": ENGINE_PEER_NAME, "pid": N}, then reads commands on
+// stdin, one reply line each:
 //   req ROOM TOKENS BOOTSTRAP  receive a TOKENS-token request from that prefill instance
 //                              and verify every page itself
 //                              -> done ROOM ok TRANSFER_US PAGES CORRUPT BYTES
 //                               | done ROOM failed WHY
 //   abort ROOM                 abort it, wait for prefill's ack, then watch its pages
 //                              -> aborted ROOM acked|unacked unchanged|changed
+//   check ROOM                 how far a request in progress got (fault tests)
+//                              -> check ROOM STATE PAGES_ALREADY_CORRECT PAGES | check ROOM unknown
 //   quit                       (or end of input) exits
 #include <unistd.h>
 
@@ -66,7 +69,8 @@ int run_decode(const WorkerArgs& args) {
   auto client = pd::DecodeClient::create(options);
   if (!client.ok()) return fail(client.status());
   WorkerOutput out;
-  out.line(nlohmann::json{{"ready", true}, {"pid", ::getpid()}}.dump());
+  out.line(nlohmann::json{{"ready", true}, {"endpoint", (*engine)->endpoint()}, {"pid", ::getpid()}}
+               .dump());
 
   PageAllocator allocator(args.pool_pages);
   std::mutex mu;
@@ -135,6 +139,24 @@ int run_decode(const WorkerArgs& args) {
       job->receiver = std::move(*receiver);
       std::lock_guard lock(mu);
       jobs.push_back(job);
+    } else if (verb == "check" && (in >> room)) {
+      std::shared_ptr<Job> job;
+      {
+        std::lock_guard lock(mu);
+        for (auto& j : jobs) {
+          if (j->room == room) job = j;
+        }
+      }
+      if (!job) {
+        out.line(fmt::format("check {} unknown", room));
+        continue;
+      }
+      // Pages may be landing while they are counted: a snapshot, for progress only.
+      const uint64_t corrupt = pd::count_corrupt_pages(rank->buffers.layout, job->pages,
+                                                       job->tokens, job->room, rank->heads);
+      out.line(fmt::format("check {} {} {} {}", room,
+                           pd::request_state_name(job->receiver.poll()),
+                           job->pages.size() - corrupt, job->pages.size()));
     } else if (verb == "abort" && (in >> room)) {
       std::shared_ptr<Job> job;
       {

@@ -118,6 +118,7 @@ struct WorkerArgs {
   uint32_t tp_size = 1;
   uint32_t tp_rank = 0;
   std::string transport = "shm";
+  std::string listen = "127.0.0.1:0";  // the engine's handshake listener (its peer name)
   int heartbeat_ms = 500;
   int threads = 2;
 };
@@ -129,6 +130,7 @@ inline void add_worker_flags(CLI::App* cmd, WorkerArgs& a) {
   cmd->add_option("--tp-size", a.tp_size, "attention TP size of this instance");
   cmd->add_option("--tp-rank", a.tp_rank, "this rank");
   cmd->add_option("--transport", a.transport, "engine transport");
+  cmd->add_option("--listen", a.listen, "engine handshake listener host:port (port 0: any)");
   cmd->add_option("--heartbeat-ms", a.heartbeat_ms, "heartbeat interval");
   cmd->add_option("--threads", a.threads, "engine worker threads");
 }
@@ -152,6 +154,7 @@ inline Result<std::unique_ptr<TransferEngine>> make_worker_engine(const WorkerAr
   }
   EngineOptions options;
   options.name = name;
+  options.listen_address = a.listen;
   options.worker_threads = a.threads;
   options.forced_transport = kind;
   return TransferEngine::create(options);

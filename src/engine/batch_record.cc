@@ -18,12 +18,15 @@ void BatchRecord::finalize_locked(const Status& status) {
 }
 
 void BatchRecord::finish_task(const Status& task_status) {
-  std::unique_lock lock(mu);
-  if (!task_status.ok() && first_task_error.ok()) first_task_error = task_status;
+  if (!task_status.ok()) {
+    std::lock_guard lock(mu);
+    if (first_task_error.ok()) first_task_error = task_status;
+  }
   if (pending_tasks.fetch_sub(1) != 1) return;
-  finalize_locked(first_task_error);
-  lock.unlock();
+  // Unpin before anyone can see the batch final: a waiter may unregister right away.
   release_uses();
+  std::lock_guard lock(mu);
+  finalize_locked(first_task_error);
 }
 
 void BatchRecord::stop(const Status& why) {
@@ -38,11 +41,9 @@ void BatchRecord::stop(const Status& why) {
   while (wire_in_flight.load() != 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  {
-    std::lock_guard lock(mu);
-    finalize_locked(why);
-  }
   release_uses();
+  std::lock_guard lock(mu);
+  finalize_locked(why);
 }
 
 Status BatchRecord::stop_reason() const {

@@ -2,6 +2,8 @@
 // file only maps fields to the planner's types and names every bad value it finds.
 #include "kvferry/kv/plan_json.h"
 
+#include "core/json_excerpt.h"
+
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -28,10 +30,7 @@ Status field_error(std::string_view field, const std::string& what) {
 }
 
 std::string show(const json& value) {
-  std::string text = value.dump();
-  constexpr size_t kMaxShown = 60;
-  if (text.size() > kMaxShown) text = text.substr(0, kMaxShown) + "...";
-  return text;
+  return json_excerpt(value);
 }
 
 Result<uint64_t> to_unsigned(const json& value, std::string_view field, uint64_t max) {

@@ -1,6 +1,9 @@
 #include "metadata/segment_descriptor.h"
 
+#include "core/json_excerpt.h"
+
 #include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 namespace kvferry {
@@ -21,11 +24,16 @@ Result<T> get_field(const json& object, const char* key) {
     if (!it->is_string()) return bad(std::string("field '") + key + "' is not a string");
   } else if constexpr (std::is_unsigned_v<T>) {
     if (!it->is_number_unsigned()) {
-      return bad(std::string("field '") + key + "' is not a non-negative integer: " + it->dump());
+      return bad(std::string("field '") + key +
+                 "' is not a non-negative integer: " + json_excerpt(*it));
     }
   } else {
-    if (!it->is_number_integer()) {
-      return bad(std::string("field '") + key + "' is not an integer: " + it->dump());
+    // An unsigned value above the signed range would wrap to a negative one (2^64-1 -> -1).
+    if (!it->is_number_integer() ||
+        (it->is_number_unsigned() &&
+         it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
+      return bad(std::string("field '") + key + "' is not a " + std::to_string(sizeof(T) * 8) +
+                 "-bit signed integer: " + json_excerpt(*it));
     }
   }
   return it->get<T>();

@@ -1,5 +1,7 @@
 #include "pd/bootstrap_json.h"
 
+#include "core/json_excerpt.h"
+
 #include <limits>
 
 namespace kvferry::pd {
@@ -14,7 +16,7 @@ Status get_uint(const json& j, const char* key, T& out, bool required) {
     return required ? InvalidArgument(std::string("missing field '") + key + "'") : Status::Ok();
   }
   if (!it->is_number_unsigned() || it->get<uint64_t>() > std::numeric_limits<T>::max()) {
-    return InvalidArgument(std::string("field '") + key + "' is " + it->dump() +
+    return InvalidArgument(std::string("field '") + key + "' is " + json_excerpt(*it) +
                            ", expected an unsigned integer");
   }
   out = it->get<T>();
@@ -25,7 +27,7 @@ Status get_string(const json& j, const char* key, std::string& out) {
   auto it = j.find(key);
   if (it == j.end()) return InvalidArgument(std::string("missing field '") + key + "'");
   if (!it->is_string() || it->get_ref<const std::string&>().empty()) {
-    return InvalidArgument(std::string("field '") + key + "' is " + it->dump() +
+    return InvalidArgument(std::string("field '") + key + "' is " + json_excerpt(*it) +
                            ", expected a non-empty string");
   }
   out = it->get<std::string>();

@@ -21,6 +21,9 @@ constexpr int kHttpOk = 200;
 constexpr int kHttpBadRequest = 400;
 constexpr int kHttpNotFound = 404;
 constexpr int kHttpUnavailable = 503;
+// A registration is a few hundred bytes; anything far larger is refused (413) unread.
+constexpr size_t kMaxRequestBodyBytes = 64 * 1024;
+constexpr auto kListenerStartTimeout = std::chrono::milliseconds(5000);
 
 using RankKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // dp, pp, cp, tp
 
@@ -61,6 +64,7 @@ class BootstrapServer::Impl {
   Status start() {
     KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(options_.listen_address, true));
     install_routes();
+    server_.set_payload_max_length(kMaxRequestBodyBytes);
     int port = endpoint.port;
     if (port == 0) {
       port = server_.bind_to_any_port(endpoint.host);
@@ -70,6 +74,16 @@ class BootstrapServer::Impl {
     if (port <= 0) return Internal("bootstrap: cannot bind " + options_.listen_address);
     address_ = endpoint.host + ":" + std::to_string(port);
     thread_ = std::thread([this] { server_.listen_after_bind(); });
+    // httplib's stop() does nothing until the listener loop runs: a stop() that came sooner
+    // would leave the thread serving and the join in stop() waiting forever.
+    const auto deadline = Clock::now() + kListenerStartTimeout;
+    while (!server_.is_running()) {
+      if (Clock::now() > deadline) {
+        return Internal("bootstrap: listener on " + address_ + " did not start within " +
+                        std::to_string(kListenerStartTimeout.count()) + " ms");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     return Status::Ok();
   }
 
@@ -156,10 +170,17 @@ class BootstrapServer::Impl {
       }
       reply(res, report.healthy ? kHttpOk : kHttpUnavailable, to_json(report));
     });
+    // Errors our handlers did not answer themselves (they log and fill the body): unknown
+    // routes, and requests cpp-httplib refused before routing (a malformed request line or
+    // header: 400; a body over the limit: 413).
     server_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (res.status == 404 && res.body.empty()) {
-        reply(res, kHttpNotFound, {{"error", "no route " + req.method + " " + req.path}});
+      if (!res.body.empty()) return;
+      if (res.status == kHttpNotFound) {
+        return reply_error(res, kHttpNotFound, "no route " + req.method + " " + req.path);
       }
+      reply_error(res, res.status,
+                  "refused a malformed request (method '" + req.method + "', path '" +
+                      req.path + "', " + std::to_string(req.body.size()) + " body bytes)");
     });
   }
 

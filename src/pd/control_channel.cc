@@ -12,16 +12,21 @@ namespace {
 constexpr auto kReadForever = std::chrono::hours(24 * 365);
 }  // namespace
 
-std::shared_ptr<ControlChannel> ControlChannel::start(Fd fd, std::string peer_name,
-                                                      OnMessage on_message, OnClose on_close) {
+std::shared_ptr<ControlChannel> ControlChannel::open(Fd fd, std::string peer_name,
+                                                     OnMessage on_message, OnClose on_close) {
   std::shared_ptr<ControlChannel> channel(new ControlChannel(std::move(fd), std::move(peer_name)));
   channel->on_message_ = std::move(on_message);
   channel->on_close_ = std::move(on_close);
   channel->last_received_ns_ = Clock::now().time_since_epoch().count();
+  channel->self_ = channel;
+  return channel;
+}
+
+void ControlChannel::start() {
+  last_received_ns_ = Clock::now().time_since_epoch().count();
   // The reader keeps the channel alive until it has run on_close, so a callback may drop
   // the owner's last reference without destroying the object under the running thread.
-  channel->reader_ = std::thread([self = channel] { self->read_loop(); });
-  return channel;
+  reader_ = std::thread([self = self_.lock()] { self->read_loop(); });
 }
 
 ControlChannel::~ControlChannel() {

@@ -6,9 +6,11 @@
 // hides disconnects behind silent reconnects and queues. One persistent connection per rank
 // pair also gives message order per request for free.
 //
-// A reader thread decodes frames and hands each message to on_message; a malformed frame is
-// logged and closes the channel (ProtocolError). on_close runs exactly once, on the reader
-// thread, with the reason (EOF, reset, bad frame, or close()).
+// open() wraps the socket; start() starts the reader thread, which decodes frames and hands
+// each message to on_message; a malformed frame is logged and closes the channel
+// (ProtocolError). on_close runs exactly once, on the reader thread, with the reason (EOF,
+// reset, bad frame, or close()). The two steps let the owner publish the channel (store the
+// pointer its callbacks use) before the first callback can run.
 //
 // Ownership: the channel owns its socket and reader thread. Callbacks must not outlive what
 // they capture: the owner calls close() before it goes away.
@@ -35,9 +37,11 @@ class ControlChannel {
   using OnMessage = std::function<void(ControlMessage&&)>;
   using OnClose = std::function<void(const Status&)>;
 
-  // Takes the connected socket and starts the reader thread.
-  static std::shared_ptr<ControlChannel> start(Fd fd, std::string peer_name, OnMessage on_message,
-                                               OnClose on_close);
+  // Takes the connected socket; nothing is read until start().
+  static std::shared_ptr<ControlChannel> open(Fd fd, std::string peer_name, OnMessage on_message,
+                                              OnClose on_close);
+  // Starts the reader thread. Call once, after the owner stored the channel.
+  void start();
   ~ControlChannel();
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
@@ -67,6 +71,7 @@ class ControlChannel {
   std::mutex send_mu_;
   std::atomic<bool> closed_{false};
   std::atomic<int64_t> last_received_ns_{0};
+  std::weak_ptr<ControlChannel> self_;  // the reader thread's own reference comes from here
   std::thread reader_;
 };
 

@@ -14,6 +14,16 @@ constexpr auto kBootstrapRetry = std::chrono::milliseconds(50);
 std::string rank_name(const PrefillInstance& inst, uint32_t rank) {
   return "prefill tp " + std::to_string(rank) + " of " + inst.bootstrap_address;
 }
+
+// A timeout keeps the code of the error that kept the request waiting (PeerUnreachable,
+// FailedPrecondition: not every rank registered, ...) and says that it timed out; with no
+// such error (an attempt still hanging) it is a plain Timeout.
+Status timed_out(const std::string& what, std::chrono::milliseconds after,
+                 const Status& last_error) {
+  std::string message = what + " after " + std::to_string(after.count()) + " ms";
+  if (last_error.ok()) return Timeout(message);
+  return Status(last_error.code(), message + "; last error: " + last_error.message());
+}
 }  // namespace
 
 DecodeClientImpl::DecodeClientImpl(DecodeClientOptions options)
@@ -126,14 +136,24 @@ Status DecodeClientImpl::connect_links(const std::shared_ptr<PrefillInstance>& i
   BootstrapClient bootstrap(inst->bootstrap_address,
                             std::max(std::chrono::milliseconds(200),
                                      options_.timeouts.heartbeat_interval));
+  auto retryable = [](const Status& s) {
+    return s.code() == StatusCode::kFailedPrecondition || s.code() == StatusCode::kPeerUnreachable;
+  };
   Result<InstanceLayout> layout = bootstrap.layout();
-  while (!layout.ok() && Clock::now() < deadline && !stopping_ &&
-         (layout.status().code() == StatusCode::kFailedPrecondition ||
-          layout.status().code() == StatusCode::kPeerUnreachable)) {
+  for (;;) {
+    {
+      std::lock_guard lock(mu_);
+      inst->last_attempt_error = layout.status();  // OK again once the layout came
+    }
+    if (layout.ok()) break;
+    if (!retryable(layout.status()) || stopping_) return layout.status();
+    if (Clock::now() >= deadline) {
+      return timed_out("prefill instance " + inst->bootstrap_address + " not ready",
+                       options_.timeouts.bootstrap_timeout, layout.status());
+    }
     std::this_thread::sleep_for(kBootstrapRetry);
     layout = bootstrap.layout();
   }
-  if (!layout.ok()) return layout.status();
   KVF_ASSIGN_OR_RETURN(std::vector<uint32_t> ranks,
                        kv::prefill_ranks_for_decode_rank(layout->tp_size, options_.tp.size,
                                                          options_.tp.rank));
@@ -157,7 +177,7 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
   link->prefill_rank = prefill_rank;
   std::weak_ptr<PrefillInstance> weak_inst = inst;
   std::weak_ptr<PrefillLink> weak_link = link;
-  link->channel = ControlChannel::start(
+  link->channel = ControlChannel::open(
       std::move(fd), rank_name(*inst, prefill_rank),
       [this, weak_inst, weak_link, prefill_rank](ControlMessage&& m) {
         auto l = weak_link.lock();
@@ -177,6 +197,7 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
         }
         if (auto i = weak_inst.lock()) on_link_lost(i, prefill_rank, reason);
       });
+  link->channel->start();
   KVF_RETURN_IF_ERROR(link->channel->send(registration()));
   std::unique_lock lock(link->mu);
   link->cv.wait_until(lock, deadline, [&] { return link->reply.has_value() || !link->alive; });
@@ -324,8 +345,13 @@ void DecodeClientImpl::monitor_loop() {
     for (auto& r : receivers) {
       RequestState state = r->cell.state();
       if (state == RequestState::kBootstrapping && now - r->created > t.bootstrap_timeout) {
-        fail(r, Timeout("room " + std::to_string(r->room) + " still Bootstrapping after " +
-                        std::to_string(t.bootstrap_timeout.count()) + " ms"));
+        Status last_error;
+        {
+          std::lock_guard lock(mu_);
+          last_error = r->instance->last_attempt_error;
+        }
+        fail(r, timed_out("room " + std::to_string(r->room) + " still Bootstrapping",
+                          t.bootstrap_timeout, last_error));
         settle(r);
       } else if (state == RequestState::kTransferring) {
         Clock::time_point start;

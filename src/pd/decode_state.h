@@ -41,6 +41,9 @@ struct PrefillInstance {
   std::string bootstrap_address;
   Phase phase = Phase::kConnecting;  // guarded by DecodeClientImpl::mu_
   Status error;                      // why kDead
+  // Why the latest attempt to reach the instance failed (guarded by mu_): a Bootstrapping
+  // timeout reports this code, so the caller learns why it timed out.
+  Status last_attempt_error;
   InstanceLayout layout;
   std::vector<uint32_t> ranks;  // prefill ranks this decode rank reads from
   std::map<uint32_t, std::shared_ptr<PrefillLink>> links;

@@ -91,7 +91,7 @@ Status PrefillServerImpl::send_chunk(const std::shared_ptr<SenderState>& s,
            (last != nullptr && s->pages_sent + pages.size() != capacity))) {
         return OutOfRange(room + ": " + std::to_string(s->pages_sent + pages.size()) +
                           " pages sent" + (last ? " in all" : " so far") + " but decode " +
-                          dst.peer->name + " gave " + std::to_string(capacity));
+                          dst.peer->name() + " gave " + std::to_string(capacity));
       }
       if (dst.request.dummy) continue;
       Work w{dst.peer, {}};
@@ -141,7 +141,7 @@ void PrefillServerImpl::run_plans(const std::shared_ptr<SenderState>& s,
     }
   }
   if (!result.ok() && result.code() != StatusCode::kCancelled) {
-    fail(s, Status(result.code(), "room " + std::to_string(s->room) + " to " + peer->name +
+    fail(s, Status(result.code(), "room " + std::to_string(s->room) + " to " + peer->name() +
                                       ": " + result.message()));
   } else if (!result.ok()) {
     fail(s, result);

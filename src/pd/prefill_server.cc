@@ -93,23 +93,27 @@ void PrefillServerImpl::accept_loop() {
     if (::poll(&p, 1, static_cast<int>(kAcceptPoll.count())) <= 0) continue;
     Fd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!fd.valid()) continue;
-    auto peer = std::make_shared<DecodePeer>();
+    std::shared_ptr<DecodePeer> peer;
     {
       std::lock_guard lock(mu_);
-      peer->id = next_peer_id_++;
-      peer->name = "decode connection " + std::to_string(peer->id);
-      peers_[peer->id] = peer;
+      peer = std::make_shared<DecodePeer>(next_peer_id_++);
     }
     // Callbacks hold the peer weakly: the channel must not keep its own owner alive.
     std::weak_ptr<DecodePeer> weak = peer;
-    peer->channel = ControlChannel::start(
-        std::move(fd), peer->name,
+    peer->channel = ControlChannel::open(
+        std::move(fd), peer->name(),
         [this, weak](ControlMessage&& m) {
           if (auto self = weak.lock()) on_message(self, std::move(m));
         },
         [this, weak](const Status& reason) {
           if (auto self = weak.lock()) on_close(self, reason);
         });
+    // Published (channel set, peer listed) before the first callback can use either.
+    {
+      std::lock_guard lock(mu_);
+      peers_[peer->id] = peer;
+    }
+    peer->channel->start();
   }
 }
 
@@ -119,7 +123,7 @@ void PrefillServerImpl::on_message(const std::shared_ptr<DecodePeer>& peer,
   if (auto* req = std::get_if<TransferRequest>(&message)) return on_request(peer, std::move(*req));
   if (auto* abort = std::get_if<AbortMessage>(&message)) return on_abort(peer, *abort);
   if (std::holds_alternative<Heartbeat>(message)) return;
-  log().warn("prefill: {} sent unexpected {}", peer->name,
+  log().warn("prefill: {} sent unexpected {}", peer->name(),
              message_type_name(message_type(message)));
 }
 
@@ -127,7 +131,7 @@ void PrefillServerImpl::on_register(const std::shared_ptr<DecodePeer>& peer,
                                     RegisterLayout&& reg) {
   RegisterReply reply{options_.tp.rank, engine_.incarnation(), StatusCode::kOk, ""};
   auto refuse = [&](const Status& why) {
-    log().warn("prefill: refused registration from {}: {}", peer->name, why.to_string());
+    log().warn("prefill: refused registration from {}: {}", peer->name(), why.to_string());
     reply.code = why.code();
     reply.reason = why.message();
     peer->channel->send(reply).ignore();
@@ -144,13 +148,13 @@ void PrefillServerImpl::on_register(const std::shared_ptr<DecodePeer>& peer,
   if (!tp.ok()) return refuse(tp);
   Result<PeerHandle> engine_peer = engine_.open_peer(reg.engine_endpoint);
   if (!engine_peer.ok()) return refuse(engine_peer.status());
-  peer->name = "decode tp " + std::to_string(reg.tp_rank) + "/" + std::to_string(reg.tp_size) +
-               " @ " + reg.engine_endpoint;
+  peer->rename("decode tp " + std::to_string(reg.tp_rank) + "/" + std::to_string(reg.tp_size) +
+               " @ " + reg.engine_endpoint);
   peer->layout = std::move(*layout);
   peer->engine_peer = *engine_peer;
   peer->registration = std::move(reg);
   peer->registered = true;
-  log().info("prefill tp {}: registered {} over {}", options_.tp.rank, peer->name,
+  log().info("prefill tp {}: registered {} over {}", options_.tp.rank, peer->name(),
              transport_kind_name(peer->engine_peer.transport()));
   peer->channel->send(reply).ignore();
 }
@@ -215,8 +219,8 @@ void PrefillServerImpl::on_abort(const std::shared_ptr<DecodePeer>& peer,
     std::lock_guard lock(s->mu);
     s->ack_to.push_back(peer);
   }
-  log().info("prefill: room {} aborted by {}: {}", abort.room, peer->name, abort.reason);
-  fail(s, Cancelled("room " + std::to_string(abort.room) + " aborted by " + peer->name + ": " +
+  log().info("prefill: room {} aborted by {}: {}", abort.room, peer->name(), abort.reason);
+  fail(s, Cancelled("room " + std::to_string(abort.room) + " aborted by " + peer->name() + ": " +
                     abort.reason));
   finish_if_drained(s);
 }
@@ -235,11 +239,11 @@ void PrefillServerImpl::on_close(const std::shared_ptr<DecodePeer>& peer, const 
     }
   }
   if (!stopping_) {
-    log().warn("prefill tp {}: lost {}: {} ({} requests fail)", options_.tp.rank, peer->name,
+    log().warn("prefill tp {}: lost {}: {} ({} requests fail)", options_.tp.rank, peer->name(),
                reason.message(), affected.size());
   }
   for (auto& s : affected) {
-    fail(s, PeerDisconnected(peer->name + " disconnected: " + reason.message()));
+    fail(s, PeerDisconnected(peer->name() + " disconnected: " + reason.message()));
     finish_if_drained(s);
   }
   if (peer->engine_peer.valid()) engine_.close_peer(peer->engine_peer);
@@ -249,7 +253,7 @@ void PrefillServerImpl::send_status(const std::shared_ptr<DecodePeer>& peer,
                                     const ControlMessage& message) {
   if (!peer->alive) return;
   Status s = peer->channel->send(message);
-  if (!s.ok()) log().warn("prefill: cannot tell {}: {}", peer->name, s.to_string());
+  if (!s.ok()) log().warn("prefill: cannot tell {}: {}", peer->name(), s.to_string());
 }
 
 void PrefillServerImpl::monitor_loop() {
@@ -280,7 +284,7 @@ void PrefillServerImpl::monitor_loop() {
     if (beat) next_beat = now + t.heartbeat_interval;
     for (auto& peer : peers) {
       if (now - peer->channel->last_received() > t.effective_heartbeat_timeout()) {
-        log().warn("prefill: {} silent for more than {} ms", peer->channel->peer_name(),
+        log().warn("prefill: {} silent for more than {} ms", peer->name(),
                    t.effective_heartbeat_timeout().count());
         peer->channel->close();
       } else if (beat) {

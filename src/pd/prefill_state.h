@@ -25,15 +25,37 @@
 namespace kvferry::pd::detail {
 
 // One connected decode rank.
+//
+// The registration fields are written once, by the connection's reader thread, before the
+// peer can appear in any request (on_request runs on that same thread), so every later
+// reader sees them through SenderState::mu. The name is different: it changes on
+// registration while other threads (workers, the monitor, callers of send()) may be
+// formatting a message with it, so it sits behind its own mutex.
 struct DecodePeer {
-  uint64_t id = 0;
-  std::shared_ptr<ControlChannel> channel;
-  std::string name;  // "decode tp d @ endpoint", for messages
-  bool registered = false;  // written once by the reader thread before any request
+  explicit DecodePeer(uint64_t peer_id)
+      : id(peer_id), name_("decode connection " + std::to_string(peer_id)) {}
+
+  const uint64_t id;
+  std::shared_ptr<ControlChannel> channel;  // set before the reader starts; never reassigned
+  bool registered = false;                  // reader thread only
   RegisterLayout registration;
   kv::KvLayout layout;
   PeerHandle engine_peer;
   std::atomic<bool> alive{true};
+
+  // "decode connection N" until registered, then "decode tp d/D @ endpoint". Thread-safe.
+  std::string name() const {
+    std::lock_guard lock(name_mu_);
+    return name_;
+  }
+  void rename(std::string name) {
+    std::lock_guard lock(name_mu_);
+    name_ = std::move(name);
+  }
+
+ private:
+  mutable std::mutex name_mu_;
+  std::string name_;
 };
 
 struct Destination {

@@ -22,8 +22,7 @@ namespace kvferry {
 namespace {
 
 int64_t monotonic_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             Clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
       .count();
 }
 
@@ -177,7 +176,9 @@ struct TcpServer::IoThread {
 
   bool update_interest(Conn& c) {
     epoll_event ev{};
-    ev.events = EPOLLIN | (c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
+    // A refused connection reads nothing more: it only flushes its refusal, then closes.
+    ev.events = (c.close_after_flush ? 0u : static_cast<uint32_t>(EPOLLIN)) |
+                (c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
     ev.data.fd = c.fd.get();
     if (c.close_after_flush && c.out.empty()) return false;
     return ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) == 0;
@@ -200,6 +201,9 @@ struct TcpServer::IoThread {
   bool on_readable(Conn& c) {
     std::array<std::byte, 64 * 1024> scratch;
     for (;;) {
+      // Once refused, nothing that follows is acted on (not even another kAuth): the
+      // refusal is flushed and the connection closed.
+      if (c.close_after_flush) return flush(c);
       void* into = nullptr;
       size_t want = 0;
       switch (c.in) {
@@ -388,8 +392,8 @@ struct TcpServer::IoThread {
   Fd wake_;
   std::atomic<bool> stopping_{false};
   std::mutex mu_;
-  std::vector<Fd> incoming_;                                // guarded by mu_
-  std::unordered_map<int, std::unique_ptr<Conn>> conns_;   // I/O thread only
+  std::vector<Fd> incoming_;                              // guarded by mu_
+  std::unordered_map<int, std::unique_ptr<Conn>> conns_;  // I/O thread only
   std::thread thread_;
 };
 

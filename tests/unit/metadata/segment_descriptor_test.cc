@@ -60,6 +60,7 @@ TEST(SegmentDescriptor, RejectsMalformedInputNamingTheProblem) {
       {replace("\"addr\":65536", "\"addr\":4096"), "overlap"},
       {replace("\"file_bytes\":16384", "\"file_bytes\":16"), "runs past"},
       {replace("\"regions\":[", "\"regions\":3,\"x\":["), "'regions'"},
+      {replace("\"pid\":4242", "\"pid\":18446744073709551615"), "'pid'"},
   };
   for (const Case& c : cases) {
     auto r = parse_segment_descriptor(c.json);
@@ -67,6 +68,20 @@ TEST(SegmentDescriptor, RejectsMalformedInputNamingTheProblem) {
     EXPECT_EQ(r.status().code(), StatusCode::kProtocolError);
     EXPECT_TRUE(contains(r.status().message(), c.expect)) << r.status().message();
   }
+}
+
+// Found while fuzzing: the error message for a non-integer field used to dump() the value,
+// which recurses per nesting level, so deep nesting overflowed the stack.
+TEST(SegmentDescriptor, RejectsDeeplyNestedFieldWithoutOverflowingTheStack) {
+  constexpr size_t kDepth = 1'000'000;
+  std::string good = serialize_segment_descriptor(sample());
+  std::string nested = std::string(kDepth, '[') + std::string(kDepth, ']');
+  good.replace(good.find("\"pid\":4242"), 10, "\"pid\":" + nested);
+  auto r = parse_segment_descriptor(good);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kProtocolError);
+  EXPECT_TRUE(contains(r.status().message(), "'pid' is not a 64-bit signed integer: an array"))
+      << r.status().message().substr(0, 200);
 }
 
 TEST(SegmentDescriptor, RejectsOversizedInput) {

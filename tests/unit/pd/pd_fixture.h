@@ -70,12 +70,13 @@ inline std::unique_ptr<PrefillServer> make_prefill(TestRank& r, const std::strin
   return must(PrefillServer::create(std::move(o)));
 }
 
-inline std::unique_ptr<DecodeClient> make_decode(TestRank& r) {
+inline std::unique_ptr<DecodeClient> make_decode(TestRank& r,
+                                                 PdTimeouts timeouts = fast_timeouts()) {
   DecodeClientOptions o;
   o.engine = r.engine.get();
   o.buffers = r.buffers;
   o.tp = r.tp;
-  o.timeouts = fast_timeouts();
+  o.timeouts = timeouts;
   return must(DecodeClient::create(std::move(o)));
 }
 

@@ -179,14 +179,39 @@ TEST(PdSession, DeadPrefillFailsPendingRequestsWithinTwoHeartbeats) {
   EXPECT_EQ(receiver.failure().code(), StatusCode::kPeerDisconnected);
 }
 
-TEST(PdSession, UnreachableBootstrapFailsWithTimeoutOrUnreachable) {
+// A request that times out while Bootstrapping keeps the code of the error that held it
+// up, with the timeout in the message: whichever of the two deadlines (the receiver's, the
+// connection attempt's) fires first, the caller learns WHY it timed out.
+TEST(PdSession, UnreachableBootstrapFailsAsPeerUnreachableAfterTheTimeout) {
   ModelShape m;
   TestRank d = testing::make_rank("decode", m, 1, 0);
-  auto decode = testing::make_decode(d);
+  PdTimeouts t = testing::fast_timeouts();
+  t.bootstrap_timeout = 400ms;
+  auto decode = testing::make_decode(d, t);
+  const auto t0 = std::chrono::steady_clock::now();
   KvReceiver receiver = testing::must(decode->create_receiver("127.0.0.1:1", 4));
-  EXPECT_EQ(receiver.wait_final(10s), RequestState::kFailed);
-  EXPECT_EQ(receiver.failure().code(), StatusCode::kPeerUnreachable)
-      << receiver.failure().to_string();
+  ASSERT_EQ(receiver.wait_final(10s), RequestState::kFailed);
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, t.bootstrap_timeout);
+  const Status why = receiver.failure();
+  EXPECT_EQ(why.code(), StatusCode::kPeerUnreachable) << why.to_string();
+  EXPECT_TRUE(kvferry::testing::contains(why.message(), "after 400 ms")) << why.to_string();
+  EXPECT_TRUE(kvferry::testing::contains(why.message(), "127.0.0.1:1")) << why.to_string();
+}
+
+TEST(PdSession, BootstrapWithoutRanksFailsAsFailedPreconditionAfterTheTimeout) {
+  ModelShape m;
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  TestRank d = testing::make_rank("decode", m, 1, 0);
+  PdTimeouts t = testing::fast_timeouts();
+  t.bootstrap_timeout = 400ms;
+  auto decode = testing::make_decode(d, t);
+  KvReceiver receiver = testing::must(decode->create_receiver(bootstrap->address(), 5));
+  ASSERT_EQ(receiver.wait_final(10s), RequestState::kFailed);
+  const Status why = receiver.failure();
+  EXPECT_EQ(why.code(), StatusCode::kFailedPrecondition) << why.to_string();
+  EXPECT_TRUE(kvferry::testing::contains(why.message(), "after 400 ms")) << why.to_string();
+  EXPECT_TRUE(kvferry::testing::contains(why.message(), "no prefill rank registered"))
+      << why.to_string();
 }
 
 }  // namespace

@@ -1,0 +1,328 @@
+"""Mooncake-compatible TransferEngine: ``from kvferry.engine import TransferEngine``.
+
+Same method names, argument order and return conventions as ``mooncake.engine.TransferEngine``:
+every call returns 0 on success and a negative number on failure; async submissions return a
+batch id, 0 on failure. The negative number is ``-int(kvferry.StatusCode)`` of the C++ error
+(-1 InvalidArgument, -2 NotRegistered, -7 PeerUnreachable, -8 PeerDisconnected, -9 Timeout,
+...), and ``get_last_error()`` (a kvferry extension) returns the exception with its message
+for the calling thread.
+
+Differences from Mooncake, on purpose:
+
+* ``protocol`` really selects the transport: "tcp", "shm" (same host; peers' memory must come
+  from allocate_managed_buffer), "local" (this process), "cuda_ipc" when built, or "auto"
+  (engine's choice per peer: shm on the same host, tcp otherwise). Any other value makes
+  ``initialize`` log an error naming it and return -1. "rdma" is accepted for Mooncake
+  callers such as sglang: this build has no RDMA transport, so it means "tcp" (the network
+  transport; any registered memory) and logs a warning once.
+* A sync call that times out returns only once no byte of it can land any more (the C++
+  engine cancels a timed-out batch before reporting Timeout). ``get_batch_transfer_status``
+  waits for every listed batch to end (not just until the first failure) for the same reason.
+* Peers are "host:rpc_port" where rpc_port is get_rpc_port(): the engine's handshake
+  endpoint. ``local_hostname`` may carry a port ("10.0.0.1:17000") to bind that port;
+  without one a free port is picked.
+* ``device_name`` is accepted and ignored (no NIC selection in this build).
+* The transfer timeout is MC_TRANSFER_TIMEOUT seconds when set (Mooncake's variable, minimum
+  5), else 30 s; ``TransferEngine(transfer_timeout_ms=...)`` overrides it.
+"""
+
+import enum
+import itertools
+import logging
+import os
+import threading
+
+from . import _kvferry
+from .errors import KvferryError, StatusCode
+
+logger = logging.getLogger("kvferry")
+
+_TRANSPORTS = ("tcp", "shm", "local", "cuda_ipc")
+_AUTO = "auto"
+_RDMA = "rdma"
+_P2P_HANDSHAKE = "P2PHANDSHAKE"
+_DEFAULT_TIMEOUT_MS = 30_000
+_MIN_MOONCAKE_TIMEOUT_S = 5
+# Mooncake's sync-call status codes of transfer_check_status.
+_CHECK_COMPLETED, _CHECK_PENDING, _CHECK_FAILED, _CHECK_TIMEOUT = 1, 0, -1, -2
+
+
+class TransferOpcode(enum.IntEnum):
+    Read = 0
+    Write = 1
+
+
+def _code(error):
+    return -int(error.code)
+
+
+def _split_host_port(local_hostname):
+    """("host", port) of "host", "host:port", "[v6]" or "[v6]:port"; port 0 when absent."""
+    if local_hostname.startswith("["):
+        host, _, rest = local_hostname[1:].partition("]")
+        return f"[{host}]", int(rest[1:]) if rest.startswith(":") else 0
+    if local_hostname.count(":") == 1:
+        host, port = local_hostname.split(":")
+        return host, int(port)
+    return local_hostname, 0
+
+
+def _metadata_uri(metadata_server, metadata_type=None):
+    if metadata_server == _P2P_HANDSHAKE or metadata_type in ("p2p", _P2P_HANDSHAKE):
+        return "p2p"
+    if "://" in metadata_server:
+        return metadata_server
+    # Mooncake reads a bare "host:port" as an etcd server.
+    return f"{metadata_type or 'etcd'}://{metadata_server}"
+
+
+def _timeout_ms(override_ms):
+    if override_ms is not None:
+        return int(override_ms)
+    seconds = os.environ.get("MC_TRANSFER_TIMEOUT")
+    if seconds:
+        return max(_MIN_MOONCAKE_TIMEOUT_S, int(seconds)) * 1000
+    return _DEFAULT_TIMEOUT_MS
+
+
+class TransferEngine:
+    """Mooncake's Python TransferEngine API over kvferry. Thread-safe like kvferry.Engine."""
+
+    _rdma_warned = False
+
+    def __init__(self, transfer_timeout_ms=None):
+        self._engine = None
+        self._timeout_ms = transfer_timeout_ms
+        self._batches = {}
+        self._batch_ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._errors = threading.local()
+
+    # ---- errors --------------------------------------------------------------------------
+
+    def _fail(self, error, what):
+        self._errors.last = error
+        logger.debug("%s failed: %s", what, error)
+        return _code(error)
+
+    def _not_initialized(self, what):
+        from .errors import FailedPreconditionError
+
+        return self._fail(
+            FailedPreconditionError(StatusCode.FailedPrecondition,
+                                    f"{what} before initialize() succeeded"), what)
+
+    def get_last_error(self):
+        """kvferry extension: the KvferryError of this thread's last failed call, or None."""
+        return getattr(self._errors, "last", None)
+
+    # ---- initialization ------------------------------------------------------------------
+
+    def initialize(self, local_hostname, metadata_server, protocol, device_name):
+        return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, None)
+
+    def initialize_ext(self, local_hostname, metadata_server, protocol, device_name,
+                       metadata_type):
+        from . import Engine
+        from .errors import InvalidArgumentError
+
+        del device_name  # no NIC selection in this build
+        if self._engine is not None:
+            return self._fail(InvalidArgumentError(
+                StatusCode.InvalidArgument, "initialize called twice"), "initialize")
+        protocol = (protocol or _AUTO).lower()
+        if protocol == _RDMA:
+            if not TransferEngine._rdma_warned:
+                logger.warning("protocol 'rdma': kvferry has no RDMA transport in this build; "
+                               "using 'tcp'")
+                TransferEngine._rdma_warned = True
+            protocol = "tcp"
+        if protocol != _AUTO and protocol not in _TRANSPORTS:
+            error = InvalidArgumentError(
+                StatusCode.InvalidArgument,
+                f"unknown protocol '{protocol}' (valid: {', '.join(_TRANSPORTS)}, auto, rdma)")
+            logger.error("kvferry.TransferEngine.initialize: %s", error.message)
+            return self._fail(error, "initialize")
+        try:
+            host, port = _split_host_port(local_hostname)
+            self._engine = Engine(
+                name=f"kvferry-py-{os.getpid()}",
+                listen_address=f"{host}:{port}",
+                metadata_uri=_metadata_uri(metadata_server, metadata_type),
+                transport=None if protocol == _AUTO else protocol,
+                batch_timeout_ms=_timeout_ms(self._timeout_ms),
+            )
+        except (KvferryError, ValueError) as error:
+            if not isinstance(error, KvferryError):
+                error = InvalidArgumentError(StatusCode.InvalidArgument,
+                                             f"local_hostname '{local_hostname}': {error}")
+            logger.error("kvferry.TransferEngine.initialize: %s", error)
+            return self._fail(error, "initialize")
+        return 0
+
+    def get_rpc_port(self):
+        if self._engine is None:
+            return self._not_initialized("get_rpc_port")
+        return self._engine.rpc_port
+
+    def get_session_id(self):
+        """kvferry extension: "host:rpc_port", the name peers use for this engine."""
+        return self._engine.endpoint if self._engine is not None else ""
+
+    # ---- memory --------------------------------------------------------------------------
+
+    def _call(self, what, fn, *args):
+        if self._engine is None:
+            return self._not_initialized(what)
+        try:
+            fn(*args)
+        except KvferryError as error:
+            return self._fail(error, what)
+        return 0
+
+    def register_memory(self, buffer_addr, capacity, location="*"):
+        return self._call("register_memory", lambda: self._engine.register_memory(
+            buffer_addr, capacity, location))
+
+    def unregister_memory(self, buffer_addr):
+        return self._call("unregister_memory",
+                          lambda: self._engine.unregister_memory(buffer_addr))
+
+    def batch_register_memory(self, buffer_addresses, capacities, location="*"):
+        return self._call("batch_register_memory", lambda: self._engine.register_memory_batch(
+            list(buffer_addresses), list(capacities), location))
+
+    def batch_unregister_memory(self, buffer_addresses):
+        return self._call("batch_unregister_memory",
+                          lambda: self._engine.unregister_memory_batch(list(buffer_addresses)))
+
+    def allocate_managed_buffer(self, length):
+        """Registered shared memory (reachable through shm too); its address, 0 on failure."""
+        if self._engine is None:
+            self._not_initialized("allocate_managed_buffer")
+            return 0
+        try:
+            return self._engine.allocate_shared(length)
+        except KvferryError as error:
+            self._fail(error, "allocate_managed_buffer")
+            return 0
+
+    def free_managed_buffer(self, buffer_addr, length):
+        del length
+        return self._call("free_managed_buffer", lambda: self._engine.free_shared(buffer_addr))
+
+    def write_bytes_to_buffer(self, dest_address, src_ptr, length):
+        _kvferry.copy_bytes_in(dest_address, bytes(src_ptr[:length]))
+        return 0
+
+    def read_bytes_from_buffer(self, source_address, length):
+        return _kvferry.copy_bytes_out(source_address, length)
+
+    # ---- synchronous transfers -----------------------------------------------------------
+
+    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length,
+                            transport_hint=""):
+        return self._call("transfer_sync_write", lambda: self._engine.transfer_one(
+            target_hostname, _kvferry.OpKind.WRITE, buffer, peer_buffer_address, length))
+
+    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length,
+                           transport_hint=""):
+        return self._call("transfer_sync_read", lambda: self._engine.transfer_one(
+            target_hostname, _kvferry.OpKind.READ, buffer, peer_buffer_address, length))
+
+    def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode,
+                      notify=None, transport_hint=""):
+        kind = _kvferry.OpKind.WRITE if opcode == TransferOpcode.Write else _kvferry.OpKind.READ
+        return self._call("transfer_sync", lambda: self._engine.transfer_one(
+            target_hostname, kind, buffer, peer_buffer_address, length))
+
+    def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                                  transport_hint=""):
+        return self._call("batch_transfer_sync_write", lambda: self._engine.transfer(
+            target_hostname, _kvferry.OpKind.WRITE, buffers, peer_buffer_addresses, lengths))
+
+    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                                 transport_hint=""):
+        return self._call("batch_transfer_sync_read", lambda: self._engine.transfer(
+            target_hostname, _kvferry.OpKind.READ, buffers, peer_buffer_addresses, lengths))
+
+    # ---- asynchronous transfers ----------------------------------------------------------
+
+    def _submit(self, what, target_hostname, kind, buffers, peer_buffer_addresses, lengths):
+        if self._engine is None:
+            self._not_initialized(what)
+            return 0
+        try:
+            batch = self._engine.submit(target_hostname, kind, buffers, peer_buffer_addresses,
+                                        lengths)
+        except KvferryError as error:
+            self._fail(error, what)
+            return 0
+        batch_id = next(self._batch_ids)
+        with self._lock:
+            self._batches[batch_id] = batch
+        return batch_id
+
+    def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses,
+                                   lengths, transport_hint=""):
+        return self._submit("batch_transfer_async_write", target_hostname,
+                            _kvferry.OpKind.WRITE, buffers, peer_buffer_addresses, lengths)
+
+    def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses,
+                                  lengths, transport_hint=""):
+        return self._submit("batch_transfer_async_read", target_hostname,
+                            _kvferry.OpKind.READ, buffers, peer_buffer_addresses, lengths)
+
+    def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length,
+                              transport_hint=""):
+        return self._submit("transfer_submit_write", target_hostname, _kvferry.OpKind.WRITE,
+                            [buffer], [peer_buffer_address], [length])
+
+    def _take(self, batch_id):
+        with self._lock:
+            return self._batches.pop(batch_id, None)
+
+    def _unknown_batch(self, batch_id, what):
+        from .errors import InvalidArgumentError
+
+        return self._fail(InvalidArgumentError(
+            StatusCode.InvalidArgument, f"unknown batch id {batch_id}"), what)
+
+    def get_batch_transfer_status(self, batch_ids):
+        """Waits until every listed batch ended (and forgets them): 0 when all completed, else
+        the negative code of the first failure in list order."""
+        result = 0
+        for batch_id in batch_ids:
+            batch = self._take(batch_id)
+            if batch is None:
+                code = self._unknown_batch(batch_id, "get_batch_transfer_status")
+            else:
+                state, status, message = self._engine.wait_final(batch)
+                code = 0
+                if state != int(_kvferry.BatchState.COMPLETED):
+                    from .errors import error_from_status
+
+                    code = self._fail(error_from_status(status, message),
+                                      f"batch {batch_id}")
+            if result == 0:
+                result = code
+        return result
+
+    def transfer_check_status(self, batch_id):
+        """Mooncake's poll: 1 completed, 0 pending, -1 failed, -2 timed out. A batch that ended
+        is forgotten."""
+        with self._lock:
+            batch = self._batches.get(batch_id)
+        if batch is None:
+            self._unknown_batch(batch_id, "transfer_check_status")
+            return _CHECK_FAILED
+        state, status, message = self._engine.batch_status(batch)
+        if state == int(_kvferry.BatchState.PENDING):
+            return _CHECK_PENDING
+        self._take(batch_id)
+        if state == int(_kvferry.BatchState.COMPLETED):
+            return _CHECK_COMPLETED
+        from .errors import error_from_status
+
+        self._fail(error_from_status(status, message), f"batch {batch_id}")
+        return _CHECK_TIMEOUT if status == int(StatusCode.Timeout) else _CHECK_FAILED

@@ -1,0 +1,91 @@
+"""Shared fixtures: a peer process (peer_process.py) and local buffers for either protocol."""
+
+import ctypes
+import hashlib
+import json
+import os
+import select
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# Every wait on another process is bounded by this.
+PROCESS_TIMEOUT_S = 20
+
+
+def seeded_bytes(seed, nbytes):
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def sha256(array):
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+class PeerProcess:
+    """peer_process.py running in a child process; its buffer starts as seeded_bytes(seed)."""
+
+    def __init__(self, protocol, nbytes, seed):
+        env = dict(os.environ, KVFERRY_LOG_LEVEL=os.environ.get("KVFERRY_LOG_LEVEL", "warn"))
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "peer_process.py"), protocol, str(nbytes),
+             str(seed)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        hello = json.loads(self._readline())
+        assert "error" not in hello, hello
+        self.session, self.addr, self.length = hello["session"], hello["addr"], hello["length"]
+        self.initial = seeded_bytes(seed, nbytes)
+
+    def _readline(self):
+        ready, _, _ = select.select([self.process.stdout], [], [], PROCESS_TIMEOUT_S)
+        assert ready, "peer process did not answer in time"
+        line = self.process.stdout.readline()
+        assert line, "peer process exited"
+        return line
+
+    def digest(self, offset, length):
+        self.process.stdin.write(f"digest {offset} {length}\n")
+        self.process.stdin.flush()
+        return self._readline().strip()
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=PROCESS_TIMEOUT_S)
+
+    def close(self):
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write("quit\n")
+                self.process.stdin.flush()
+                self.process.wait(timeout=PROCESS_TIMEOUT_S)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+@pytest.fixture
+def make_peer():
+    peers = []
+
+    def make(protocol, nbytes=1 << 20, seed=7):
+        peer = PeerProcess(protocol, nbytes, seed)
+        peers.append(peer)
+        return peer
+
+    yield make
+    for peer in peers:
+        peer.close()
+
+
+def local_buffer(engine, protocol, nbytes):
+    """A numpy uint8 buffer registered with `engine` (Mooncake API), shared memory for shm."""
+    if protocol == "shm":
+        addr = engine.allocate_managed_buffer(nbytes)
+        assert addr != 0
+        return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(addr))
+    buffer = np.zeros(nbytes, dtype=np.uint8)
+    assert engine.register_memory(buffer.ctypes.data, nbytes) == 0
+    return buffer
