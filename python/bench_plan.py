@@ -13,12 +13,18 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 
 import numpy as np
 
-import kvferry
-from kvferry import _kvferry
+# Run as a script, this file's folder (python/, the package sources without the built
+# extension) would shadow build/python on the import path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+import kvferry  # noqa: E402
+from kvferry import _kvferry  # noqa: E402
 
 LAYERS, PAGE_TOKENS, BYTES_PER_TOKEN, TOKENS = 61, 64, 1152, 131072
 

@@ -32,9 +32,7 @@ class PyEngine {
 
   TransferEngine& engine() { return *engine_; }
 
-  PeerHandle peer(const std::string& name) {
-    return value_or_throw(engine_->open_peer(name));
-  }
+  PeerHandle peer(const std::string& name) { return value_or_throw(engine_->open_peer(name)); }
 
   // The status of a finished transfer; closes the peer when it went away so the next call
   // opens it afresh (a restarted peer has a new incarnation and new regions).
@@ -60,10 +58,10 @@ std::vector<TransferOp> make_ops(OpKind kind, std::span<const uint64_t> local,
                                  std::span<const uint64_t> remote,
                                  std::span<const uint64_t> lengths) {
   if (local.size() != remote.size() || local.size() != lengths.size()) {
-    throw StatusError(InvalidArgument(
-        "buffers, peer_buffer_addresses and lengths differ in length: " +
-        std::to_string(local.size()) + ", " + std::to_string(remote.size()) + ", " +
-        std::to_string(lengths.size())));
+    throw StatusError(
+        InvalidArgument("buffers, peer_buffer_addresses and lengths differ in length: " +
+                        std::to_string(local.size()) + ", " + std::to_string(remote.size()) + ", " +
+                        std::to_string(lengths.size())));
   }
   std::vector<TransferOp> ops(local.size());
   for (size_t i = 0; i < ops.size(); ++i) ops[i] = {kind, local[i], remote[i], lengths[i]};
@@ -77,8 +75,8 @@ MemoryLocation parse_location(const std::string& location) {
     return {MemoryLocation::Kind::kCuda, std::stoi(location.substr(kCuda.size()))};
   }
   if (location.empty() || location == "*" || location.rfind("cpu", 0) == 0) return {};
-  throw StatusError(InvalidArgument("memory location '" + location +
-                                    "' (valid: '*', 'cpu[:N]', 'cuda:N')"));
+  throw StatusError(
+      InvalidArgument("memory location '" + location + "' (valid: '*', 'cpu[:N]', 'cuda:N')"));
 }
 
 struct PyBatch {
@@ -100,8 +98,9 @@ void bind_engine(py::module_& m) {
       .value("COMPLETED", BatchState::kCompleted)
       .value("FAILED", BatchState::kFailed);
 
-  py::class_<PyBatch>(m, "Batch")
-      .def_property_readonly("peer", [](const PyBatch& b) { return b.peer.name(); });
+  py::class_<PyBatch>(m, "Batch").def_property_readonly("peer", [](const PyBatch& b) {
+    return b.peer.name();
+  });
 
   py::class_<PyEngine>(m, "Engine")
       .def(py::init([](std::string name, std::string listen_address, std::string metadata_uri,
@@ -142,9 +141,9 @@ void bind_engine(py::module_& m) {
           [](PyEngine& e, const U64Array& addrs, const U64Array& lengths,
              const std::string& location) {
             if (addrs.size() != lengths.size()) {
-              throw StatusError(InvalidArgument("buffer_addresses and capacities differ: " +
-                                                std::to_string(addrs.size()) + " vs " +
-                                                std::to_string(lengths.size())));
+              throw StatusError(InvalidArgument(
+                  "buffer_addresses and capacities differ: " + std::to_string(addrs.size()) +
+                  " vs " + std::to_string(lengths.size())));
             }
             const MemoryLocation where = parse_location(location);
             std::vector<MemoryRegion> regions(static_cast<size_t>(addrs.size()));
@@ -177,7 +176,8 @@ void bind_engine(py::module_& m) {
           "allocate_shared",
           [](PyEngine& e, uint64_t bytes) {
             py::gil_scoped_release release;
-            return reinterpret_cast<uint64_t>(value_or_throw(e.engine().allocate_shared(bytes)).addr);
+            return reinterpret_cast<uint64_t>(
+                value_or_throw(e.engine().allocate_shared(bytes)).addr);
           },
           py::arg("bytes"),
           "Shared memory (registered) that same-host peers reach through shm; returns its "
@@ -227,15 +227,15 @@ void bind_engine(py::module_& m) {
           "transfer",
           [](PyEngine& e, const std::string& peer_name, OpKind kind, const U64Array& local,
              const U64Array& remote, const U64Array& lengths, int64_t timeout_ms) {
-            std::vector<TransferOp> ops = make_ops(kind, as_span(local), as_span(remote),
-                                                   as_span(lengths));
+            std::vector<TransferOp> ops =
+                make_ops(kind, as_span(local), as_span(remote), as_span(lengths));
             py::gil_scoped_release release;
             PeerHandle peer = e.peer(peer_name);
             throw_if_error(e.settle(
                 peer, e.engine().transfer_sync(peer, ops, {.timeout = milliseconds(timeout_ms)})));
           },
-          py::arg("peer"), py::arg("kind"), py::arg("local"), py::arg("remote"),
-          py::arg("lengths"), py::arg("timeout_ms") = 0,
+          py::arg("peer"), py::arg("kind"), py::arg("local"), py::arg("remote"), py::arg("lengths"),
+          py::arg("timeout_ms") = 0,
           "Submits the ops and waits until they ended; raises the batch's error. A timed-out "
           "call returns only once no byte of it can still land.")
       .def(
@@ -246,7 +246,8 @@ void bind_engine(py::module_& m) {
             py::gil_scoped_release release;
             PeerHandle peer = e.peer(peer_name);
             throw_if_error(e.settle(
-                peer, e.engine().transfer_sync(peer, {&op, 1}, {.timeout = milliseconds(timeout_ms)})));
+                peer,
+                e.engine().transfer_sync(peer, {&op, 1}, {.timeout = milliseconds(timeout_ms)})));
           },
           py::arg("peer"), py::arg("kind"), py::arg("local"), py::arg("remote"), py::arg("length"),
           py::arg("timeout_ms") = 0)
@@ -254,8 +255,8 @@ void bind_engine(py::module_& m) {
           "submit",
           [](PyEngine& e, const std::string& peer_name, OpKind kind, const U64Array& local,
              const U64Array& remote, const U64Array& lengths, int64_t timeout_ms) {
-            std::vector<TransferOp> ops = make_ops(kind, as_span(local), as_span(remote),
-                                                   as_span(lengths));
+            std::vector<TransferOp> ops =
+                make_ops(kind, as_span(local), as_span(remote), as_span(lengths));
             py::gil_scoped_release release;
             PeerHandle peer = e.peer(peer_name);
             Result<BatchHandle> batch =
@@ -263,8 +264,8 @@ void bind_engine(py::module_& m) {
             if (!batch.ok()) throw_if_error(e.settle(peer, batch.status()));
             return PyBatch{std::move(batch).value(), peer};
           },
-          py::arg("peer"), py::arg("kind"), py::arg("local"), py::arg("remote"),
-          py::arg("lengths"), py::arg("timeout_ms") = 0, py::keep_alive<0, 1>())
+          py::arg("peer"), py::arg("kind"), py::arg("local"), py::arg("remote"), py::arg("lengths"),
+          py::arg("timeout_ms") = 0, py::keep_alive<0, 1>())
       .def(
           "batch_status",
           [](PyEngine& e, const PyBatch& b) { return status_tuple(e.engine().status(b.handle)); },

@@ -25,7 +25,7 @@ namespace kvferry::python {
 namespace {
 
 using std::chrono::milliseconds;
-using AuxRow = std::tuple<uint64_t, uint64_t, uint64_t>;              // base, bytes, row_bytes
+using AuxRow = std::tuple<uint64_t, uint64_t, uint64_t>;               // base, bytes, row_bytes
 using StateRows = std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>;  // ... + tp_dim
 
 pd::RankBuffers make_buffers(const kv::KvLayout& layout, const std::vector<AuxRow>& aux,
@@ -141,7 +141,8 @@ void bind_pd(py::module_& m) {
              std::optional<uint64_t> state_slot) {
             std::vector<kv::PageIndex> pages = page_vector(dst_pages, "dst_pages");
             py::gil_scoped_release release;
-            throw_if_error(r.init(std::move(pages), slot_or_none(aux_row), slot_or_none(state_slot)));
+            throw_if_error(
+                r.init(std::move(pages), slot_or_none(aux_row), slot_or_none(state_slot)));
           },
           py::arg("dst_pages"), py::arg("aux_row") = py::none(), py::arg("state_slot") = py::none())
       .def(
@@ -158,9 +159,9 @@ void bind_pd(py::module_& m) {
       .def(py::init([](const py::object& engine, const kv::KvLayout& layout,
                        const std::vector<AuxRow>& aux, const std::vector<StateRows>& state,
                        uint32_t tp_rank, uint32_t tp_size, uint32_t total_kv_heads,
-                       std::string bootstrap_address, std::string control_listen,
-                       int worker_shards, const pd::PdTimeouts& timeouts,
-                       std::optional<std::string> strategy, uint32_t max_pages_per_call) {
+                       std::string bootstrap_address, std::string control_listen, int worker_shards,
+                       const pd::PdTimeouts& timeouts, std::optional<std::string> strategy,
+                       uint32_t max_pages_per_call) {
              pd::PrefillServerOptions o;
              o.engine = &unwrap_engine(engine);
              o.buffers = make_buffers(layout, aux, state);
@@ -176,11 +177,10 @@ void bind_pd(py::module_& m) {
            }),
            py::arg("engine"), py::arg("layout"), py::arg("aux") = std::vector<AuxRow>{},
            py::arg("state") = std::vector<StateRows>{}, py::arg("tp_rank") = 0,
-           py::arg("tp_size") = 1, py::arg("total_kv_heads") = 0,
-           py::arg("bootstrap_address") = "", py::arg("control_listen") = "127.0.0.1:0",
-           py::arg("worker_shards") = 2, py::arg("timeouts") = pd::PdTimeouts{},
-           py::arg("strategy") = py::none(), py::arg("max_pages_per_call") = 0,
-           py::keep_alive<1, 2>())
+           py::arg("tp_size") = 1, py::arg("total_kv_heads") = 0, py::arg("bootstrap_address") = "",
+           py::arg("control_listen") = "127.0.0.1:0", py::arg("worker_shards") = 2,
+           py::arg("timeouts") = pd::PdTimeouts{}, py::arg("strategy") = py::none(),
+           py::arg("max_pages_per_call") = 0, py::keep_alive<1, 2>())
       .def_property_readonly("control_endpoint", &pd::PrefillServer::control_endpoint)
       .def(
           "create_sender",

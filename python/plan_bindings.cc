@@ -43,10 +43,10 @@ PlanArgs make_plan_args(const std::string& strategy, uint32_t max_pages_per_call
   args.options.coalesce = coalesce;
   if (head_slice) {
     if (head_slice->size() != 5) {
-      throw StatusError(InvalidArgument(
-          "head_slice must be (prefill_tp_size, prefill_tp_rank, decode_tp_size, "
-          "decode_tp_rank, total_kv_heads), got " + std::to_string(head_slice->size()) +
-          " values"));
+      throw StatusError(
+          InvalidArgument("head_slice must be (prefill_tp_size, prefill_tp_rank, decode_tp_size, "
+                          "decode_tp_rank, total_kv_heads), got " +
+                          std::to_string(head_slice->size()) + " values"));
     }
     HeadSliceArgs h;
     h.tp = {(*head_slice)[0].cast<uint32_t>(), (*head_slice)[1].cast<uint32_t>(),
@@ -95,9 +95,9 @@ KvLayout layout_from_pointers(const U64Array& ptrs, const U64Array& item_lens,
                               uint32_t dtype_bytes) {
   const auto n = static_cast<size_t>(ptrs.size());
   if (static_cast<size_t>(item_lens.size()) != n || static_cast<size_t>(bytes.size()) != n) {
-    throw StatusError(InvalidArgument("ptrs, item_lens and bytes differ in length: " +
-                                      std::to_string(n) + ", " + std::to_string(item_lens.size()) +
-                                      ", " + std::to_string(bytes.size())));
+    throw StatusError(
+        InvalidArgument("ptrs, item_lens and bytes differ in length: " + std::to_string(n) + ", " +
+                        std::to_string(item_lens.size()) + ", " + std::to_string(bytes.size())));
   }
   std::vector<kv::KvEntry> entries(n);
   for (size_t i = 0; i < n; ++i) {
@@ -117,8 +117,7 @@ KvLayout layout_from_pointers(const U64Array& ptrs, const U64Array& item_lens,
       e.role = kv::KvRole::kOpaque;
       e.layer_id = static_cast<uint32_t>(i);
     } else {
-      throw StatusError(
-          InvalidArgument("role '" + role + "' (valid: 'kv', 'latent', 'opaque')"));
+      throw StatusError(InvalidArgument("role '" + role + "' (valid: 'kv', 'latent', 'opaque')"));
     }
   }
   kv::KvLayoutInfo info;
@@ -158,10 +157,10 @@ void bind_plan(py::module_& m) {
           py::arg("num_pages"), py::arg("base"), py::arg("page_major") = false)
       .def_static(
           "mha",
-          [](uint32_t num_layers, uint32_t page_size_tokens, uint32_t kv_heads,
-             uint32_t k_head_dim, uint32_t v_head_dim, uint32_t dtype_bytes, uint64_t num_pages,
-             uint64_t base, bool page_major) {
-            kv::MhaShape shape{num_layers, page_size_tokens, kv_heads,  k_head_dim,
+          [](uint32_t num_layers, uint32_t page_size_tokens, uint32_t kv_heads, uint32_t k_head_dim,
+             uint32_t v_head_dim, uint32_t dtype_bytes, uint64_t num_pages, uint64_t base,
+             bool page_major) {
+            kv::MhaShape shape{num_layers, page_size_tokens, kv_heads, k_head_dim,
                                v_head_dim, dtype_bytes,      num_pages};
             return value_or_throw(KvLayout::mha(shape, base, page_order(page_major)));
           },
@@ -179,11 +178,11 @@ void bind_plan(py::module_& m) {
           py::arg("num_pages"))
       .def_static(
           "mha_region_bytes",
-          [](uint32_t num_layers, uint32_t page_size_tokens, uint32_t kv_heads,
-             uint32_t k_head_dim, uint32_t v_head_dim, uint32_t dtype_bytes, uint64_t num_pages) {
-            return value_or_throw(KvLayout::region_bytes(kv::MhaShape{
-                num_layers, page_size_tokens, kv_heads, k_head_dim, v_head_dim, dtype_bytes,
-                num_pages}));
+          [](uint32_t num_layers, uint32_t page_size_tokens, uint32_t kv_heads, uint32_t k_head_dim,
+             uint32_t v_head_dim, uint32_t dtype_bytes, uint64_t num_pages) {
+            return value_or_throw(KvLayout::region_bytes(
+                kv::MhaShape{num_layers, page_size_tokens, kv_heads, k_head_dim, v_head_dim,
+                             dtype_bytes, num_pages}));
           },
           py::arg("num_layers"), py::arg("page_size_tokens"), py::arg("kv_heads"),
           py::arg("k_head_dim"), py::arg("v_head_dim"), py::arg("dtype_bytes"),
@@ -203,10 +202,9 @@ void bind_plan(py::module_& m) {
       });
 
   py::class_<TransferPlan, PlanPtr>(m, "Plan")
-      .def_property_readonly("strategy",
-                             [](const TransferPlan& p) {
-                               return std::string(kv::send_strategy_name(p.strategy()));
-                             })
+      .def_property_readonly(
+          "strategy",
+          [](const TransferPlan& p) { return std::string(kv::send_strategy_name(p.strategy())); })
       .def_property_readonly("coalesce", &TransferPlan::coalesce)
       .def_property_readonly("num_calls", &TransferPlan::num_calls)
       .def_property_readonly("num_blocks", &TransferPlan::num_blocks)
@@ -229,8 +227,9 @@ void bind_plan(py::module_& m) {
           [](const py::object& self) {
             const TransferPlan& plan = self.cast<const TransferPlan&>();
             const size_t n = plan.num_blocks();
-            if (n == 0) return py::make_tuple(view(nullptr, 0, self), view(nullptr, 0, self),
-                                              view(nullptr, 0, self));
+            if (n == 0)
+              return py::make_tuple(view(nullptr, 0, self), view(nullptr, 0, self),
+                                    view(nullptr, 0, self));
             // Calls are stored back to back from block 0, so call 0's spans start the arrays.
             size_t first = 0;
             while (plan.call(first).num_blocks() == 0) ++first;

@@ -34,7 +34,8 @@ scripts/services.sh stop
 
 if [ "$sanitizers" = 1 ]; then
   echo "== unit tests under ASan+UBSan"
-  BUILD_DIR=build-asan scripts/build.sh -DKVFERRY_SANITIZE=ON -DKVFERRY_BUILD_BENCH=OFF
+  BUILD_DIR=build-asan TARGETS=kvferry_unit_tests \
+    scripts/build.sh -DKVFERRY_SANITIZE=ON -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan -L unit --output-on-failure -j "$JOBS" --timeout 600
 fi

@@ -1,6 +1,9 @@
 """The PD session layer from Python: bootstrap server, PrefillServer / KvSender on one side,
 DecodeClient / KvReceiver on the other, C++ request states, bytes verified."""
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -70,6 +73,11 @@ def test_pd_round_trip_moves_pages_and_aux_row(pd_pair):
     aux_dst = d_kv + 2 * AUX_ROW_BYTES
     np.testing.assert_array_equal(d_mem[aux_dst:aux_dst + AUX_ROW_BYTES],
                                   p_mem[aux_src:aux_src + AUX_ROW_BYTES])
+    # The servers count a request when they retire it, just after its state became final.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and (prefill.stats()["requests_succeeded"] == 0
+                                           or decode.stats()["requests_succeeded"] == 0):
+        time.sleep(0.01)
     assert prefill.stats()["requests_succeeded"] == 1
     assert decode.stats()["requests_succeeded"] == 1
 
@@ -100,3 +108,31 @@ def test_sender_errors_raise_typed_exceptions(pd_pair):
         sender.send(np.arange(2, dtype=np.uint32))
     with pytest.raises(kvferry.InvalidArgumentError):
         decode.create_receiver("not an address", 10)
+
+
+def test_waits_release_the_gil():
+    """A thread blocked in a kvferry wait leaves the interpreter to other threads."""
+    bootstrap = kvferry.BootstrapServer()  # no prefill rank ever registers
+    engine = kvferry.Engine()
+    _, layout, aux, _ = make_rank(engine)
+    decode = kvferry.DecodeClient(engine, layout, aux=aux)
+    receiver = decode.create_receiver(bootstrap.address, 1)
+    waited = {}
+
+    def wait():
+        start = time.monotonic()
+        waited["state"] = receiver.wait_final(500)
+        waited["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    spins, deadline = 0, time.monotonic() + 0.3
+    while time.monotonic() < deadline:
+        spins += 1
+    thread.join(timeout=5)
+    assert waited["state"] == RequestState.BOOTSTRAPPING
+    assert waited["seconds"] >= 0.45
+    # With the GIL held by the waiting thread this loop would barely have run.
+    assert spins > 10_000
+    receiver.abort("test over")
+    bootstrap.stop()
