@@ -1,8 +1,11 @@
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/host_identity.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
+#include "engine/transport_choice.h"
 #include "metadata/handshake.h"
 #include "transport/tcp/tcp_link.h"
 
@@ -32,17 +35,27 @@ Result<PeerHandle> EngineImpl::open_peer(std::string_view name, const PeerOption
     }
   }
   KVF_ASSIGN_OR_RETURN(auto peer, connect_peer(key, options));
-  std::lock_guard lock(peers_mu_);
-  peers_[key] = peer;
+  std::optional<uint64_t> replaced;
+  {
+    std::lock_guard lock(peers_mu_);
+    auto& slot = peers_[key];
+    if (slot && slot->incarnation != peer->incarnation) replaced = slot->incarnation;
+    slot = peer;
+  }
+  // The peer restarted: what was opened for its previous incarnation is of no use.
+  if (replaced) forget_incarnation(*replaced);
   return PeerHandle(peer);
 }
 
 void EngineImpl::close_peer(const PeerHandle& handle) {
   if (!handle.valid() || handle.state_->is_self) return;
   handle.state_->mark_disconnected("closed by this engine");
-  std::lock_guard lock(peers_mu_);
-  auto it = peers_.find(handle.state_->name);
-  if (it != peers_.end() && it->second == handle.state_) peers_.erase(it);
+  {
+    std::lock_guard lock(peers_mu_);
+    auto it = peers_.find(handle.state_->name);
+    if (it != peers_.end() && it->second == handle.state_) peers_.erase(it);
+  }
+  forget_incarnation(handle.state_->incarnation);
 }
 
 Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& name,
@@ -71,15 +84,17 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
     link.secret = secret_;
     peer->tcp = std::make_shared<TcpLink>(std::move(link));
   }
-  KVF_ASSIGN_OR_RETURN(auto segment,
-                       attach_segment(std::move(d), nullptr, transport == TransportKind::kShm));
+  // cuda_ipc maps a peer's shareable host memory too (host <-> device copies).
+  const bool map_shm = transport == TransportKind::kShm || transport == TransportKind::kCudaIpc;
+  KVF_ASSIGN_OR_RETURN(auto segment, attach_segment(std::move(d), nullptr, map_shm));
   peer->segment.store(std::move(segment));
   // A same-host peer's death is seen through its pidfd; across hosts, through its
   // connections.
   if (same_host && !is_self) KVF_RETURN_IF_ERROR(monitor_.watch(peer));
   const char* why = forced                               ? " (forced)"
                     : transport == TransportKind::kShm ? " (same host, both serve shm)"
-                                                       : " (other host, both serve tcp)";
+                    : same_host ? " (same host, but not all its regions are shareable through shm)"
+                                : " (other host, both serve tcp)";
   log().info("peer {} ('{}', pid {}): transport {}{}", name, peer->segment.load()->descriptor.name,
              peer->pid, transport_kind_name(transport), why);
   return peer;
@@ -88,35 +103,13 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
 Result<TransportKind> EngineImpl::choose_transport(const SegmentDescriptor& d,
                                                    std::optional<TransportKind> forced,
                                                    bool is_self) const {
-  const bool same_host = d.host_id == host_identity();
-  const TransportSet common = served_.intersect(d.transports);
-  auto why_not = [&](TransportKind kind) -> std::string {
-    if (!served_.contains(kind)) return "this engine does not serve it";
-    if (!d.transports.contains(kind)) return "the peer does not serve it";
-    switch (kind) {
-      case TransportKind::kLocal: return "local only reaches this engine itself";
-      case TransportKind::kShm:
-        if (is_self) return "it would reach this engine itself (use local)";
-        return same_host ? "" : "the peer is on another host (host id " + d.host_id + ")";
-      case TransportKind::kTcp:
-        return d.tcp_endpoint.empty() ? "the peer advertises no tcp endpoint" : "";
-      default: return "not built";
-    }
-  };
-  if (forced) {
-    std::string reason = why_not(*forced);
-    if (!reason.empty()) {
-      return NotSupported(fmt::format("forced transport {} cannot reach peer {}: {}",
-                                      transport_kind_name(*forced), d.endpoint, reason));
-    }
-    return *forced;
-  }
-  if (common.contains(TransportKind::kShm) && same_host) return TransportKind::kShm;
-  if (common.contains(TransportKind::kTcp) && why_not(TransportKind::kTcp).empty()) {
-    return TransportKind::kTcp;
-  }
-  return NotSupported(fmt::format("no transport reaches peer {}: shm: {}; tcp: {}", d.endpoint,
-                                  why_not(TransportKind::kShm), why_not(TransportKind::kTcp)));
+  TransportChoiceInput input;
+  input.served = served_;
+  input.same_host = d.host_id == host_identity();
+  input.is_self = is_self;
+  input.forced = forced;
+  input.device_usable = [this] { return device_transport().status(); };
+  return detail::choose_transport(d, input);
 }
 
 Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
@@ -125,7 +118,7 @@ Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
   std::vector<RegionEntry> entries;
   entries.reserve(d.regions.size());
   for (const RegionDescriptor& r : d.regions) {
-    RegionEntry entry{r.addr, r.length, nullptr, r.location, r.shm, nullptr};
+    RegionEntry entry{r.addr, r.length, nullptr, r.location, r.shm, nullptr, r.cuda};
     if (r.shm && map_shm) {
       std::shared_ptr<ShmMapping> mapping;
       auto reuse = [&](const std::vector<std::shared_ptr<ShmMapping>>& pool) {
@@ -163,12 +156,15 @@ Status EngineImpl::refresh_peer(PeerState& peer) {
     std::string why = fmt::format("restarted (incarnation {:016x} -> {:016x}); open it again",
                                   peer.incarnation, d.incarnation);
     peer.mark_disconnected(why);
+    forget_incarnation(peer.incarnation);
     return PeerDisconnected("peer " + peer.name + " " + why);
   }
   auto previous = peer.segment.load();
   if (previous && d.version <= previous->descriptor.version) return Status::Ok();
-  KVF_ASSIGN_OR_RETURN(auto segment, attach_segment(std::move(d), previous.get(),
-                                                    peer.transport == TransportKind::kShm));
+  KVF_ASSIGN_OR_RETURN(auto segment,
+                       attach_segment(std::move(d), previous.get(),
+                                      peer.transport == TransportKind::kShm ||
+                                          peer.transport == TransportKind::kCudaIpc));
   peer.segment.store(std::move(segment));
   return Status::Ok();
 }

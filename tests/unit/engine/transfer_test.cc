@@ -203,13 +203,28 @@ TEST(ShmTransfer, RegionRegisteredAfterOpenIsFoundByRefreshingTheDescriptor) {
   EXPECT_FALSE(find_pattern_mismatch({static_cast<std::byte*>(late.addr), 4096}, 5));
 }
 
-TEST(ShmTransfer, NonShareableTargetIsAnErrorNotAFallback) {
+TEST(TransportChoice, SameHostPeerWithPrivateMemoryIsReachedOverTcp) {
+  auto prefill = make_engine("prefill");
+  auto decode = make_engine("decode");
+  std::vector<std::byte> src = patterned(4096, 12), private_dst(4096);
+  ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
+  ASSERT_TRUE(decode->register_memory(private_dst.data(), private_dst.size()).ok());
+  PeerHandle peer = must(prefill->open_peer(decode->endpoint()));
+  EXPECT_EQ(peer.transport(), TransportKind::kTcp);
+  TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(private_dst.data()), 4096};
+  ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
+  EXPECT_FALSE(find_pattern_mismatch(private_dst, 12));
+}
+
+TEST(ShmTransfer, ForcedShmToNonShareableMemoryIsAnErrorNotAFallback) {
   auto prefill = make_engine("prefill");
   auto decode = make_engine("decode");
   std::vector<std::byte> src(4096), private_dst(4096);
   ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
   ASSERT_TRUE(decode->register_memory(private_dst.data(), private_dst.size()).ok());
-  PeerHandle peer = must(prefill->open_peer(decode->endpoint()));
+  PeerOptions force_shm;
+  force_shm.transport = TransportKind::kShm;
+  PeerHandle peer = must(prefill->open_peer(decode->endpoint(), force_shm));
   TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(private_dst.data()), 4096};
   auto r = prefill->submit(peer, {&op, 1});
   ASSERT_FALSE(r.ok());
