@@ -9,14 +9,14 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <latch>
-#include <cstdio>
 #include <memory>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "bench_util.h"
@@ -94,7 +94,8 @@ class SocketStream {
   Status send_blocks(const std::vector<std::pair<char*, const char*>>& copies, uint64_t block) {
     auto deadline = Clock::now() + std::chrono::seconds(60);
     uint64_t total = block * copies.size();
-    KVF_RETURN_IF_ERROR(send_all(fd_.get(), {reinterpret_cast<std::byte*>(&total), sizeof(total)}, deadline));
+    KVF_RETURN_IF_ERROR(
+        send_all(fd_.get(), {reinterpret_cast<std::byte*>(&total), sizeof(total)}, deadline));
     for (const auto& copy : copies) {
       KVF_RETURN_IF_ERROR(
           send_all(fd_.get(), {reinterpret_cast<const std::byte*>(copy.second), block}, deadline));
@@ -153,8 +154,7 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
       PeerOptions peer_options;
       peer_options.transport = transport;
       KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(peer_name, peer_options));
-      const uint64_t dst_base =
-          remote ? serve->addr : reinterpret_cast<uint64_t>(local_dst.data());
+      const uint64_t dst_base = remote ? serve->addr : reinterpret_cast<uint64_t>(local_dst.data());
       ReferenceCopier reference(threads);
       for (uint64_t block : args.block_bytes) {
         for (int n : args.ops_per_batch) {

@@ -317,8 +317,9 @@ Status measure_call_cost(const KvBenchArgs& args, std::vector<CallCostRow>& rows
       const bool shm = transport != TransportKind::kLocal;  // shm or tcp: the child process
       PeerOptions peer_options;
       peer_options.transport = transport;
-      KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(shm ? serve->endpoint : engine->endpoint(),
-                                                              peer_options));
+      KVF_ASSIGN_OR_RETURN(
+          PeerHandle peer,
+          engine->open_peer(shm ? serve->endpoint : engine->endpoint(), peer_options));
       const TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()),
                           shm ? serve->addr : reinterpret_cast<uint64_t>(local_dst.data()),
                           kCallCostBytes};
@@ -457,7 +458,8 @@ Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
     Status failure;
     std::vector<std::function<bool()>> contestants;
     for (const StrategyPlan& sp : plans) {
-      contestants.push_back([&, plan = &sp.plan] { return execute_once(*plan, *engine, peer, failure); });
+      contestants.push_back(
+          [&, plan = &sp.plan] { return execute_once(*plan, *engine, peer, failure); });
     }
     contestants.push_back([&] {
       reference.run_one_thread();
@@ -473,7 +475,8 @@ Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
         run_interleaved(args.min_time_ms * static_cast<int>(contestants.size()), contestants);
     KVF_RETURN_IF_ERROR(failure);
     double memcpy_p50_us = samples[plans.size()].percentile_us(50);
-    if (threads > 1) memcpy_p50_us = std::min(memcpy_p50_us, samples[plans.size() + 1].percentile_us(50));
+    if (threads > 1)
+      memcpy_p50_us = std::min(memcpy_p50_us, samples[plans.size() + 1].percentile_us(50));
 
     std::vector<KvRow> cell;
     std::optional<double> per_layer_p50;

@@ -55,8 +55,8 @@ class LatencySampler {
 // rounds), after one unmeasured warm-up round. On a shared machine a slow spell then hits
 // every contestant alike, so their ratios stay meaningful. A contestant returning false
 // stops the run. Returns one sampler per contestant.
-inline std::vector<LatencySampler> run_interleaved(int min_time_ms,
-                                                   const std::vector<std::function<bool()>>& contestants) {
+inline std::vector<LatencySampler> run_interleaved(
+    int min_time_ms, const std::vector<std::function<bool()>>& contestants) {
   std::vector<LatencySampler> out(contestants.size());
   for (const auto& c : contestants) {
     if (!c()) return out;
@@ -67,7 +67,8 @@ inline std::vector<LatencySampler> run_interleaved(int min_time_ms,
     for (size_t i = 0; i < contestants.size(); ++i) {
       auto t0 = std::chrono::steady_clock::now();
       if (!contestants[i]()) return out;
-      out[i].add(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+      out[i].add(
+          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
     }
   }
   for (auto& s : out) s.finish();

@@ -77,8 +77,8 @@ int run_bootstrap(const BootstrapArgs& args) {
   Result<StopReason> why = wait_for_stop(signals, !args.ignore_stdin);
   (*server)->stop();
   if (!why.ok()) return fail(why.status());
-  std::cerr << "kvferry bootstrap: "
-            << (*why == StopReason::kSignal ? "signalled" : "end of input") << ", stopped\n";
+  std::cerr << "kvferry bootstrap: " << (*why == StopReason::kSignal ? "signalled" : "end of input")
+            << ", stopped\n";
   return 0;
 }
 
@@ -86,8 +86,8 @@ int run_bootstrap(const BootstrapArgs& args) {
 
 void add_bootstrap_command(CLI::App& app) {
   auto args = std::make_shared<BootstrapArgs>();
-  CLI::App* cmd = app.add_subcommand(
-      "bootstrap", "standalone bootstrap server of one prefill instance (HTTP)");
+  CLI::App* cmd =
+      app.add_subcommand("bootstrap", "standalone bootstrap server of one prefill instance (HTTP)");
   cmd->add_option("--listen", args->listen, "host:port to listen on (port 0: any free port)");
   cmd->add_option("--rank-stale-after-ms", args->rank_stale_after_ms,
                   "report a rank dead when it has not re-registered for this long (0: never)");

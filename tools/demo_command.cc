@@ -79,14 +79,14 @@ Result<Worker> spawn_worker(std::vector<std::string> argv, uint32_t instance) {
 std::vector<std::string> worker_argv(const DemoArgs& a, const char* role, uint32_t tp_size,
                                      uint32_t tp_rank) {
   return {self_executable(), role,
-          "--model", a.worker.model,
-          "--page-tokens", std::to_string(a.worker.page_tokens),
-          "--pool-pages", std::to_string(a.worker.pool_pages),
-          "--tp-size", std::to_string(tp_size),
-          "--tp-rank", std::to_string(tp_rank),
-          "--transport", a.worker.transport,
-          "--heartbeat-ms", std::to_string(a.worker.heartbeat_ms),
-          "--threads", std::to_string(a.worker.threads)};
+          "--model",         a.worker.model,
+          "--page-tokens",   std::to_string(a.worker.page_tokens),
+          "--pool-pages",    std::to_string(a.worker.pool_pages),
+          "--tp-size",       std::to_string(tp_size),
+          "--tp-rank",       std::to_string(tp_rank),
+          "--transport",     a.worker.transport,
+          "--heartbeat-ms",  std::to_string(a.worker.heartbeat_ms),
+          "--threads",       std::to_string(a.worker.threads)};
 }
 
 Status run_demo(const DemoArgs& args, DemoSummary& out) {
@@ -99,10 +99,10 @@ Status run_demo(const DemoArgs& args, DemoSummary& out) {
   const uint32_t page = args.worker.page_tokens;
   if (args.requests <= 0 || page == 0 || args.min_tokens == 0 ||
       args.min_tokens > args.max_tokens || args.decode_instances == 0) {
-    return InvalidArgument(fmt::format(
-        "demo: need requests > 0, page tokens > 0, 0 < min-tokens <= max-tokens and "
-        "decode-instances > 0 (got {}, {}, {}, {}, {})",
-        args.requests, page, args.min_tokens, args.max_tokens, args.decode_instances));
+    return InvalidArgument(
+        fmt::format("demo: need requests > 0, page tokens > 0, 0 < min-tokens <= max-tokens and "
+                    "decode-instances > 0 (got {}, {}, {}, {}, {})",
+                    args.requests, page, args.min_tokens, args.max_tokens, args.decode_instances));
   }
   const uint32_t max_pages = (args.max_tokens + page - 1) / page;
   if (max_pages > args.worker.pool_pages) {
@@ -128,7 +128,8 @@ Status run_demo(const DemoArgs& args, DemoSummary& out) {
   }
   for (uint32_t i = 0; i < args.decode_instances; ++i) {
     for (uint32_t r = 0; r < args.decode_tp; ++r) {
-      KVF_ASSIGN_OR_RETURN(Worker w, spawn_worker(worker_argv(args, "pd-decode", args.decode_tp, r), i));
+      KVF_ASSIGN_OR_RETURN(Worker w,
+                           spawn_worker(worker_argv(args, "pd-decode", args.decode_tp, r), i));
       decodes.push_back(std::move(w));
     }
   }
@@ -215,7 +216,8 @@ Status run_demo(const DemoArgs& args, DemoSummary& out) {
           Result<std::string> line = w.process.read_line(kPollLine);
           if (!line.ok()) {
             if (line.status().code() == StatusCode::kTimeout) break;
-            return Status(line.status().code(), "demo: a worker exited: " + line.status().message());
+            return Status(line.status().code(),
+                          "demo: a worker exited: " + line.status().message());
           }
           KVF_RETURN_IF_ERROR(handle_line(*line, group == &prefills));
         }
@@ -276,8 +278,8 @@ void print_summary(const DemoArgs& args, const DemoSummary& s) {
       "  latency/request p50 {:.3f} ms, p99 {:.3f} ms (TransferRequest sent -> Success)\n"
       "  throughput      {:.2f} GB/s over {:.2f} s\n",
       args.worker.model, args.prefill_tp, args.decode_tp, s.requests, s.succeeded, s.failed,
-      s.bytes, s.bytes / 1048576.0, s.pages_verified, s.corrupt_pages, s.p50_ms, s.p99_ms,
-      s.gbps, s.seconds);
+      s.bytes, s.bytes / 1048576.0, s.pages_verified, s.corrupt_pages, s.p50_ms, s.p99_ms, s.gbps,
+      s.seconds);
   if (!s.first_error.empty()) std::cout << "  first error     " << s.first_error << "\n";
 }
 

@@ -42,8 +42,8 @@ uint64_t pages_checksum(const pd::RankBuffers& b, const std::vector<kv::PageInde
   uint64_t sum = 0;
   for (const kv::KvEntry& e : b.layout.entries()) {
     for (kv::PageIndex p : pages) {
-      sum = sum * 31 + checksum({reinterpret_cast<const std::byte*>(e.base + p * e.page_stride),
-                                 e.item_len});
+      sum = sum * 31 +
+            checksum({reinterpret_cast<const std::byte*>(e.base + p * e.page_stride), e.item_len});
     }
   }
   return sum;
@@ -58,8 +58,8 @@ int run_decode(const WorkerArgs& args) {
   if (!model.ok()) return fail(model.status());
   auto engine = make_worker_engine(args, "decode");
   if (!engine.ok()) return fail(engine.status());
-  auto rank = setup_rank(**engine, *model, args.page_tokens, args.pool_pages, args.tp_size,
-                         args.tp_rank);
+  auto rank =
+      setup_rank(**engine, *model, args.page_tokens, args.pool_pages, args.tp_size, args.tp_rank);
   if (!rank.ok()) return fail(rank.status());
   pd::DecodeClientOptions options;
   options.engine = engine->get();
@@ -92,22 +92,22 @@ int run_decode(const WorkerArgs& args) {
       }
       for (auto& job : finished) {
         if (job->receiver.poll() == pd::RequestState::kSuccess) {
-          uint64_t corrupt = pd::count_corrupt_pages(rank->buffers.layout, job->pages,
-                                                     job->tokens, job->room, rank->heads);
+          uint64_t corrupt = pd::count_corrupt_pages(rank->buffers.layout, job->pages, job->tokens,
+                                                     job->room, rank->heads);
           if (pd::count_corrupt_rows(rank->buffers.aux, job->pages.front(), job->room) != 0 &&
               corrupt == 0) {
             corrupt = 1;  // a wrong aux row counts against the request's first page
           }
-          auto us = std::chrono::duration_cast<std::chrono::microseconds>(
-                        job->receiver.transfer_time())
-                        .count();
+          auto us =
+              std::chrono::duration_cast<std::chrono::microseconds>(job->receiver.transfer_time())
+                  .count();
           allocator.release(job->pages);  // before the reply: the demo reuses them at once
-          out.line(fmt::format("done {} ok {} {} {} {}", job->room, us, job->pages.size(),
-                               corrupt, job->tokens * rank->bytes_per_token));
+          out.line(fmt::format("done {} ok {} {} {} {}", job->room, us, job->pages.size(), corrupt,
+                               job->tokens * rank->bytes_per_token));
         } else {
           allocator.release(job->pages);
-          out.line(fmt::format("done {} failed {}", job->room,
-                               job->receiver.failure().to_string()));
+          out.line(
+              fmt::format("done {} failed {}", job->room, job->receiver.failure().to_string()));
         }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -154,8 +154,7 @@ int run_decode(const WorkerArgs& args) {
       // Pages may be landing while they are counted: a snapshot, for progress only.
       const uint64_t corrupt = pd::count_corrupt_pages(rank->buffers.layout, job->pages,
                                                        job->tokens, job->room, rank->heads);
-      out.line(fmt::format("check {} {} {} {}", room,
-                           pd::request_state_name(job->receiver.poll()),
+      out.line(fmt::format("check {} {} {} {}", room, pd::request_state_name(job->receiver.poll()),
                            job->pages.size() - corrupt, job->pages.size()));
     } else if (verb == "abort" && (in >> room)) {
       std::shared_ptr<Job> job;

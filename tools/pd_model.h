@@ -86,8 +86,9 @@ inline Result<RankSetup> setup_rank(TransferEngine& engine, const ModelPreset& m
   RankSetup r;
   r.tp = {tp_rank, tp_size, m.kind == ModelKind::kMha ? m.kv_heads : 0};
   r.heads = pd::head_range_for_rank(r.tp.total_kv_heads, tp_size, tp_rank);
-  kv::MhaShape mha{m.layers, page_tokens, std::max(1u, m.kv_heads / tp_size), m.head_dim,
-                   m.head_dim, m.dtype_bytes, pool_pages};
+  kv::MhaShape mha{m.layers,   page_tokens, std::max(1u, m.kv_heads / tp_size),
+                   m.head_dim, m.head_dim,  m.dtype_bytes,
+                   pool_pages};
   kv::MlaShape mla{m.layers, page_tokens, m.bytes_per_token, pool_pages};
   const bool is_mla = m.kind == ModelKind::kMla;
   uint64_t kv_bytes = 0;

@@ -3,15 +3,16 @@
 // then reads commands on stdin and answers on stdout, one line each:
 //   req ROOM TOKENS   run "chunked prefill" of a TOKENS-token prompt: fill each chunk's
 //                     pages with the (room, layer, token) pattern and send it   -> done ROOM ok
-//                                                                             | done ROOM failed WHY
+//                                                                             | done ROOM failed
+//                                                                             WHY
 //   quit              (or end of input) exits
 #include <unistd.h>
 
 #include <atomic>
 #include <iostream>
 #include <list>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
 #include "commands.h"
@@ -52,9 +53,10 @@ int run_prefill(const PrefillArgs& args) {
                          args.worker.tp_size, args.worker.tp_rank);
   if (!rank.ok()) return fail(rank.status());
   if (args.chunk_tokens == 0 || args.chunk_tokens % args.worker.page_tokens != 0) {
-    return fail(InvalidArgument(fmt::format("--chunk-tokens {} is not a positive multiple of "
-                                            "--page-tokens {}",
-                                            args.chunk_tokens, args.worker.page_tokens)));
+    return fail(
+        InvalidArgument(fmt::format("--chunk-tokens {} is not a positive multiple of "
+                                    "--page-tokens {}",
+                                    args.chunk_tokens, args.worker.page_tokens)));
   }
   pd::PrefillServerOptions options;
   options.engine = engine->get();
@@ -65,9 +67,8 @@ int run_prefill(const PrefillArgs& args) {
   auto server = pd::PrefillServer::create(options);
   if (!server.ok()) return fail(server.status());
   WorkerOutput out;
-  out.line(nlohmann::json{{"ready", true},
-                          {"control", (*server)->control_endpoint()},
-                          {"pid", ::getpid()}}
+  out.line(nlohmann::json{
+      {"ready", true}, {"control", (*server)->control_endpoint()}, {"pid", ::getpid()}}
                .dump());
 
   PageAllocator allocator(args.worker.pool_pages);

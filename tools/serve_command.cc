@@ -51,7 +51,8 @@ void run_sink(Fd listener, std::byte* base, uint64_t capacity) {
     for (;;) {
       uint64_t length = 0;
       auto forever = Clock::now() + std::chrono::hours(24);
-      if (!recv_all(conn.get(), {reinterpret_cast<std::byte*>(&length), sizeof(length)}, forever).ok()) {
+      if (!recv_all(conn.get(), {reinterpret_cast<std::byte*>(&length), sizeof(length)}, forever)
+               .ok()) {
         break;
       }
       if (length > capacity) break;

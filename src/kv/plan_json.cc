@@ -2,8 +2,6 @@
 // file only maps fields to the planner's types and names every bad value it finds.
 #include "kvferry/kv/plan_json.h"
 
-#include "core/json_excerpt.h"
-
 #include <algorithm>
 #include <array>
 #include <charconv>
@@ -11,6 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+
+#include "core/json_excerpt.h"
 
 namespace kvferry::kv {
 namespace {
@@ -29,9 +29,7 @@ Status field_error(std::string_view field, const std::string& what) {
   return InvalidArgument("field '" + std::string(field) + "': " + what);
 }
 
-std::string show(const json& value) {
-  return json_excerpt(value);
-}
+std::string show(const json& value) { return json_excerpt(value); }
 
 Result<uint64_t> to_unsigned(const json& value, std::string_view field, uint64_t max) {
   if (!value.is_number_unsigned()) {

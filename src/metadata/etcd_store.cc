@@ -15,7 +15,8 @@ using json = nlohmann::json;
 std::string base64_encode(std::string_view in) {
   std::string out(4 * ((in.size() + 2) / 3), '\0');
   int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+                          reinterpret_cast<const unsigned char*>(in.data()),
+                          static_cast<int>(in.size()));
   out.resize(static_cast<size_t>(n));
   return out;
 }
@@ -24,7 +25,8 @@ Result<std::string> base64_decode(std::string_view in) {
   if (in.size() % 4 != 0) return ProtocolError("etcd: value is not base64");
   std::string out(3 * in.size() / 4, '\0');
   int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
-                          reinterpret_cast<const unsigned char*>(in.data()), static_cast<int>(in.size()));
+                          reinterpret_cast<const unsigned char*>(in.data()),
+                          static_cast<int>(in.size()));
   if (n < 0) return ProtocolError("etcd: value is not base64");
   size_t padding = 0;
   for (size_t i = in.size(); i > 0 && in[i - 1] == '='; --i) ++padding;
@@ -98,12 +100,13 @@ Result<std::string> EtcdStore::call(const std::string& path, const std::string& 
 
 Status EtcdStore::grant_and_put_locked() {
   KVF_ASSIGN_OR_RETURN(std::string granted,
-                       call("/v3/lease/grant",
-                            json{{"TTL", options_.record_ttl.count()}}.dump(), options_.io_timeout));
+                       call("/v3/lease/grant", json{{"TTL", options_.record_ttl.count()}}.dump(),
+                            options_.io_timeout));
   json g = json::parse(granted, nullptr, false);
   if (g.is_discarded() || !g.contains("ID")) return ProtocolError("etcd lease grant: " + granted);
   lease_ = json_int64(g["ID"]);
-  json put = {{"key", base64_encode(key_)}, {"value", base64_encode(value_)},
+  json put = {{"key", base64_encode(key_)},
+              {"value", base64_encode(value_)},
               {"lease", std::to_string(lease_)}};
   return call("/v3/kv/put", put.dump(), options_.io_timeout).status();
 }
@@ -113,7 +116,8 @@ Status EtcdStore::publish(const std::string& key, const std::string& value) {
   key_ = metadata_key(key);
   value_ = value;
   if (lease_ == 0) return grant_and_put_locked();
-  json put = {{"key", base64_encode(key_)}, {"value", base64_encode(value_)},
+  json put = {{"key", base64_encode(key_)},
+              {"value", base64_encode(value_)},
               {"lease", std::to_string(lease_)}};
   auto reply = call("/v3/kv/put", put.dump(), options_.io_timeout);
   if (reply.ok()) return Status::Ok();
@@ -124,8 +128,8 @@ Status EtcdStore::publish(const std::string& key, const std::string& value) {
 void EtcdStore::keep_alive() {
   std::lock_guard lock(mu_);
   if (lease_ == 0) return;
-  auto reply = call("/v3/lease/keepalive", json{{"ID", std::to_string(lease_)}}.dump(),
-                    options_.io_timeout);
+  auto reply =
+      call("/v3/lease/keepalive", json{{"ID", std::to_string(lease_)}}.dump(), options_.io_timeout);
   bool alive = false;
   if (reply.ok()) {
     json r = json::parse(*reply, nullptr, false);
@@ -145,8 +149,9 @@ Result<std::string> EtcdStore::fetch(const std::string& key, Clock::time_point d
   std::string reply_body;
   {
     std::lock_guard lock(mu_);
-    KVF_ASSIGN_OR_RETURN(reply_body,
-                         call("/v3/kv/range", json{{"key", base64_encode(metadata_key(key))}}.dump(), left));
+    KVF_ASSIGN_OR_RETURN(
+        reply_body,
+        call("/v3/kv/range", json{{"key", base64_encode(metadata_key(key))}}.dump(), left));
   }
   json r = json::parse(reply_body, nullptr, false);
   if (r.is_discarded()) return ProtocolError("etcd range reply is not JSON");

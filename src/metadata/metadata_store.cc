@@ -9,7 +9,8 @@
 namespace kvferry {
 namespace {
 
-constexpr std::string_view kValidSchemes = "p2p, etcd://host:port[,host:port...], redis://host:port";
+constexpr std::string_view kValidSchemes =
+    "p2p, etcd://host:port[,host:port...], redis://host:port";
 
 // The embedded default: the handshake server serves the descriptor, so publishing is the
 // engine's own business and fetching asks the peer directly.
@@ -31,11 +32,12 @@ Result<std::vector<Endpoint>> parse_endpoints(std::string_view uri, std::string_
   size_t start = 0;
   while (start <= list.size()) {
     size_t comma = list.find(',', start);
-    std::string_view one = list.substr(start, comma == std::string_view::npos ? list.npos : comma - start);
+    std::string_view one =
+        list.substr(start, comma == std::string_view::npos ? list.npos : comma - start);
     auto endpoint = parse_endpoint(one);
     if (!endpoint.ok()) {
-      return InvalidArgument("metadata URI '" + std::string(uri) + "': " +
-                             endpoint.status().message());
+      return InvalidArgument("metadata URI '" + std::string(uri) +
+                             "': " + endpoint.status().message());
     }
     endpoints.push_back(*endpoint);
     if (comma == std::string_view::npos) break;
@@ -59,20 +61,22 @@ Result<std::unique_ptr<MetadataStore>> open_metadata_store(std::string_view uri,
     std::string_view rest = uri.substr(scheme_end + 3);
     if (scheme == "etcd") {
       KVF_ASSIGN_OR_RETURN(auto endpoints, parse_endpoints(uri, rest));
-      KVF_ASSIGN_OR_RETURN(auto store, EtcdStore::open(std::string(uri), std::move(endpoints), options));
+      KVF_ASSIGN_OR_RETURN(auto store,
+                           EtcdStore::open(std::string(uri), std::move(endpoints), options));
       return std::unique_ptr<MetadataStore>(std::move(store));
     }
     if (scheme == "redis") {
       KVF_ASSIGN_OR_RETURN(auto endpoints, parse_endpoints(uri, rest));
       if (endpoints.size() != 1) {
-        return InvalidArgument("metadata URI '" + std::string(uri) + "': redis takes one host:port");
+        return InvalidArgument("metadata URI '" + std::string(uri) +
+                               "': redis takes one host:port");
       }
       KVF_ASSIGN_OR_RETURN(auto store, RedisStore::open(std::string(uri), endpoints[0], options));
       return std::unique_ptr<MetadataStore>(std::move(store));
     }
   }
-  return InvalidArgument("unknown metadata backend '" + std::string(uri) + "' (valid: " +
-                         std::string(kValidSchemes) + ")");
+  return InvalidArgument("unknown metadata backend '" + std::string(uri) +
+                         "' (valid: " + std::string(kValidSchemes) + ")");
 }
 
 }  // namespace kvferry

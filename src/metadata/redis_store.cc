@@ -93,7 +93,8 @@ Status RedisStore::publish(const std::string& key, const std::string& value) {
 void RedisStore::keep_alive() {
   std::lock_guard lock(mu_);
   if (key_.empty()) return;
-  if (Status s = set_locked(); !s.ok()) log().warn("redis: refreshing {} failed: {}", key_, s.to_string());
+  if (Status s = set_locked(); !s.ok())
+    log().warn("redis: refreshing {} failed: {}", key_, s.to_string());
 }
 
 Result<std::string> RedisStore::fetch(const std::string& key, Clock::time_point) {

@@ -43,9 +43,9 @@ Result<nlohmann::json> to_result(const std::string& address, const std::string& 
 BootstrapClient::BootstrapClient(std::string address, std::chrono::milliseconds timeout)
     : address_(std::move(address)), timeout_(timeout) {}
 
-#define KVF_BOOTSTRAP_CLIENT(client)                                    \
-  KVF_ASSIGN_OR_RETURN(Endpoint endpoint_, parse_endpoint(address_));   \
-  httplib::Client client(endpoint_.host, endpoint_.port);               \
+#define KVF_BOOTSTRAP_CLIENT(client)                                  \
+  KVF_ASSIGN_OR_RETURN(Endpoint endpoint_, parse_endpoint(address_)); \
+  httplib::Client client(endpoint_.host, endpoint_.port);             \
   set_timeouts(client, timeout_)
 
 Status BootstrapClient::register_rank(const RankRegistration& rank) const {
@@ -58,12 +58,13 @@ Result<InstanceLayout> BootstrapClient::layout() const {
   KVF_BOOTSTRAP_CLIENT(client);
   KVF_ASSIGN_OR_RETURN(nlohmann::json body, to_result(address_, "layout", client.Get("/layout")));
   Result<InstanceLayout> layout = layout_from_json(body);
-  if (!layout.ok()) return ProtocolError("bootstrap " + address_ + ": " + layout.status().message());
+  if (!layout.ok())
+    return ProtocolError("bootstrap " + address_ + ": " + layout.status().message());
   return layout;
 }
 
-Result<RankRegistration> BootstrapClient::rank(uint32_t tp_rank, uint32_t pp_rank,
-                                               uint32_t cp_rank, uint32_t dp_rank) const {
+Result<RankRegistration> BootstrapClient::rank(uint32_t tp_rank, uint32_t pp_rank, uint32_t cp_rank,
+                                               uint32_t dp_rank) const {
   KVF_BOOTSTRAP_CLIENT(client);
   httplib::Params params = {{"tp_rank", std::to_string(tp_rank)},
                             {"pp_rank", std::to_string(pp_rank)},
@@ -87,7 +88,8 @@ Result<HealthReport> BootstrapClient::health() const {
   }
   KVF_ASSIGN_OR_RETURN(nlohmann::json body, to_result(address_, "health", res));
   Result<HealthReport> report = health_from_json(body);
-  if (!report.ok()) return ProtocolError("bootstrap " + address_ + ": " + report.status().message());
+  if (!report.ok())
+    return ProtocolError("bootstrap " + address_ + ": " + report.status().message());
   return report;
 }
 

@@ -1,8 +1,8 @@
 #include "pd/bootstrap_json.h"
 
-#include "core/json_excerpt.h"
-
 #include <limits>
+
+#include "core/json_excerpt.h"
 
 namespace kvferry::pd {
 namespace {
@@ -61,9 +61,12 @@ json to_json(const RankRegistration& r) {
 }
 
 json to_json(const InstanceLayout& l) {
-  return {{"tp_size", l.tp_size},     {"pp_size", l.pp_size},
-          {"cp_size", l.cp_size},     {"dp_size", l.dp_size},
-          {"page_size", l.page_size_tokens}, {"dtype_bytes", l.dtype_bytes}};
+  return {{"tp_size", l.tp_size},
+          {"pp_size", l.pp_size},
+          {"cp_size", l.cp_size},
+          {"dp_size", l.dp_size},
+          {"page_size", l.page_size_tokens},
+          {"dtype_bytes", l.dtype_bytes}};
 }
 
 json to_json(const HealthReport& h) {

@@ -38,8 +38,8 @@ void reply_error(httplib::Response& res, int code, const std::string& message) {
 }
 
 // Parses an optional unsigned query parameter; false (with the reply sent) when malformed.
-bool query_uint(const httplib::Request& req, httplib::Response& res, const char* key,
-                bool required, uint32_t& out) {
+bool query_uint(const httplib::Request& req, httplib::Response& res, const char* key, bool required,
+                uint32_t& out) {
   if (!req.has_param(key)) {
     if (required) reply_error(res, kHttpBadRequest, std::string("missing parameter '") + key + "'");
     return !required;
@@ -120,8 +120,7 @@ class BootstrapServer::Impl {
       RankKey key{rank->dp_rank, rank->pp_rank, rank->cp_rank, rank->tp_rank};
       auto [it, inserted] = ranks_.insert_or_assign(key, Registered{*rank, Clock::now()});
       if (inserted) {
-        log().info("bootstrap: registered tp rank {} at {}", rank->tp_rank,
-                   rank->control_endpoint);
+        log().info("bootstrap: registered tp rank {} at {}", rank->tp_rank, rank->control_endpoint);
       }
       reply(res, kHttpOk, {{"ok", true}});
     });
@@ -130,13 +129,15 @@ class BootstrapServer::Impl {
       if (!complete_locked()) return reply_error(res, kHttpUnavailable, waiting_message_locked());
       const RankRegistration& r = ranks_.begin()->second.rank;
       reply(res, kHttpOk,
-            to_json(InstanceLayout{r.tp_size, r.pp_size, r.cp_size, r.dp_size,
-                                   r.page_size_tokens, r.dtype_bytes}));
+            to_json(InstanceLayout{r.tp_size, r.pp_size, r.cp_size, r.dp_size, r.page_size_tokens,
+                                   r.dtype_bytes}));
     });
     server_.Get("/rank", [this](const httplib::Request& req, httplib::Response& res) {
       uint32_t tp = 0, pp = 0, cp = 0, dp = 0;
-      if (!query_uint(req, res, "tp_rank", true, tp) || !query_uint(req, res, "pp_rank", false, pp) ||
-          !query_uint(req, res, "cp_rank", false, cp) || !query_uint(req, res, "dp_rank", false, dp)) {
+      if (!query_uint(req, res, "tp_rank", true, tp) ||
+          !query_uint(req, res, "pp_rank", false, pp) ||
+          !query_uint(req, res, "cp_rank", false, cp) ||
+          !query_uint(req, res, "dp_rank", false, dp)) {
         return;
       }
       std::lock_guard lock(mu_);
@@ -179,16 +180,15 @@ class BootstrapServer::Impl {
         return reply_error(res, kHttpNotFound, "no route " + req.method + " " + req.path);
       }
       reply_error(res, res.status,
-                  "refused a malformed request (method '" + req.method + "', path '" +
-                      req.path + "', " + std::to_string(req.body.size()) + " body bytes)");
+                  "refused a malformed request (method '" + req.method + "', path '" + req.path +
+                      "', " + std::to_string(req.body.size()) + " body bytes)");
     });
   }
 
   bool complete_locked() const {
     if (ranks_.empty()) return false;
     const RankRegistration& r = ranks_.begin()->second.rank;
-    return ranks_.size() ==
-           static_cast<size_t>(r.tp_size) * r.pp_size * r.cp_size * r.dp_size;
+    return ranks_.size() == static_cast<size_t>(r.tp_size) * r.pp_size * r.cp_size * r.dp_size;
   }
 
   std::string waiting_message_locked() const {

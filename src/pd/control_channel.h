@@ -60,7 +60,8 @@ class ControlChannel {
   }
 
  private:
-  ControlChannel(Fd fd, std::string peer_name) : fd_(std::move(fd)), peer_name_(std::move(peer_name)) {}
+  ControlChannel(Fd fd, std::string peer_name)
+      : fd_(std::move(fd)), peer_name_(std::move(peer_name)) {}
   void read_loop();
   Status read_one(ControlMessage& out);
 

@@ -90,8 +90,8 @@ void encode(ByteWriter& w, const Heartbeat& m) {
 }
 
 Status malformed(MessageType type, std::string_view what) {
-  return ProtocolError("malformed " + std::string(message_type_name(type)) + " message: " +
-                       std::string(what));
+  return ProtocolError("malformed " + std::string(message_type_name(type)) +
+                       " message: " + std::string(what));
 }
 
 Result<ControlMessage> decode_register_layout(ByteReader& r) {
@@ -125,8 +125,7 @@ Result<ControlMessage> decode_register_layout(ByteReader& r) {
     }
     if (role > kMaxRole || draft > 1) {
       return malformed(MessageType::kRegisterLayout, "entry role " + std::to_string(role) +
-                                                         " or draft flag " +
-                                                         std::to_string(draft));
+                                                         " or draft flag " + std::to_string(draft));
     }
     e.role = static_cast<kv::KvRole>(role);
     e.draft = draft == 1;
@@ -193,8 +192,8 @@ Result<ControlMessage> decode_payload(MessageType type, ByteReader& r) {
         return malformed(type, "truncated");
       }
       if (state > static_cast<uint8_t>(kMaxRequestState) || !valid_code(code)) {
-        return malformed(type, "state " + std::to_string(state) + " or code " +
-                                   std::to_string(code));
+        return malformed(type,
+                         "state " + std::to_string(state) + " or code " + std::to_string(code));
       }
       m.state = static_cast<RequestState>(state);
       m.code = static_cast<StatusCode>(code);

@@ -96,7 +96,8 @@ Result<KvReceiver> DecodeClientImpl::create_receiver(const std::string& bootstra
     inst = slot;
     r = std::make_shared<ReceiverState>(room, this, inst);
     rooms_[room] = r;
-    if (inst->phase == PrefillInstance::Phase::kReady) r->cell.advance(RequestState::kWaitingForInput);
+    if (inst->phase == PrefillInstance::Phase::kReady)
+      r->cell.advance(RequestState::kWaitingForInput);
   }
   if (connect) bootstrap_pool_->post([this, inst] { connect_instance(inst); });
   return KvReceiver(r);
@@ -133,9 +134,9 @@ void DecodeClientImpl::connect_instance(const std::shared_ptr<PrefillInstance>& 
 
 Status DecodeClientImpl::connect_links(const std::shared_ptr<PrefillInstance>& inst) {
   const auto deadline = Clock::now() + options_.timeouts.bootstrap_timeout;
-  BootstrapClient bootstrap(inst->bootstrap_address,
-                            std::max(std::chrono::milliseconds(200),
-                                     options_.timeouts.heartbeat_interval));
+  BootstrapClient bootstrap(
+      inst->bootstrap_address,
+      std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval));
   auto retryable = [](const Status& s) {
     return s.code() == StatusCode::kFailedPrecondition || s.code() == StatusCode::kPeerUnreachable;
   };
@@ -154,9 +155,9 @@ Status DecodeClientImpl::connect_links(const std::shared_ptr<PrefillInstance>& i
     std::this_thread::sleep_for(kBootstrapRetry);
     layout = bootstrap.layout();
   }
-  KVF_ASSIGN_OR_RETURN(std::vector<uint32_t> ranks,
-                       kv::prefill_ranks_for_decode_rank(layout->tp_size, options_.tp.size,
-                                                         options_.tp.rank));
+  KVF_ASSIGN_OR_RETURN(
+      std::vector<uint32_t> ranks,
+      kv::prefill_ranks_for_decode_rank(layout->tp_size, options_.tp.size, options_.tp.rank));
   inst->layout = *layout;
   inst->ranks = ranks;
   for (uint32_t rank : ranks) {
@@ -279,8 +280,8 @@ void DecodeClientImpl::kill_instance(const std::shared_ptr<PrefillInstance>& ins
   }
   for (auto& link : links) link->channel->close();
   if (!affected.empty()) {
-    log().warn("decode: prefill instance {} failed: {} ({} requests fail)",
-               inst->bootstrap_address, reason.message(), affected.size());
+    log().warn("decode: prefill instance {} failed: {} ({} requests fail)", inst->bootstrap_address,
+               reason.message(), affected.size());
   }
   for (auto& r : affected) {
     fail(r, reason);
@@ -300,9 +301,9 @@ std::shared_ptr<ReceiverState> DecodeClientImpl::find_room(uint64_t room) const 
 }
 
 void DecodeClientImpl::check_health(const std::shared_ptr<PrefillInstance>& inst) {
-  BootstrapClient bootstrap(inst->bootstrap_address,
-                            std::max(std::chrono::milliseconds(50),
-                                     options_.timeouts.heartbeat_interval / 2));
+  BootstrapClient bootstrap(
+      inst->bootstrap_address,
+      std::max(std::chrono::milliseconds(50), options_.timeouts.heartbeat_interval / 2));
   Result<HealthReport> health = bootstrap.health();
   const auto now = Clock::now();
   if (health.ok()) {
@@ -370,9 +371,9 @@ void DecodeClientImpl::monitor_loop() {
     for (auto& inst : ready) {
       for (auto& [rank, link] : inst->links) {
         if (now - link->channel->last_received() > t.effective_heartbeat_timeout()) {
-          kill_instance(inst, PeerDisconnected(rank_name(*inst, rank) + " silent for more than " +
-                                               std::to_string(t.effective_heartbeat_timeout().count()) +
-                                               " ms"));
+          kill_instance(inst, PeerDisconnected(
+                                  rank_name(*inst, rank) + " silent for more than " +
+                                  std::to_string(t.effective_heartbeat_timeout().count()) + " ms"));
           break;
         }
         if (beat) link->channel->send(Heartbeat{sequence, engine_.incarnation()}).ignore();

@@ -138,8 +138,8 @@ Status KvReceiver::init(std::vector<kv::PageIndex> dst_pages, uint64_t aux_row,
 
 void KvReceiver::abort(std::string reason) {
   if (!state_) return;
-  state_->client->abort(state_, Cancelled("room " + std::to_string(state_->room) +
-                                          " aborted by decode: " + reason));
+  state_->client->abort(
+      state_, Cancelled("room " + std::to_string(state_->room) + " aborted by decode: " + reason));
 }
 
 Status KvReceiver::wait_abort_acked(std::chrono::milliseconds timeout) const {

@@ -29,13 +29,12 @@ Result<kv::TransferPlan> PrefillServerImpl::plan_chunk(const Destination& dst,
                                                        uint64_t dst_offset) const {
   const DecodePeer& peer = *dst.peer;
   kv::PlanOptions po;
-  po.strategy = options_.send.strategy.value_or(
-      kv::default_send_strategy(peer.engine_peer.transport()));
+  po.strategy =
+      options_.send.strategy.value_or(kv::default_send_strategy(peer.engine_peer.transport()));
   if (po.strategy == kv::SendStrategy::kIndexSharded) {
     po.max_pages_per_call = options_.send.max_pages_per_call;
   }
-  std::span<const kv::PageIndex> dst_pages(dst.request.dst_pages.data() + dst_offset,
-                                           pages.size());
+  std::span<const kv::PageIndex> dst_pages(dst.request.dst_pages.data() + dst_offset, pages.size());
   const kv::KvLayout& src = options_.buffers.layout;
   if (needs_head_slicing(src, options_.tp.size, peer.registration.tp_size)) {
     kv::TpPair tp{options_.tp.size, options_.tp.rank, peer.registration.tp_size,
@@ -86,9 +85,8 @@ Status PrefillServerImpl::send_chunk(const std::shared_ptr<SenderState>& s,
     if (s->last_queued) return FailedPrecondition(room + ": the last chunk was already sent");
     for (const Destination& dst : s->dsts) {
       const uint64_t capacity = dst.request.dst_pages.size();
-      if (!dst.request.dummy &&
-          (s->pages_sent + pages.size() > capacity ||
-           (last != nullptr && s->pages_sent + pages.size() != capacity))) {
+      if (!dst.request.dummy && (s->pages_sent + pages.size() > capacity ||
+                                 (last != nullptr && s->pages_sent + pages.size() != capacity))) {
         return OutOfRange(room + ": " + std::to_string(s->pages_sent + pages.size()) +
                           " pages sent" + (last ? " in all" : " so far") + " but decode " +
                           dst.peer->name() + " gave " + std::to_string(capacity));
@@ -141,8 +139,8 @@ void PrefillServerImpl::run_plans(const std::shared_ptr<SenderState>& s,
     }
   }
   if (!result.ok() && result.code() != StatusCode::kCancelled) {
-    fail(s, Status(result.code(), "room " + std::to_string(s->room) + " to " + peer->name() +
-                                      ": " + result.message()));
+    fail(s, Status(result.code(), "room " + std::to_string(s->room) + " to " + peer->name() + ": " +
+                                      result.message()));
   } else if (!result.ok()) {
     fail(s, result);
   }
@@ -202,7 +200,9 @@ void PrefillServerImpl::finish_if_drained(const std::shared_ptr<SenderState>& s)
 }  // namespace detail
 
 uint64_t KvSender::room() const { return state_ ? state_->room : 0; }
-RequestState KvSender::poll() const { return state_ ? state_->cell.state() : RequestState::kFailed; }
+RequestState KvSender::poll() const {
+  return state_ ? state_->cell.state() : RequestState::kFailed;
+}
 Status KvSender::failure() const {
   return state_ ? state_->cell.failure() : FailedPrecondition("empty KvSender");
 }
@@ -220,8 +220,8 @@ Status KvSender::send(std::span<const kv::PageIndex> pages, const LastChunkExtra
 
 void KvSender::abort(std::string reason) {
   if (!state_) return;
-  state_->server->fail(state_, Cancelled("room " + std::to_string(state_->room) +
-                                         " aborted by prefill: " + reason));
+  state_->server->fail(
+      state_, Cancelled("room " + std::to_string(state_->room) + " aborted by prefill: " + reason));
   state_->server->finish_if_drained(state_);
 }
 

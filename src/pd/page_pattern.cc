@@ -27,8 +27,8 @@ void for_each_token(const kv::KvLayout& layout, const kv::KvEntry& e, kv::PageIn
   const uint64_t first = page_index * page_tokens;
   const uint64_t last = std::min(num_tokens, first + page_tokens);
   auto* base = reinterpret_cast<std::byte*>(e.base + page * e.page_stride);
-  const bool sliced = heads.total_kv_heads != 0 &&
-                      (e.role == kv::KvRole::kKey || e.role == kv::KvRole::kValue);
+  const bool sliced =
+      heads.total_kv_heads != 0 && (e.role == kv::KvRole::kKey || e.role == kv::KvRole::kValue);
   if (!sliced) {  // the page's tokens are one contiguous piece of the stream
     fn(base, first * token_bytes, (last - first) * token_bytes);
     return;
@@ -36,8 +36,8 @@ void for_each_token(const kv::KvLayout& layout, const kv::KvEntry& e, kv::PageIn
   const uint32_t local_heads = std::max<uint32_t>(1, layout.info().kv_heads);
   const uint64_t head_bytes = token_bytes / local_heads;
   for (uint64_t t = first; t < last; ++t) {
-    fn(base + (t - first) * token_bytes,
-       (t * heads.total_kv_heads + heads.head_start) * head_bytes, token_bytes);
+    fn(base + (t - first) * token_bytes, (t * heads.total_kv_heads + heads.head_start) * head_bytes,
+       token_bytes);
   }
 }
 

@@ -63,8 +63,9 @@ Status PrefillServerImpl::register_with_bootstrap() {
   r.incarnation = engine_.incarnation();
   r.page_size_tokens = options_.buffers.layout.info().page_size_tokens;
   r.dtype_bytes = options_.buffers.layout.info().dtype_bytes;
-  BootstrapClient client(options_.bootstrap_address,
-                         std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval));
+  BootstrapClient client(
+      options_.bootstrap_address,
+      std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval));
   return client.register_rank(r);
 }
 
@@ -127,8 +128,7 @@ void PrefillServerImpl::on_message(const std::shared_ptr<DecodePeer>& peer,
              message_type_name(message_type(message)));
 }
 
-void PrefillServerImpl::on_register(const std::shared_ptr<DecodePeer>& peer,
-                                    RegisterLayout&& reg) {
+void PrefillServerImpl::on_register(const std::shared_ptr<DecodePeer>& peer, RegisterLayout&& reg) {
   RegisterReply reply{options_.tp.rank, engine_.incarnation(), StatusCode::kOk, ""};
   auto refuse = [&](const Status& why) {
     log().warn("prefill: refused registration from {}: {}", peer->name(), why.to_string());
@@ -163,9 +163,9 @@ void PrefillServerImpl::on_request(const std::shared_ptr<DecodePeer>& peer,
                                    TransferRequest&& request) {
   const uint64_t room = request.room;
   if (!peer->registered) {
-    send_status(peer, RequestStatusMessage{room, RequestState::kFailed,
-                                           StatusCode::kFailedPrecondition,
-                                           "TransferRequest before RegisterLayout"});
+    send_status(peer,
+                RequestStatusMessage{room, RequestState::kFailed, StatusCode::kFailedPrecondition,
+                                     "TransferRequest before RegisterLayout"});
     return;
   }
   std::shared_ptr<SenderState> s;

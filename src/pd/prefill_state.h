@@ -80,7 +80,7 @@ struct SenderState {
   uint64_t pages_sent = 0;
   bool last_queued = false;
   int inflight = 0;
-  bool notified = false;  // decode was told the final state
+  bool notified = false;                            // decode was told the final state
   std::vector<std::shared_ptr<DecodePeer>> ack_to;  // abort acks owed once drained
 };
 

@@ -2,9 +2,10 @@
 // a real etcd and a real Redis (started by scripts/services.sh; the tests are skipped,
 // not passed, when KVFERRY_TEST_ETCD / KVFERRY_TEST_REDIS are unset) — and moving bytes
 // over tcp once found.
-#include <gtest/gtest.h>
+#include "metadata/metadata_store.h"
 
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <numeric>
@@ -14,7 +15,6 @@
 
 #include "core/net.h"
 #include "core/pattern.h"
-#include "metadata/metadata_store.h"
 #include "serve_client.h"
 #include "test_support.h"
 

@@ -54,10 +54,10 @@ INSTANTIATE_TEST_SUITE_P(
                       TpCase{"tiny-mla", "2", "1"}, TpCase{"llama-3.1-8b", "2", "1"}));
 
 TEST(PdProcesses, ThousandRequestsInFlightAcrossTwoDecodeProcesses) {
-  auto s = run_demo({"--model", "tiny-mha", "--requests", "1000", "--decode-instances", "2",
-                     "--pool-pages", "4096", "--min-tokens", "8", "--max-tokens", "64",
-                     "--chunk-tokens", "32"},
-                    std::chrono::seconds(240));
+  auto s = run_demo(
+      {"--model", "tiny-mha", "--requests", "1000", "--decode-instances", "2", "--pool-pages",
+       "4096", "--min-tokens", "8", "--max-tokens", "64", "--chunk-tokens", "32"},
+      std::chrono::seconds(240));
   expect_all_verified(s, 1000);
 }
 

@@ -9,8 +9,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -48,13 +48,15 @@ struct PdProcess {
       Result<std::string> line = process.read_line(left);
       if (!line.ok()) {
         ADD_FAILURE() << "waiting for '" << prefix << "': " << line.status().to_string()
-                      << "\nlog:\n" << log();
+                      << "\nlog:\n"
+                      << log();
         return "";
       }
       if (line->rfind(prefix, 0) == 0) return *line;
     }
     ADD_FAILURE() << "no line starting with '" << prefix << "' within " << timeout.count()
-                  << " ms\nlog:\n" << log();
+                  << " ms\nlog:\n"
+                  << log();
     return "";
   }
 };
@@ -78,8 +80,8 @@ class LogDir {
 
 // Starts `kvferry ARGS...` with stderr appended to `log_path` and reads its hello line.
 inline PdProcess spawn_pd(const std::vector<std::string>& args, const std::string& log_path) {
-  std::vector<std::string> argv = {"/bin/sh", "-c", "log=$1; shift; exec \"$@\" 2>>\"$log\"",
-                                   "sh", log_path, KVFERRY_CLI_PATH};
+  std::vector<std::string> argv = {"/bin/sh", "-c",     "log=$1; shift; exec \"$@\" 2>>\"$log\"",
+                                   "sh",      log_path, KVFERRY_CLI_PATH};
   argv.insert(argv.end(), args.begin(), args.end());
   PdProcess p{must(ChildProcess::spawn(argv)), {}, log_path};
   std::string hello = must(p.process.read_line(kHello));
@@ -91,8 +93,16 @@ inline PdProcess spawn_pd(const std::vector<std::string>& args, const std::strin
 // Flags both worker kinds share in these tests: a small MHA model (1 KiB per token), 16-token
 // pages, shm between the processes.
 inline std::vector<std::string> worker_flags(const char* role, int heartbeat_ms) {
-  return {role,         "--model",        "tiny-mha", "--page-tokens", "16",
-          "--pool-pages", "256",          "--transport", "shm",       "--heartbeat-ms",
+  return {role,
+          "--model",
+          "tiny-mha",
+          "--page-tokens",
+          "16",
+          "--pool-pages",
+          "256",
+          "--transport",
+          "shm",
+          "--heartbeat-ms",
           std::to_string(heartbeat_ms)};
 }
 
@@ -143,12 +153,12 @@ inline uint64_t wait_mid_transfer(PdProcess& decode, uint64_t room,
 class PdFaultTest : public ::testing::Test {
  protected:
   static constexpr int kHeartbeatMs = 500;
-  static constexpr int kChunkTokens = 16;  // one page per chunk
+  static constexpr int kChunkTokens = 16;           // one page per chunk
   static constexpr uint64_t kBytesPerToken = 1024;  // tiny-mha: 2 x 4 layers x 4 heads x 16 x 2
 
   void SetUp() override {
-    bootstrap_.emplace(spawn_pd({"bootstrap", "--rank-stale-after-ms", "1500"},
-                                logs_.file("bootstrap")));
+    bootstrap_.emplace(
+        spawn_pd({"bootstrap", "--rank-stale-after-ms", "1500"}, logs_.file("bootstrap")));
     address_ = bootstrap_->hello.value("address", "");
     ASSERT_FALSE(address_.empty()) << bootstrap_->hello.dump();
   }
@@ -156,9 +166,9 @@ class PdFaultTest : public ::testing::Test {
   // `chunk_delay_ms` per one-page chunk keeps a request in flight long enough to hurt it.
   PdProcess start_prefill(int chunk_delay_ms, int heartbeat_ms = kHeartbeatMs) {
     auto args = worker_flags("pd-prefill", heartbeat_ms);
-    args.insert(args.end(), {"--bootstrap", address_, "--chunk-tokens",
-                             std::to_string(kChunkTokens), "--chunk-delay-ms",
-                             std::to_string(chunk_delay_ms)});
+    args.insert(args.end(),
+                {"--bootstrap", address_, "--chunk-tokens", std::to_string(kChunkTokens),
+                 "--chunk-delay-ms", std::to_string(chunk_delay_ms)});
     return spawn_pd(args, logs_.file("prefill" + std::to_string(++spawned_)));
   }
   PdProcess start_decode(std::vector<std::string> extra = {}, int heartbeat_ms = kHeartbeatMs) {
@@ -169,12 +179,12 @@ class PdFaultTest : public ::testing::Test {
   // Routes one request to both sides, as a serving stack's router would.
   void route(PdProcess& prefill, PdProcess& decode, uint64_t room, uint64_t tokens) {
     ASSERT_TRUE(decode.process
-                    .send_line("req " + std::to_string(room) + " " + std::to_string(tokens) +
-                               " " + address_)
+                    .send_line("req " + std::to_string(room) + " " + std::to_string(tokens) + " " +
+                               address_)
                     .ok());
-    ASSERT_TRUE(prefill.process
-                    .send_line("req " + std::to_string(room) + " " + std::to_string(tokens))
-                    .ok());
+    ASSERT_TRUE(
+        prefill.process.send_line("req " + std::to_string(room) + " " + std::to_string(tokens))
+            .ok());
   }
   // Routes a request and checks that decode verified every page and prefill saw Success.
   void expect_verified(PdProcess& prefill, PdProcess& decode, uint64_t room, uint64_t tokens) {

@@ -84,8 +84,7 @@ struct RestartCase {
   bool same_endpoint;
 };
 
-class PdDecodeRestart : public PdFaultTest,
-                        public ::testing::WithParamInterface<RestartCase> {};
+class PdDecodeRestart : public PdFaultTest, public ::testing::WithParamInterface<RestartCase> {};
 
 // The restarted decode reuses the page indices the killed one was receiving into: a write
 // of the old request still in flight to the old incarnation must not land in the new one.

@@ -74,8 +74,8 @@ TEST_F(PdFaultTest, MalformedControlFramesAreRejectedAndPrefillKeepsServing) {
        "control payload of 4294967295 bytes"},
       {"payload too short for its type", header(kControlMagic, kControlVersion, kHeartbeat, 4),
        false, "malformed Heartbeat message"},
-      {"stream ends inside a frame", header(kControlMagic, kControlVersion, kHeartbeat, 100),
-       true, "lost decode connection"},
+      {"stream ends inside a frame", header(kControlMagic, kControlVersion, kHeartbeat, 100), true,
+       "lost decode connection"},
       {"random bytes", random_bytes(4096, 2026), false, "rejected frame"},
   };
   cases[4].bytes.resize(cases[4].bytes.size() + 4);  // the 4 payload bytes it announces
@@ -94,9 +94,9 @@ TEST_F(PdFaultTest, MalformedControlFramesAreRejectedAndPrefillKeepsServing) {
     ASSERT_TRUE(recv_all(fd.get(), reply, Clock::now() + 5s).ok());
     pd::FrameHeader h = must(pd::decode_frame_header(reply));
     reply.resize(reply.size() + h.payload_bytes);
-    ASSERT_TRUE(recv_all(fd.get(), std::span(reply).subspan(pd::kFrameHeaderBytes),
-                         Clock::now() + 5s)
-                    .ok());
+    ASSERT_TRUE(
+        recv_all(fd.get(), std::span(reply).subspan(pd::kFrameHeaderBytes), Clock::now() + 5s)
+            .ok());
     auto status = std::get<pd::RequestStatusMessage>(must(pd::decode_control_message(reply)));
     EXPECT_EQ(status.room, 99u);
     EXPECT_EQ(status.state, pd::RequestState::kFailed);

@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "serve_client.h"
 #include "core/pattern.h"
 #include "kvferry/kv/plan_executor.h"
 #include "kvferry/kv/planner.h"
+#include "serve_client.h"
 #include "test_support.h"
 
 namespace kvferry::kv {

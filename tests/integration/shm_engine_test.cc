@@ -1,10 +1,9 @@
 // The shm transport between two real processes: this test process (initiator) and a
 // `kvferry serve` child (target). The child verifies what arrived on its own, from the
 // pattern seed, so the check does not trust the initiator's view of the target memory.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-
-#include <fmt/format.h>
 
 #include <random>
 #include <thread>
@@ -79,7 +78,8 @@ TEST(ShmTwoProcess, TenThousandSmallScatteredWritesAndReadsArriveIntact) {
   }
   ASSERT_TRUE(engine->transfer_sync(handle, reads).ok());
   for (uint64_t i = 0; i < kOps; ++i) {
-    ASSERT_FALSE(find_pattern_mismatch({back.data() + i * kOpBytes, kOpBytes}, 11, perm[i] * kOpBytes))
+    ASSERT_FALSE(
+        find_pattern_mismatch({back.data() + i * kOpBytes, kOpBytes}, 11, perm[i] * kOpBytes))
         << "read-back op " << i;
   }
   // Every written byte, checked by the child in one pass over the even slots' checksums.
@@ -88,9 +88,11 @@ TEST(ShmTwoProcess, TenThousandSmallScatteredWritesAndReadsArriveIntact) {
     fill_pattern({expected.data() + perm[i] * kOpBytes, kOpBytes}, 11, perm[i] * kOpBytes);
   }
   for (uint64_t slot = 1; slot < 2 * kOps; slot += 2) {
-    if (slot % 2000 == 1) fill_pattern({expected.data() + slot * kOpBytes, kOpBytes}, 12, slot * kOpBytes);
+    if (slot % 2000 == 1)
+      fill_pattern({expected.data() + slot * kOpBytes, kOpBytes}, 12, slot * kOpBytes);
   }
-  EXPECT_EQ(ask(peer, fmt::format("checksum 0 {}", kTarget)), fmt::format("{:016x}", checksum(expected)));
+  EXPECT_EQ(ask(peer, fmt::format("checksum 0 {}", kTarget)),
+            fmt::format("{:016x}", checksum(expected)));
 }
 
 TEST(ShmTwoProcess, OneGibibyteWriteAndReadArriveIntact) {

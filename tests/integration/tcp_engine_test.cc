@@ -1,14 +1,13 @@
 // The tcp transport against a `kvferry serve` child: bytes verified by the child, and the
 // failure cases — a killed peer, a stopped peer, a peer whose packets are dropped.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <fmt/format.h>
-#include <nlohmann/json.hpp>
-
 #include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
@@ -40,7 +39,8 @@ TEST(TcpTwoProcess, OneGibibyteWriteAndReadArriveIntact) {
   ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
   TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes};
   ASSERT_TRUE(engine->transfer_sync(handle, {&op, 1}).ok());
-  EXPECT_EQ(*peer.process.ask(fmt::format("verify 41 0 {}", kBytes), std::chrono::seconds(60)), "ok");
+  EXPECT_EQ(*peer.process.ask(fmt::format("verify 41 0 {}", kBytes), std::chrono::seconds(60)),
+            "ok");
   ASSERT_EQ(*peer.process.ask(fmt::format("fill 42 0 {}", kBytes), std::chrono::seconds(60)), "ok");
   op.kind = OpKind::kRead;
   ASSERT_TRUE(engine->transfer_sync(handle, {&op, 1}).ok());
@@ -54,7 +54,8 @@ TEST(TcpTwoProcess, KilledPeerFailsTheBatchWithPeerDisconnectedLongBeforeItsTime
   PeerHandle handle = open_tcp(*engine, peer.endpoint);
   std::vector<std::byte> src(kBytes, std::byte{3});
   ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
-  std::vector<TransferOp> ops(16, {OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes});
+  std::vector<TransferOp> ops(
+      16, {OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes});
   SubmitOptions options;
   options.timeout = std::chrono::seconds(30);
   BatchHandle batch = must(engine->submit(handle, ops, options));  // 4 GiB: seconds of work
@@ -78,13 +79,15 @@ TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards
   // One small write first: the lanes are connected before the peer stops.
   std::vector<std::byte> zero_page(4096, std::byte{0});
   ASSERT_TRUE(engine->register_memory(zero_page.data(), zero_page.size()).ok());
-  std::vector<TransferOp> warm(2, {OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()), peer.addr, 4096});
+  std::vector<TransferOp> warm(
+      2, {OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()), peer.addr, 4096});
   ASSERT_TRUE(engine->transfer_sync(handle, warm).ok());
   ASSERT_EQ(::kill(peer.process.pid(), SIGSTOP), 0);
   int wstatus = 0;  // kill() only queues the signal: wait until the child has stopped
   ASSERT_EQ(::waitpid(peer.process.pid(), &wstatus, WUNTRACED), peer.process.pid());
   ASSERT_TRUE(WIFSTOPPED(wstatus));
-  std::vector<TransferOp> ops(8, {OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes});
+  std::vector<TransferOp> ops(
+      8, {OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes});
   SubmitOptions options;
   options.timeout = std::chrono::milliseconds(500);
   auto t0 = Clock::now();
@@ -112,7 +115,8 @@ class DroppedPackets : public ::testing::Test {
     ns_ = fmt::format("kvf{}", ::getpid());
     std::string setup = fmt::format(
         "ip netns add {0} && ip link add {0}a type veth peer name {0}b && "
-        "ip link set {0}b netns {0} && ip addr add 10.231.7.1/24 dev {0}a && ip link set {0}a up && "
+        "ip link set {0}b netns {0} && ip addr add 10.231.7.1/24 dev {0}a && ip link set {0}a up "
+        "&& "
         "ip -n {0} addr add 10.231.7.2/24 dev {0}b && ip -n {0} link set {0}b up && "
         "ip -n {0} link set lo up",
         ns_);
@@ -132,9 +136,9 @@ class DroppedPackets : public ::testing::Test {
 TEST_F(DroppedPackets, PeerThatStopsAnsweringFailsTheBatchWithTimeout) {
   constexpr uint64_t kBytes = 64ull << 20;
   // `ip netns exec` runs the serve child inside the namespace.
-  auto child = ChildProcess::spawn({"/usr/sbin/ip", "netns", "exec", ns_, KVFERRY_CLI_PATH, "serve",
-                                    "--shared-bytes", std::to_string(kBytes), "--listen",
-                                    "10.231.7.2:0"});
+  auto child =
+      ChildProcess::spawn({"/usr/sbin/ip", "netns", "exec", ns_, KVFERRY_CLI_PATH, "serve",
+                           "--shared-bytes", std::to_string(kBytes), "--listen", "10.231.7.2:0"});
   ASSERT_TRUE(child.ok()) << child.status().to_string();
   auto hello = child->read_line(std::chrono::seconds(30));
   ASSERT_TRUE(hello.ok()) << hello.status().to_string();
@@ -152,8 +156,10 @@ TEST_F(DroppedPackets, PeerThatStopsAnsweringFailsTheBatchWithTimeout) {
   ASSERT_TRUE(engine->transfer_sync(handle, {&op, 1}).ok());  // the path works
   std::string drop = fmt::format(
       "ip netns exec {0} nft add table inet kvft && "
-      "ip netns exec {0} nft add chain inet kvft in '{{ type filter hook input priority 0; policy drop; }}' && "
-      "ip netns exec {0} nft add chain inet kvft out '{{ type filter hook output priority 0; policy drop; }}'",
+      "ip netns exec {0} nft add chain inet kvft in '{{ type filter hook input priority 0; policy "
+      "drop; }}' && "
+      "ip netns exec {0} nft add chain inet kvft out '{{ type filter hook output priority 0; "
+      "policy drop; }}'",
       ns_);
   if (std::system(drop.c_str()) != 0) GTEST_SKIP() << "nftables unavailable";
   std::vector<TransferOp> ops(4, op);

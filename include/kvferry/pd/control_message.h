@@ -115,8 +115,7 @@ std::vector<std::byte> encode_control_message(const ControlMessage& message);
 // Checks magic, version, type and the payload limit. ProtocolError naming the bad field.
 Result<FrameHeader> decode_frame_header(std::span<const std::byte> header);
 // Decodes a payload of the given type. ProtocolError naming what did not parse.
-Result<ControlMessage> decode_control_payload(MessageType type,
-                                              std::span<const std::byte> payload);
+Result<ControlMessage> decode_control_payload(MessageType type, std::span<const std::byte> payload);
 // Decodes one whole frame; its length must match the header exactly.
 Result<ControlMessage> decode_control_message(std::span<const std::byte> frame);
 

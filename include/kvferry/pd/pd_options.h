@@ -42,8 +42,8 @@ struct PdTimeouts {
 // The KV-side buffers one rank registers: pages, aux rows, state slots.
 struct RankBuffers {
   kv::KvLayout layout;
-  std::vector<kv::RowBuffer> aux;            // one aux row per request slot
-  std::vector<kv::MambaStateTensor> state;   // one state slot per request (hybrid models)
+  std::vector<kv::RowBuffer> aux;           // one aux row per request slot
+  std::vector<kv::MambaStateTensor> state;  // one state slot per request (hybrid models)
 };
 
 // Tensor parallelism of one rank.

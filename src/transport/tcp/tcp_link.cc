@@ -1,10 +1,9 @@
 #include "transport/tcp/tcp_link.h"
 
+#include <fmt/format.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <array>
@@ -259,22 +258,24 @@ class TcpLane {
       std::lock_guard lock(mu_);
       auto it = in_flight_.find(h.request_id);
       if (it == in_flight_.end()) {
-        return ProtocolError(fmt::format("peer {} answered unknown request {}", peer_, h.request_id));
+        return ProtocolError(
+            fmt::format("peer {} answered unknown request {}", peer_, h.request_id));
       }
       chunk = std::move(it->second);
       in_flight_.erase(it);
     }
-    Status result = h.status == 0 ? Status::Ok()
-                                  : Status(static_cast<StatusCode>(h.status),
-                                           fmt::format("peer {} refused a request at {:#x}: {}",
-                                                       peer_, chunk.remote_addr,
-                                                       status_code_name(static_cast<StatusCode>(h.status))));
+    Status result =
+        h.status == 0
+            ? Status::Ok()
+            : Status(static_cast<StatusCode>(h.status),
+                     fmt::format("peer {} refused a request at {:#x}: {}", peer_, chunk.remote_addr,
+                                 status_code_name(static_cast<StatusCode>(h.status))));
     if (h.type == TcpFrame::kReadData && h.length != 0) {
       if (h.length != chunk.length) {
         chunk.batch->wire_in_flight.fetch_sub(1);
         finish(chunk, ProtocolError("read reply of the wrong length"));
-        return ProtocolError(fmt::format("peer {} sent {} bytes for a {}-byte read", peer_,
-                                         h.length, chunk.length));
+        return ProtocolError(
+            fmt::format("peer {} sent {} bytes for a {}-byte read", peer_, h.length, chunk.length));
       }
       Status received = receive_read_payload(chunk);
       if (!received.ok() && received.code() != StatusCode::kCancelled &&
@@ -323,12 +324,12 @@ class TcpLane {
   int64_t clock_offset_ns_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<TcpChunk> queue_;                         // guarded by mu_
-  std::unordered_map<uint64_t, TcpChunk> in_flight_;   // guarded by mu_
-  bool broken_ = false;                                // guarded by mu_
-  bool stopping_ = false;                              // guarded by mu_
-  Status broken_status_;                               // guarded by mu_
-  uint64_t next_id_ = 1;                               // guarded by mu_
+  std::deque<TcpChunk> queue_;                        // guarded by mu_
+  std::unordered_map<uint64_t, TcpChunk> in_flight_;  // guarded by mu_
+  bool broken_ = false;                               // guarded by mu_
+  bool stopping_ = false;                             // guarded by mu_
+  Status broken_status_;                              // guarded by mu_
+  uint64_t next_id_ = 1;                              // guarded by mu_
   std::thread sender_;
   std::thread reader_;
 };

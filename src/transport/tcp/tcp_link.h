@@ -32,7 +32,7 @@ inline constexpr uint64_t kTcpChunkBytes = 4ull << 20;
 inline constexpr uint64_t kTcpMinChunkBytes = 256ull << 10;
 
 struct TcpLinkOptions {
-  Endpoint endpoint;            // the peer's tcp data endpoint
+  Endpoint endpoint;  // the peer's tcp data endpoint
   std::string peer_name;
   uint64_t expected_incarnation = 0;
   int lanes = 2;

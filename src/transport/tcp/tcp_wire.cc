@@ -42,7 +42,8 @@ void encode_tcp_header(const TcpHeader& h, std::byte* out) {
 Result<TcpHeader> decode_tcp_header(const std::byte* in) {
   auto magic = take<uint32_t>(in);
   if (magic != kTcpMagic) {
-    return ProtocolError("tcp frame: bad magic " + std::to_string(magic) + " (not a kvferry peer?)");
+    return ProtocolError("tcp frame: bad magic " + std::to_string(magic) +
+                         " (not a kvferry peer?)");
   }
   auto version = take<uint16_t>(in);
   if (version != kTcpVersion) {
@@ -60,9 +61,10 @@ Result<TcpHeader> decode_tcp_header(const std::byte* in) {
   h.length = take<uint64_t>(in);
   h.deadline_ns = take<int64_t>(in);
   h.status = take<uint32_t>(in);
-  if ((tcp_frame_has_payload(h.type) || h.type == TcpFrame::kRead) && h.length > kTcpMaxFrameBytes) {
-    return ProtocolError("tcp frame: length " + std::to_string(h.length) + " exceeds the limit of " +
-                         std::to_string(kTcpMaxFrameBytes));
+  if ((tcp_frame_has_payload(h.type) || h.type == TcpFrame::kRead) &&
+      h.length > kTcpMaxFrameBytes) {
+    return ProtocolError("tcp frame: length " + std::to_string(h.length) +
+                         " exceeds the limit of " + std::to_string(kTcpMaxFrameBytes));
   }
   if ((h.type == TcpFrame::kAuth || h.type == TcpFrame::kHelloAck) && h.length > kTcpNonceBytes) {
     return ProtocolError("tcp frame: handshake payload of " + std::to_string(h.length) + " bytes");

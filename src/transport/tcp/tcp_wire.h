@@ -30,14 +30,14 @@ inline constexpr size_t kTcpNonceBytes = 32;
 inline constexpr size_t kTcpProofBytes = 32;
 
 enum class TcpFrame : uint16_t {
-  kHello = 1,       // initiator -> receiver: deadline_ns = initiator's clock
-  kHelloAck = 2,    // receiver -> initiator: request_id = incarnation, deadline_ns = its clock;
-                    // payload: a nonce when authentication is on
-  kAuth = 3,        // initiator -> receiver: payload = HMAC-SHA256(secret, nonce)
-  kWrite = 4,       // payload = the bytes to place at addr
-  kRead = 5,        // asks for `length` bytes at addr
-  kAck = 6,         // completes a kWrite (or refuses a kHello/kAuth) with `status`
-  kReadData = 7,    // answers a kRead: payload = the bytes (or length 0 and an error status)
+  kHello = 1,     // initiator -> receiver: deadline_ns = initiator's clock
+  kHelloAck = 2,  // receiver -> initiator: request_id = incarnation, deadline_ns = its clock;
+                  // payload: a nonce when authentication is on
+  kAuth = 3,      // initiator -> receiver: payload = HMAC-SHA256(secret, nonce)
+  kWrite = 4,     // payload = the bytes to place at addr
+  kRead = 5,      // asks for `length` bytes at addr
+  kAck = 6,       // completes a kWrite (or refuses a kHello/kAuth) with `status`
+  kReadData = 7,  // answers a kRead: payload = the bytes (or length 0 and an error status)
 };
 
 struct TcpHeader {

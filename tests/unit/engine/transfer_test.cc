@@ -251,7 +251,8 @@ TEST(TransportChoice, ImpossibleForcedChoiceIsAnErrorSayingWhy) {
   auto rdma = a->open_peer(b->endpoint(), force_rdma);
   ASSERT_FALSE(rdma.ok());
   EXPECT_EQ(rdma.status().code(), StatusCode::kNotSupported);
-  EXPECT_TRUE(contains(rdma.status().message(), "forced transport rdma")) << rdma.status().message();
+  EXPECT_TRUE(contains(rdma.status().message(), "forced transport rdma"))
+      << rdma.status().message();
 }
 
 TEST(TransportChoice, ShmDisallowedOnOneSideLeavesNoTransport) {

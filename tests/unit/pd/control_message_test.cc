@@ -39,8 +39,8 @@ TEST(ControlMessage, EveryTypeRoundTrips) {
     EXPECT_EQ(decoded->index(), m.index());
     EXPECT_EQ(encode_control_message(*decoded), frame);
   }
-  auto request = std::get<TransferRequest>(
-      *decode_control_message(encode_control_message(messages[2])));
+  auto request =
+      std::get<TransferRequest>(*decode_control_message(encode_control_message(messages[2])));
   EXPECT_EQ(request.dst_pages, (std::vector<kv::PageIndex>{5, 6, 9}));
   EXPECT_TRUE(request.dummy);
   EXPECT_EQ(request.aux_row, 3u);
@@ -53,10 +53,10 @@ TEST(ControlMessage, RejectsBadMagicVersionTypeAndLength) {
     f[at] = value;
     return decode_control_message(f).status();
   };
-  EXPECT_EQ(corrupt(0, std::byte{0}).code(), StatusCode::kProtocolError);   // magic
-  EXPECT_EQ(corrupt(4, std::byte{9}).code(), StatusCode::kProtocolError);   // version
-  EXPECT_EQ(corrupt(6, std::byte{0}).code(), StatusCode::kProtocolError);   // type 0
-  EXPECT_EQ(corrupt(6, std::byte{99}).code(), StatusCode::kProtocolError);  // unknown type
+  EXPECT_EQ(corrupt(0, std::byte{0}).code(), StatusCode::kProtocolError);      // magic
+  EXPECT_EQ(corrupt(4, std::byte{9}).code(), StatusCode::kProtocolError);      // version
+  EXPECT_EQ(corrupt(6, std::byte{0}).code(), StatusCode::kProtocolError);      // type 0
+  EXPECT_EQ(corrupt(6, std::byte{99}).code(), StatusCode::kProtocolError);     // unknown type
   EXPECT_EQ(corrupt(11, std::byte{0x7f}).code(), StatusCode::kProtocolError);  // over limit
   std::vector<std::byte> longer = frame;
   longer.push_back(std::byte{0});

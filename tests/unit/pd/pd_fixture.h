@@ -38,15 +38,17 @@ inline TestRank make_rank(const std::string& name, const ModelShape& m, uint32_t
   r.tp = {tp_rank, tp_size, m.mla ? 0 : m.total_kv_heads};
   r.heads = head_range_for_rank(r.tp.total_kv_heads, tp_size, tp_rank);
   uint64_t kv_bytes = 0;
-  kv::MhaShape mha{m.layers, m.page_tokens, std::max(1u, m.total_kv_heads / tp_size),
-                   m.head_dim, m.head_dim, 2, m.pages};
+  kv::MhaShape mha{m.layers,   m.page_tokens, std::max(1u, m.total_kv_heads / tp_size),
+                   m.head_dim, m.head_dim,    2,
+                   m.pages};
   kv::MlaShape mla{m.layers, m.page_tokens, 72, m.pages};
   kv_bytes = m.mla ? must(kv::KvLayout::region_bytes(mla)) : must(kv::KvLayout::region_bytes(mha));
   const uint64_t aux_bytes = 64 * 16;
   const uint64_t state_bytes = 256 * 16;
   SharedBuffer pool = must(r.engine->allocate_shared(kv_bytes + aux_bytes + state_bytes));
   const auto base = reinterpret_cast<uint64_t>(pool.addr);
-  r.buffers.layout = m.mla ? must(kv::KvLayout::mla(mla, base)) : must(kv::KvLayout::mha(mha, base));
+  r.buffers.layout =
+      m.mla ? must(kv::KvLayout::mla(mla, base)) : must(kv::KvLayout::mha(mha, base));
   r.buffers.aux = {{base + kv_bytes, aux_bytes, 64}};
   if (tp_size == 1) r.buffers.state = {{{base + kv_bytes + aux_bytes, state_bytes, 256}, 8}};
   return r;

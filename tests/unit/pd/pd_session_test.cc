@@ -62,7 +62,8 @@ TEST_P(PdSessionTp, EveryDecodeRankVerifiesItsPages) {
     LastChunkExtras extras{5, kNoSlot};
     ASSERT_TRUE(senders.back().send(all.subspan(8), &extras).ok());
   }
-  for (auto& s : senders) EXPECT_EQ(s.wait_final(5s), RequestState::kSuccess) << s.failure().to_string();
+  for (auto& s : senders)
+    EXPECT_EQ(s.wait_final(5s), RequestState::kSuccess) << s.failure().to_string();
   for (size_t d = 0; d < receivers.size(); ++d) {
     ASSERT_EQ(receivers[d].wait_final(5s), RequestState::kSuccess)
         << receivers[d].failure().to_string();
@@ -88,17 +89,20 @@ TEST(PdSession, StateAndAuxArriveWithTheLastChunkOnly) {
   auto src = testing::pages_from(0, 8), dst = testing::pages_from(8, 8, 2);
   fill_request_pages(p.buffers.layout, src, tokens, room, p.heads);
   fill_rows(p.buffers.aux, 1, room);
-  std::vector<kv::RowBuffer> p_state = {p.buffers.state[0].rows}, d_state = {d.buffers.state[0].rows};
+  std::vector<kv::RowBuffer> p_state = {p.buffers.state[0].rows},
+                             d_state = {d.buffers.state[0].rows};
   fill_rows(p_state, 3, room);
   KvReceiver receiver = testing::must(decode->create_receiver(bootstrap->address(), room));
   ASSERT_TRUE(receiver.init(dst, 4, 6).ok());
   KvSender sender = testing::must(prefill->create_sender(room));
-  ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s), RequestState::kWaitingForInput);
+  ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s),
+            RequestState::kWaitingForInput);
   std::span<const kv::PageIndex> all(src);
   ASSERT_TRUE(sender.send(all.subspan(0, 4)).ok());
   // Wait until the first chunk landed: the aux row and state slot must still be untouched.
   for (int i = 0; i < 200 && count_corrupt_pages(d.buffers.layout, std::span(dst).first(4),
-                                                 4 * m.page_tokens, room, d.heads) != 0; ++i) {
+                                                 4 * m.page_tokens, room, d.heads) != 0;
+       ++i) {
     std::this_thread::sleep_for(5ms);
   }
   EXPECT_EQ(count_corrupt_rows(d.buffers.aux, 4, room), 1u);
@@ -124,7 +128,8 @@ TEST(PdSession, SendRejectsBadChunksWithTypedErrors) {
   EXPECT_EQ(prefill->create_sender(1).status().code(), StatusCode::kAlreadyExists);
   KvReceiver receiver = testing::must(decode->create_receiver(bootstrap->address(), 1));
   ASSERT_TRUE(receiver.init(testing::pages_from(10, 3)).ok());
-  ASSERT_EQ(early.wait_at_least(RequestState::kWaitingForInput, 5s), RequestState::kWaitingForInput);
+  ASSERT_EQ(early.wait_at_least(RequestState::kWaitingForInput, 5s),
+            RequestState::kWaitingForInput);
   Status too_many = early.send(pages);
   EXPECT_EQ(too_many.code(), StatusCode::kOutOfRange);
   EXPECT_NE(too_many.message().find("gave 3"), std::string::npos) << too_many.message();
@@ -144,7 +149,8 @@ TEST(PdSession, DecodeAbortIsAcknowledgedAndPrefillKeepsServing) {
   KvReceiver aborted = testing::must(decode->create_receiver(bootstrap->address(), 1));
   ASSERT_TRUE(aborted.init(testing::pages_from(0, 8)).ok());
   KvSender sender = testing::must(prefill->create_sender(1));
-  ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s), RequestState::kWaitingForInput);
+  ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s),
+            RequestState::kWaitingForInput);
   ASSERT_TRUE(sender.send(testing::pages_from(0, 4)).ok());
   aborted.abort("client went away");
   EXPECT_EQ(aborted.poll(), RequestState::kFailed);

@@ -131,8 +131,8 @@ TEST(TcpAuthentication, WrongOrMissingSecretIsRefusedAndNothingIsWritten) {
   auto decode = engine_with("decode", "right");
   std::vector<std::byte> dst(4096, std::byte{0});
   ASSERT_TRUE(decode->register_memory(dst.data(), dst.size()).ok());
-  for (std::optional<std::string> secret : {std::optional<std::string>("wrong"),
-                                            std::optional<std::string>()}) {
+  for (std::optional<std::string> secret :
+       {std::optional<std::string>("wrong"), std::optional<std::string>()}) {
     auto prefill = engine_with("prefill", secret);
     std::vector<std::byte> src(4096, std::byte{1});
     ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
