@@ -52,8 +52,9 @@ struct TransferOp {
   uint64_t length = 0;
 };
 
-// Where a region lives. Only host memory exists in this build; cuda:N arrives with the
-// cuda_ipc transport.
+// Where a region lives: host memory (pageable or pinned), or device memory of CUDA device
+// N (needs a build with CUDA and a device at run time; same-host peers reach it through
+// the cuda_ipc transport).
 struct MemoryLocation {
   enum class Kind : uint8_t { kHost = 0, kCuda = 1 } kind = Kind::kHost;
   int device = -1;
@@ -108,6 +109,12 @@ struct PeerOptions {
 struct SubmitOptions {
   // Zero = EngineOptions::batch_timeout.
   std::chrono::milliseconds timeout{0};
+  // cuda_ipc only: a cudaEvent_t of this process (recorded by the producer of the bytes,
+  // e.g. after the prefill kernels). The copies are ordered after it on the device
+  // (cudaStreamWaitEvent); no CPU thread blocks on it. Must stay valid until submit
+  // returns. A batch that does not run on a device copy engine refuses it
+  // (InvalidArgument).
+  void* after_cuda_event = nullptr;
 };
 
 // A peer opened by open_peer. Cheap to copy.

@@ -47,8 +47,10 @@ struct BatchRecord {
 
   std::atomic<int> pending_tasks{0};
   std::atomic<int> active_copies{0};
-  // Requests on the wire (tcp) not yet acknowledged: stop() waits for them, or for the
-  // deadline, after which the receiver writes nothing of this batch.
+  // Requests on the wire (tcp) not yet acknowledged, or copies enqueued on a device
+  // (cuda_ipc) not yet done: stop() waits for them, or for the deadline, after which the
+  // receiver writes nothing of this batch (tcp; a device stalled past the deadline, e.g.
+  // behind an after_cuda_event that never fires, may still land its copies later).
   std::atomic<int> wire_in_flight{0};
   std::atomic<bool> cancelled{false};
   std::atomic<bool> uses_released{false};

@@ -22,18 +22,35 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
     return PeerDisconnected("peer " + peer->name + " disconnected: " + peer->disconnect_reason());
   }
   batch->local_snapshot = local_regions_.load();
+  // The self peer reaches its own device memory with device copies too.
+  const CopyAccess access = peer->transport == TransportKind::kTcp ? CopyAccess::kRemoteAddress
+                            : peer->transport == TransportKind::kCudaIpc || peer->is_self
+                                ? CopyAccess::kDevicePointers
+                                : CopyAccess::kHostPointers;
   ResolveOutcome resolved;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!peer->is_self) batch->remote_snapshot = peer->segment.load();
     const RegionIndex& remote =
         peer->is_self ? *batch->local_snapshot : batch->remote_snapshot->regions;
-    resolved = resolve_ops(ops, *batch->local_snapshot, remote, peer->name, options_.merge_ops,
-                           peer->transport != TransportKind::kTcp);
+    resolved =
+        resolve_ops(ops, *batch->local_snapshot, remote, peer->name, options_.merge_ops, access);
     // A remote miss may be a region the peer registered after we cached its descriptor.
     if (!resolved.remote_miss || peer->is_self || attempt == 1) break;
     KVF_RETURN_IF_ERROR(refresh_peer(*peer));
   }
   KVF_RETURN_IF_ERROR(resolved.status);
+  const bool device_copy = resolved.batch.touches_device;
+  if (options.after_cuda_event != nullptr && !device_copy) {
+    return InvalidArgument(fmt::format(
+        "submit: after_cuda_event is honoured only by device copies, and this batch runs on {} "
+        "(no op touches device memory)",
+        transport_kind_name(peer->transport)));
+  }
+  DeviceTransport* device = nullptr;
+  if (device_copy) {
+    // Device memory on either side exists only where the device transport opened.
+    KVF_ASSIGN_OR_RETURN(device, device_transport());
+  }
   batch->work = std::move(resolved.batch);
   // Pin the local regions (see RegionUse for the protocol).
   for (size_t i = 0; i < batch->work.uses.size(); ++i) {
@@ -44,7 +61,16 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
       return NotRegistered("a local region of this batch was unregistered while submitting");
     }
   }
-  if (peer->transport == TransportKind::kTcp) {
+  if (device_copy) {
+    DevicePostContext context{
+        batch->local_snapshot.get(),
+        peer->is_self ? batch->local_snapshot.get() : &batch->remote_snapshot->regions,
+        peer->incarnation, options.after_cuda_event};
+    if (Status posted = device->post(batch, context); !posted.ok()) {
+      for (RegionUse* use : batch->work.uses) use->in_flight.fetch_sub(1);
+      return posted;
+    }
+  } else if (peer->transport == TransportKind::kTcp) {
     if (Status posted = peer->tcp->post(batch); !posted.ok()) {
       for (RegionUse* use : batch->work.uses) use->in_flight.fetch_sub(1);
       if (posted.code() == StatusCode::kPeerDisconnected) {

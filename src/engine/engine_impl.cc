@@ -14,9 +14,13 @@
 namespace kvferry::detail {
 namespace {
 
-// Transports this build can serve.
-constexpr TransportSet kBuiltTransports{TransportKind::kLocal, TransportKind::kShm,
-                                        TransportKind::kTcp};
+// Transports this build can serve. cuda_ipc is advertised whenever it is built; whether
+// a device exists is found out when device memory is first registered or reached.
+TransportSet built_transports() {
+  TransportSet built{TransportKind::kLocal, TransportKind::kShm, TransportKind::kTcp};
+  if (device_transport_built()) built.insert(TransportKind::kCudaIpc);
+  return built;
+}
 
 uint64_t new_incarnation() {
   std::random_device rd;
@@ -51,11 +55,11 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
         fmt::format("handshake_timeout {} ms must be positive", options.handshake_timeout.count()));
   }
   KVF_ASSIGN_OR_RETURN(Endpoint listen, parse_endpoint(options.listen_address, true));
-  TransportSet served = options.allowed_transports.empty()
-                            ? kBuiltTransports
-                            : options.allowed_transports.intersect(kBuiltTransports);
+  const TransportSet built = built_transports();
+  TransportSet served =
+      options.allowed_transports.empty() ? built : options.allowed_transports.intersect(built);
   for (TransportKind kind : kAllTransportKinds) {
-    if (options.allowed_transports.contains(kind) && !kBuiltTransports.contains(kind)) {
+    if (options.allowed_transports.contains(kind) && !built.contains(kind)) {
       return NotSupported(fmt::format("allowed transport {} is not built into this engine",
                                       transport_kind_name(kind)));
     }
@@ -92,7 +96,8 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
     tcp.incarnation = engine->incarnation_;
     tcp.secret = engine->secret_;
     if (engine->options_.tcp_lanes < 1 || engine->options_.tcp_lanes > 64) {
-      return InvalidArgument(fmt::format("tcp_lanes {} out of range 1..64", engine->options_.tcp_lanes));
+      return InvalidArgument(
+          fmt::format("tcp_lanes {} out of range 1..64", engine->options_.tcp_lanes));
     }
     KVF_ASSIGN_OR_RETURN(engine->tcp_server_,
                          TcpServer::start(tcp, [raw] { return raw->local_regions_.load(); }));
@@ -141,16 +146,27 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
       return InvalidArgument(
           fmt::format("region {} at {:#x}: length {} wraps around", i, addr, r.length));
     }
-    if (r.location.kind != MemoryLocation::Kind::kHost) {
-      return NotSupported(fmt::format("region {} at {:#x}: cuda:{} memory needs a CUDA build", i,
-                                      addr, r.location.device));
-    }
     RegionEntry entry{addr,
                       r.length,
                       static_cast<char*>(r.addr),
                       r.location,
                       shm_backing_locked(addr, r.length),
-                      std::make_shared<RegionUse>()};
+                      std::make_shared<RegionUse>(),
+                      std::nullopt};
+    if (r.location.kind == MemoryLocation::Kind::kCuda) {
+      Result<DeviceTransport*> device = device_transport();
+      if (!device.ok()) {
+        return Status(device.status().code(),
+                      fmt::format("region {} at {:#x}: cuda:{} memory: {}", i, addr,
+                                  r.location.device, device.status().message()));
+      }
+      Result<CudaIpcBacking> exported = (*device)->export_region(r.addr, r.length, r.location);
+      if (!exported.ok()) {
+        return Status(exported.status().code(),
+                      fmt::format("region {}: {}", i, exported.status().message()));
+      }
+      entry.cuda = *exported;
+    }
     // Overlap against everything registered so far, including earlier entries of this call.
     for (const RegionEntry& e : entries) {
       if (addr < e.end() && e.addr < addr + r.length) {
@@ -179,7 +195,7 @@ Status EngineImpl::publish_locked() {
   d.transports = served_;
   d.version = ++descriptor_version_;
   for (const RegionEntry& e : local_regions_.load()->entries()) {
-    d.regions.push_back(RegionDescriptor{e.addr, e.length, e.location, e.shm});
+    d.regions.push_back(RegionDescriptor{e.addr, e.length, e.location, e.shm, e.cuda});
   }
   auto json = std::make_shared<const std::string>(serialize_segment_descriptor(d));
   descriptor_json_.store(json);
@@ -190,6 +206,26 @@ Status EngineImpl::publish_locked() {
                published.to_string());
   }
   return published;
+}
+
+Result<DeviceTransport*> EngineImpl::device_transport() const {
+  std::call_once(device_once_, [this] {
+    Result<std::unique_ptr<DeviceTransport>> opened = open_device_transport();
+    if (opened.ok()) {
+      device_ = std::move(*opened);
+      device_ready_.store(device_.get());
+    } else {
+      device_error_ = opened.status();
+      log().info("device memory unavailable: {}", device_error_.message());
+    }
+  });
+  if (device_) return device_.get();
+  return device_error_;
+}
+
+void EngineImpl::forget_incarnation(uint64_t incarnation) {
+  // Only a transport already open can hold anything of the peer: never open one here.
+  if (DeviceTransport* device = device_ready_.load()) device->forget_peer(incarnation);
 }
 
 Status EngineImpl::register_memory(std::span<const MemoryRegion> regions) {

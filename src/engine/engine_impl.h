@@ -15,6 +15,7 @@
 #include "core/thread_pool.h"
 #include "engine/batch_record.h"
 #include "engine/copy_executor.h"
+#include "engine/device_transport.h"
 #include "engine/peer_monitor.h"
 #include "engine/peer_state.h"
 #include "engine/region_index.h"
@@ -71,6 +72,12 @@ class EngineImpl {
                                                               const RemoteSegment* previous,
                                                               bool map_shm) const;
   Status refresh_peer(PeerState& peer);
+  // Drops what was opened for a peer incarnation that is gone (its IPC handles).
+  void forget_incarnation(uint64_t incarnation);
+
+  // The device transport (cuda_ipc), opened on first need so engines that never touch
+  // device memory never initialise CUDA; the reason when there is none.
+  Result<DeviceTransport*> device_transport() const;
 
   // Batches.
   static void enforce_deadline(BatchRecord& b);
@@ -98,6 +105,10 @@ class EngineImpl {
   ThreadPool workers_;
   CopyExecutor copier_;
   PeerMonitor monitor_;
+  mutable std::once_flag device_once_;
+  mutable std::unique_ptr<DeviceTransport> device_;              // set once under device_once_
+  mutable Status device_error_;                                  // why device_ is null
+  mutable std::atomic<DeviceTransport*> device_ready_{nullptr};  // device_, once opened
   std::unique_ptr<HandshakeServer> handshake_;
   std::unique_ptr<TcpServer> tcp_server_;
   std::unique_ptr<MetadataStore> store_;  // destroyed first: withdraws our record

@@ -61,8 +61,8 @@ void EngineImpl::close_peer(const PeerHandle& handle) {
 Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& name,
                                                             const PeerOptions& options) {
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(name));
-  KVF_ASSIGN_OR_RETURN(std::string json,
-                       store_->fetch(endpoint.to_string(), Clock::now() + options_.handshake_timeout));
+  KVF_ASSIGN_OR_RETURN(std::string json, store_->fetch(endpoint.to_string(),
+                                                       Clock::now() + options_.handshake_timeout));
   KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
   std::optional<TransportKind> forced =
       options.transport ? options.transport : options_.forced_transport;
@@ -91,10 +91,17 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
   // A same-host peer's death is seen through its pidfd; across hosts, through its
   // connections.
   if (same_host && !is_self) KVF_RETURN_IF_ERROR(monitor_.watch(peer));
-  const char* why = forced                               ? " (forced)"
+  const char* why = forced ? " (forced)"
+                    : transport == TransportKind::kCudaIpc
+                        ? " (same host, the peer advertises device memory, both serve cuda_ipc)"
                     : transport == TransportKind::kShm ? " (same host, both serve shm)"
                     : same_host ? " (same host, but not all its regions are shareable through shm)"
                                 : " (other host, both serve tcp)";
+  if (transport != TransportKind::kCudaIpc &&
+      advertises_device_memory(peer->segment.load()->descriptor)) {
+    log().warn("peer {} advertises device memory that {} cannot reach; ops to it will be refused",
+               name, transport_kind_name(transport));
+  }
   log().info("peer {} ('{}', pid {}): transport {}{}", name, peer->segment.load()->descriptor.name,
              peer->pid, transport_kind_name(transport), why);
   return peer;
@@ -149,8 +156,8 @@ Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
 Status EngineImpl::refresh_peer(PeerState& peer) {
   std::lock_guard lock(peer.refresh_mu);
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(peer.name));
-  KVF_ASSIGN_OR_RETURN(std::string json,
-                       store_->fetch(endpoint.to_string(), Clock::now() + options_.handshake_timeout));
+  KVF_ASSIGN_OR_RETURN(std::string json, store_->fetch(endpoint.to_string(),
+                                                       Clock::now() + options_.handshake_timeout));
   KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
   if (d.incarnation != peer.incarnation) {
     std::string why = fmt::format("restarted (incarnation {:016x} -> {:016x}); open it again",
@@ -161,10 +168,9 @@ Status EngineImpl::refresh_peer(PeerState& peer) {
   }
   auto previous = peer.segment.load();
   if (previous && d.version <= previous->descriptor.version) return Status::Ok();
-  KVF_ASSIGN_OR_RETURN(auto segment,
-                       attach_segment(std::move(d), previous.get(),
-                                      peer.transport == TransportKind::kShm ||
-                                          peer.transport == TransportKind::kCudaIpc));
+  KVF_ASSIGN_OR_RETURN(auto segment, attach_segment(std::move(d), previous.get(),
+                                                    peer.transport == TransportKind::kShm ||
+                                                        peer.transport == TransportKind::kCudaIpc));
   peer.segment.store(std::move(segment));
   return Status::Ok();
 }

@@ -3,10 +3,39 @@
 #include <fmt/format.h>
 
 namespace kvferry {
+namespace {
+
+bool is_device(const RegionEntry& r) { return r.location.kind == MemoryLocation::Kind::kCuda; }
+
+// Why `access` cannot copy to or from region `r` (`side` is "local" or "remote"), or "".
+std::string unreachable(const RegionEntry& r, std::string_view side, CopyAccess access,
+                        std::string_view peer_name) {
+  if (is_device(r)) {
+    if (access == CopyAccess::kDevicePointers) {
+      if (r.host_ptr != nullptr || r.cuda) return "";
+      return fmt::format(
+          "remote region at {:#x} of peer {} is cuda:{} memory without an IPC handle", r.addr,
+          peer_name, r.location.device);
+    }
+    return fmt::format(
+        "{} region at {:#x} is cuda:{} memory, which a {} copy cannot touch (same-host peers "
+        "reach device memory through cuda_ipc)",
+        side, r.addr, r.location.device,
+        access == CopyAccess::kRemoteAddress ? "tcp" : "host memcpy");
+  }
+  if (side == "remote" && access != CopyAccess::kRemoteAddress && r.host_ptr == nullptr) {
+    return fmt::format(
+        "remote region at {:#x} of peer {} is not shareable (allocate it with allocate_shared)",
+        r.addr, peer_name);
+  }
+  return "";
+}
+
+}  // namespace
 
 ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
                            const RegionIndex& remote, std::string_view peer_name, bool merge,
-                           bool need_remote_pointer) {
+                           CopyAccess access) {
   ResolveOutcome out;
   if (ops.empty()) {
     out.status = InvalidArgument("empty batch: submit needs at least one op");
@@ -45,12 +74,14 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
       out.remote_miss = true;
       return out;
     }
-    if (need_remote_pointer && r->host_ptr == nullptr) {
-      out.status = NotSupported(
-          fmt::format("op {}: remote region at {:#x} of peer {} is not shareable (allocate it with "
-                      "allocate_shared)",
-                      i, r->addr, peer_name));
-      return out;
+    if (l != last_local || r != last_remote) {
+      std::string why = unreachable(*l, "local", access, peer_name);
+      if (why.empty()) why = unreachable(*r, "remote", access, peer_name);
+      if (!why.empty()) {
+        out.status = NotSupported(fmt::format("op {}: {}", i, why));
+        return out;
+      }
+      batch.touches_device = batch.touches_device || is_device(*l) || is_device(*r);
     }
     ResolvedOp resolved{op.kind, l->host_ptr + (op.local_addr - l->addr), op.remote_addr,
                         r->host_ptr == nullptr ? nullptr : r->host_ptr + (op.remote_addr - r->addr),

@@ -33,8 +33,21 @@ struct ResolvedOp {
 
 struct ResolvedBatch {
   std::vector<ResolvedOp> spans;  // after merging
-  std::vector<RegionUse*> uses;  // local regions touched (consecutive duplicates removed)
+  std::vector<RegionUse*> uses;   // local regions touched (consecutive duplicates removed)
   uint64_t bytes = 0;
+  bool touches_device = false;  // some op reads or writes cuda memory (local or remote)
+};
+
+// What the transport that will run a batch can touch.
+enum class CopyAccess : uint8_t {
+  // tcp: the remote range by address only; both sides must be host memory.
+  kRemoteAddress,
+  // memcpy (local, shm): host memory on both sides, every remote region mapped here.
+  kHostPointers,
+  // device copies (cuda_ipc): host or device memory on either side. A remote host region
+  // must be mapped here; a remote device region may be unmapped (remote == null) if it
+  // carries an IPC handle, which the transport opens before copying.
+  kDevicePointers,
 };
 
 struct ResolveOutcome {
@@ -45,10 +58,10 @@ struct ResolveOutcome {
   ResolvedBatch batch;
 };
 
-// `need_remote_pointer`: the transport copies with memcpy, so every remote region must be
-// mapped into this process (host_ptr set); otherwise (tcp) only its address is needed.
+// `access` says which regions the transport can reach (see CopyAccess); an op touching
+// one it cannot is NotSupported, naming the op, the region and why.
 ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
                            const RegionIndex& remote, std::string_view peer_name, bool merge,
-                           bool need_remote_pointer);
+                           CopyAccess access);
 
 }  // namespace kvferry

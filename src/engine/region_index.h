@@ -3,7 +3,9 @@
 // The engine keeps its own regions as a RegionIndex snapshot that registration replaces
 // (copy-on-write), so the data path reads it without a lock; a peer's advertised regions
 // are a RegionIndex too, whose host_ptr points into this process's mapping of them (or is
-// null when this process cannot touch them directly).
+// null when this process cannot touch them directly, e.g. a peer's device memory, which
+// the cuda_ipc transport maps lazily through its IPC handle). For a local cuda region,
+// host_ptr is the device pointer: only device copies may use it.
 //
 // Thread-safety: immutable after construction; RegionUse counters are atomic.
 #pragma once
@@ -33,8 +35,9 @@ struct RegionEntry {
   uint64_t length = 0;
   char* host_ptr = nullptr;  // this process's pointer to byte `addr`, or null
   MemoryLocation location{};
-  std::optional<ShmBacking> shm;   // local regions inside an allocate_shared buffer
-  std::shared_ptr<RegionUse> use;  // local regions only
+  std::optional<ShmBacking> shm;       // local regions inside an allocate_shared buffer
+  std::shared_ptr<RegionUse> use;      // local regions only
+  std::optional<CudaIpcBacking> cuda;  // device memory exported through CUDA IPC
   uint64_t end() const { return addr + length; }
 };
 

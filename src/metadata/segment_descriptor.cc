@@ -1,10 +1,11 @@
 #include "metadata/segment_descriptor.h"
 
-#include "core/json_excerpt.h"
-
 #include <algorithm>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <span>
+
+#include "core/json_excerpt.h"
 
 namespace kvferry {
 namespace {
@@ -39,6 +40,55 @@ Result<T> get_field(const json& object, const char* key) {
   return it->get<T>();
 }
 
+constexpr char kHexDigits[] = "0123456789abcdef";
+
+std::string to_hex(std::span<const uint8_t> bytes) {
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (uint8_t b : bytes) {
+    out.push_back(kHexDigits[b >> 4]);
+    out.push_back(kHexDigits[b & 0xf]);
+  }
+  return out;
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;  // upper case is refused: one spelling per handle
+}
+
+Result<CudaIpcBacking> parse_cuda(const json& c, const RegionDescriptor& region) {
+  if (!c.is_object()) return bad("'cuda' is not an object");
+  if (region.location.kind != MemoryLocation::Kind::kCuda) {
+    return bad("region at " + std::to_string(region.addr) + " has a 'cuda' object but device -1");
+  }
+  CudaIpcBacking cuda;
+  KVF_ASSIGN_OR_RETURN(std::string handle, get_field<std::string>(c, "ipc_handle"));
+  if (handle.size() != 2 * kCudaIpcHandleBytes) {
+    return bad("cuda ipc_handle has " + std::to_string(handle.size()) + " hex digits, not " +
+               std::to_string(2 * kCudaIpcHandleBytes));
+  }
+  for (size_t i = 0; i < kCudaIpcHandleBytes; ++i) {
+    int hi = hex_value(handle[2 * i]);
+    int lo = hex_value(handle[2 * i + 1]);
+    if (hi < 0 || lo < 0) return bad("cuda ipc_handle is not lower-case hex");
+    cuda.handle[i] = static_cast<uint8_t>(hi << 4 | lo);
+  }
+  KVF_ASSIGN_OR_RETURN(cuda.allocation_offset, get_field<uint64_t>(c, "offset"));
+  KVF_ASSIGN_OR_RETURN(cuda.allocation_bytes, get_field<uint64_t>(c, "allocation_bytes"));
+  if (cuda.allocation_bytes > kMaxCudaAllocationBytes) {
+    return bad("cuda allocation_bytes " + std::to_string(cuda.allocation_bytes) +
+               " exceeds the limit of " + std::to_string(kMaxCudaAllocationBytes));
+  }
+  if (cuda.allocation_offset > cuda.allocation_bytes ||
+      region.length > cuda.allocation_bytes - cuda.allocation_offset) {
+    return bad("cuda range of region at " + std::to_string(region.addr) +
+               " runs past its allocation (" + std::to_string(cuda.allocation_bytes) + " bytes)");
+  }
+  return cuda;
+}
+
 Result<RegionDescriptor> parse_region(const json& r) {
   if (!r.is_object()) return bad("region is not an object");
   RegionDescriptor region;
@@ -68,6 +118,9 @@ Result<RegionDescriptor> parse_region(const json& r) {
     }
     region.shm = shm;
   }
+  if (auto it = r.find("cuda"); it != r.end()) {
+    KVF_ASSIGN_OR_RETURN(region.cuda, parse_cuda(*it, region));
+  }
   return region;
 }
 
@@ -83,6 +136,11 @@ std::string serialize_segment_descriptor(const SegmentDescriptor& d) {
                        {"offset", r.shm->file_offset},
                        {"file_bytes", r.shm->file_bytes},
                        {"inode", r.shm->inode}};
+    }
+    if (r.cuda && r.location.kind == MemoryLocation::Kind::kCuda) {
+      region["cuda"] = {{"ipc_handle", to_hex(r.cuda->handle)},
+                        {"offset", r.cuda->allocation_offset},
+                        {"allocation_bytes", r.cuda->allocation_bytes}};
     }
     regions.push_back(std::move(region));
   }

@@ -6,6 +6,7 @@
 // Thread-safety: plain values and pure functions.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,16 +28,33 @@ struct ShmBacking {
   uint64_t inode = 0;  // identifies the memfd, so a reused fd number is never mistaken for it
 };
 
+// Bytes of a CUDA IPC memory handle (cudaIpcMemHandle_t; CUDA_IPC_HANDLE_SIZE). The CUDA
+// build checks the runtime's type has this size.
+inline constexpr size_t kCudaIpcHandleBytes = 64;
+// Largest allocation a descriptor may claim (1 PiB): bounds the arithmetic on it.
+inline constexpr uint64_t kMaxCudaAllocationBytes = uint64_t{1} << 50;
+
+// How a same-host peer reaches device memory (cuda_ipc): an IPC handle for the whole
+// allocation (cudaMalloc or a caching allocator's block) that contains the region, which
+// starts `allocation_offset` bytes into it. The device is the region's location.
+struct CudaIpcBacking {
+  std::array<uint8_t, kCudaIpcHandleBytes> handle{};
+  uint64_t allocation_offset = 0;
+  uint64_t allocation_bytes = 0;
+  friend bool operator==(const CudaIpcBacking&, const CudaIpcBacking&) = default;
+};
+
 struct RegionDescriptor {
   uint64_t addr = 0;
   uint64_t length = 0;
   MemoryLocation location{};
   std::optional<ShmBacking> shm;
+  std::optional<CudaIpcBacking> cuda;  // only with a cuda location
 };
 
 struct SegmentDescriptor {
   std::string name;
-  std::string endpoint;  // "host:port" of the handshake listener
+  std::string endpoint;      // "host:port" of the handshake listener
   std::string tcp_endpoint;  // "host:port" of the tcp data listener; empty if not served
   uint64_t incarnation = 0;
   std::string host_id;  // see core/host_identity.h

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# On a machine with an NVIDIA GPU: builds kvferry with CUDA (build-gpu/), runs the cuda_ipc
+# GPU tests (which must run, not skip) and the deepseek-v3 all_layers / per_layer / single
+# device copy benchmark, and writes everything to a results file. About 3-5 minutes on one
+# H200 (mostly the build); every step has a time limit so the whole stays under 8 minutes.
+#   RESULTS  results file (default bench-results/gpu-check.txt)
+#   JOBS     build parallelism (default: all cores)
+# Exits non-zero, saying why, when there is no GPU, a GPU test fails or skips, or the
+# benchmark misses its goals.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RESULTS=${RESULTS:-$PWD/bench-results/gpu-check.txt}
+mkdir -p "$(dirname "$RESULTS")"
+JOBS=${JOBS:-$(nproc)}
+BUILD_DIR=build-gpu
+export KVFERRY_LOG_LEVEL=${KVFERRY_LOG_LEVEL:-warn}
+
+fail() { echo "gpu-check: FAILED: $*" | tee -a "$RESULTS" >&2; exit 1; }
+
+: >"$RESULTS"
+echo "== kvferry gpu-check $(date -u +%FT%TZ) on $(hostname)" | tee -a "$RESULTS"
+command -v nvidia-smi >/dev/null || fail "no nvidia-smi: this script needs an NVIDIA GPU and driver"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >>"$RESULTS" \
+  || fail "nvidia-smi finds no GPU"
+[ "$(nvidia-smi -L | grep -c '^GPU')" -ge 1 ] || fail "nvidia-smi lists no GPU"
+cat "$RESULTS"
+
+echo "== build (CUDA on, tests only)"
+timeout 360 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DKVFERRY_CUDA=ON -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF >/dev/null \
+  || fail "cmake with -DKVFERRY_CUDA=ON (is the CUDA toolkit installed?)"
+timeout 360 ninja -C "$BUILD_DIR" -j "$JOBS" kvferry_unit_tests || fail "build"
+tests="$BUILD_DIR/kvferry_unit_tests"
+
+echo "== cuda_ipc host-side and GPU tests" | tee -a "$RESULTS"
+log=$(mktemp)
+# The peer helper (CudaIpcPeer.Serve) and the no-device check skip by design; every other
+# cuda_ipc test must run and pass.
+set +e
+timeout 180 "$tests" --gtest_filter='CudaIpc*:CacheFixture.*:ExportFixture.*:TransportChoice.*:DeviceOpValidation.*:SegmentDescriptorCuda.*-CudaIpcBench.*' \
+  >"$log" 2>&1
+rc=$?
+set -e
+grep -E '^\[ +(OK|FAILED|SKIPPED) +\]' "$log" | tee -a "$RESULTS"
+[ "$rc" -eq 0 ] || { tail -50 "$log"; fail "GPU tests (exit $rc)"; }
+unexpected=$(grep -E '^\[  SKIPPED \] ' "$log" | grep -vE 'CudaIpcPeer\.Serve|CudaIpcNoDevice\.' | sort -u || true)
+[ -z "$unexpected" ] || fail "GPU tests skipped on a GPU machine: $unexpected"
+
+echo "== benchmark: deepseek-v3, 4k and 16k tokens, random pages, page size 64" | tee -a "$RESULTS"
+set +e
+KVFERRY_CUDA_BENCH=1 KVFERRY_CUDA_BENCH_OUT="$RESULTS" timeout 180 "$tests" \
+  --gtest_filter='CudaIpcBench.*' >"$log" 2>&1
+rc=$?
+set -e
+grep -E '^deepseek|\[ +(OK|FAILED|SKIPPED) +\]' "$log" || true
+[ "$rc" -eq 0 ] || { tail -40 "$log"; fail "benchmark (exit $rc; goals: all_layers <= 0.67x per_layer, >= 0.8x single-copy bandwidth)"; }
+grep -q '^\[  SKIPPED \]' "$log" && fail "benchmark skipped on a GPU machine"
+rm -f "$log"
+echo "== gpu-check passed; results in $RESULTS" | tee -a "$RESULTS"
