@@ -102,7 +102,8 @@ void CopyExecutor::run(const std::shared_ptr<BatchRecord>& batch) {
     batch->finish_task(copy_slice(*batch, CopySlice{0, 0, spans.size() - 1, spans.back().length}));
     return;
   }
-  parts = static_cast<int>(std::min<uint64_t>(parts, std::max<uint64_t>(1, bytes / std::max<uint64_t>(1, inline_bytes_))));
+  parts = static_cast<int>(std::min<uint64_t>(
+      parts, std::max<uint64_t>(1, bytes / std::max<uint64_t>(1, inline_bytes_))));
   batch->slices = balance(spans, bytes, parts);
   const size_t n = batch->slices.size();
   batch->slice_claimed = std::make_unique<std::atomic<bool>[]>(n);

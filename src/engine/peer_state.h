@@ -62,7 +62,7 @@ struct PeerState {
   uint64_t incarnation = 0;
   int64_t pid = 0;
   std::atomic<std::shared_ptr<const RemoteSegment>> segment;  // null for the self peer
-  std::shared_ptr<TcpLink> tcp;  // set when transport == kTcp
+  std::shared_ptr<TcpLink> tcp;                               // set when transport == kTcp
   std::mutex refresh_mu;                                      // one descriptor refresh at a time
 
   bool is_disconnected() const { return liveness->is_disconnected(); }
