@@ -41,7 +41,9 @@ void BatchRecord::stop(const Status& why) {
   while (wire_in_flight.load() != 0 && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  release_uses();
+  // Requests still on the wire past the deadline land nothing more, but a sender may still
+  // be reading their local memory: the last finish_task unpins it then.
+  if (wire_in_flight.load() == 0) release_uses();
   std::lock_guard lock(mu);
   finalize_locked(why);
 }

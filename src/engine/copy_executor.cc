@@ -37,7 +37,8 @@ Status copy_slice(BatchRecord& b, const CopySlice& s) {
     while (span <= s.last_span && chunk_bytes < kCopyChunkBytes && chunk_spans < kCopyChunkSpans) {
       uint64_t end = span == s.last_span ? s.last_end : spans[span].length;
       uint64_t n = std::min(end - offset, kCopyChunkBytes - chunk_bytes);
-      std::memcpy(spans[span].dst() + offset, spans[span].src() + offset, n);
+      // memmove: a self-peer op may overlap its own source; as fast as memcpy otherwise.
+      std::memmove(spans[span].dst() + offset, spans[span].src() + offset, n);
       chunk_bytes += n;
       offset += n;
       if (offset == end) {

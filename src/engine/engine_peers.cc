@@ -50,6 +50,8 @@ Result<PeerHandle> EngineImpl::open_peer(std::string_view name, const PeerOption
 void EngineImpl::close_peer(const PeerHandle& handle) {
   if (!handle.valid() || handle.state_->is_self) return;
   handle.state_->mark_disconnected("closed by this engine");
+  // Its tcp lanes close now: what they carry fails with PeerDisconnected.
+  if (handle.state_->tcp) handle.state_->tcp->shutdown();
   {
     std::lock_guard lock(peers_mu_);
     auto it = peers_.find(handle.state_->name);

@@ -34,6 +34,10 @@ struct TcpChunk {
 // Why a chunk of this batch must not be started, or OK.
 Status chunk_stop_reason(const BatchRecord& b) {
   if (b.cancelled.load()) return b.stop_reason();
+  if (b.peer->is_disconnected()) {
+    return PeerDisconnected("peer " + b.peer->name() +
+                            " disconnected: " + b.peer->disconnect_reason());
+  }
   if (Clock::now() >= b.deadline) {
     return Timeout(fmt::format("batch exceeded its timeout of {} ms", b.timeout.count()));
   }
@@ -107,12 +111,21 @@ class TcpLane {
     }
     ::shutdown(fd_.get(), SHUT_RDWR);
     cv_.notify_all();
-    for (TcpChunk& c : queued) finish(c, why);
+    // Each chunk fails for its own batch's reason when it has one (its deadline passed, it
+    // was cancelled); otherwise the lane's loss is a disconnection for it, even when the
+    // lane died of another batch's timeout.
+    auto reason_for = [&](const TcpChunk& c) {
+      Status own = chunk_stop_reason(*c.batch);
+      if (!own.ok()) return own;
+      if (why.code() == StatusCode::kTimeout) {
+        return PeerDisconnected("lane to " + peer_ + " closed: " + why.message());
+      }
+      return why;
+    };
+    for (TcpChunk& c : queued) finish(c, reason_for(c));
     for (auto& [id, c] : flying) {
       c.batch->wire_in_flight.fetch_sub(1);
-      // A batch past its deadline failed because of it, not because of the lane.
-      Status reason = chunk_stop_reason(*c.batch);
-      finish(c, reason.ok() ? why : reason);
+      finish(c, reason_for(c));
     }
   }
 
@@ -135,10 +148,6 @@ class TcpLane {
       Clock::time_point send_deadline = Clock::time_point::max();
       size_t slot = 0;
       for (TcpChunk& c : batch_of_chunks) {
-        if (Status why = chunk_stop_reason(*c.batch); !why.ok()) {
-          finish(c, why);
-          continue;
-        }
         TcpHeader h;
         h.type = c.kind == OpKind::kWrite ? TcpFrame::kWrite : TcpFrame::kRead;
         h.addr = c.remote_addr;
@@ -161,6 +170,18 @@ class TcpLane {
           finish(c, broken_status());
           continue;
         }
+        // Checked only now that the chunk counts as on the wire: stop() sets `cancelled`
+        // before it reads wire_in_flight, so either it waits for this chunk or we see the
+        // stop here (the same handshake as the copier's active_copies).
+        if (Status why = chunk_stop_reason(*c.batch); !why.ok()) {
+          {
+            std::lock_guard lock(mu_);
+            in_flight_.erase(h.request_id);
+          }
+          c.batch->wire_in_flight.fetch_sub(1);
+          finish(c, why);
+          continue;
+        }
         encode_tcp_header(h, headers[slot].data());
         iov.push_back({headers[slot].data(), kTcpHeaderBytes});
         if (c.kind == OpKind::kWrite) iov.push_back({c.local, c.length});
@@ -180,6 +201,9 @@ class TcpLane {
   Status send_iov(std::vector<iovec>& iov, Clock::time_point deadline) {
     size_t first = 0;
     while (first < iov.size()) {
+      // Past the deadline nothing more is read from local memory: stop() may have
+      // released it once the deadline passed.
+      if (Clock::now() >= deadline) return Timeout("send");
       msghdr msg{};
       msg.msg_iov = iov.data() + first;
       msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
@@ -264,6 +288,15 @@ class TcpLane {
       chunk = std::move(it->second);
       in_flight_.erase(it);
     }
+    const TcpFrame expected = chunk.kind == OpKind::kWrite ? TcpFrame::kAck : TcpFrame::kReadData;
+    if (h.type != expected ||
+        (h.type == TcpFrame::kReadData && h.status == 0 && h.length != chunk.length)) {
+      chunk.batch->wire_in_flight.fetch_sub(1);
+      finish(chunk, ProtocolError("mismatched reply"));
+      return ProtocolError(
+          fmt::format("peer {} answered request {} with frame type {} and length {}", peer_,
+                      h.request_id, static_cast<int>(h.type), h.length));
+    }
     Status result =
         h.status == 0
             ? Status::Ok()
@@ -306,7 +339,7 @@ class TcpLane {
       Status s;
       if (why.ok()) {
         s = recv_all(fd_.get(), {reinterpret_cast<std::byte*>(c.local + done), n},
-                     Clock::now() + std::chrono::seconds(10));
+                     std::min(Clock::now() + std::chrono::seconds(10), b.deadline));
       } else {
         outcome = why;
         n = std::min<uint64_t>(n, scratch.size());
@@ -409,6 +442,11 @@ Result<std::shared_ptr<TcpLane>> TcpLink::lane(size_t index) {
     slot = std::move(*fresh);
   }
   return slot;
+}
+
+void TcpLink::shutdown() {
+  std::lock_guard lock(mu_);
+  for (auto& lane : lanes_) lane.reset();  // each lane fails what it carries and joins
 }
 
 Status TcpLink::post(const std::shared_ptr<BatchRecord>& batch) {

@@ -53,6 +53,9 @@ class TcpLink {
   // pending_tasks is set to the number of chunks. Errors (no lane could connect, the peer
   // restarted) are returned before anything is queued.
   Status post(const std::shared_ptr<BatchRecord>& batch);
+  // Closes every lane: what they carry fails with PeerDisconnected. A later post()
+  // reconnects.
+  void shutdown();
 
  private:
   Result<std::shared_ptr<TcpLane>> lane(size_t index);

@@ -48,6 +48,10 @@ Result<Pin> pin_range(const std::shared_ptr<const RegionIndex>& regions, uint64_
     return NotRegistered("range [" + std::to_string(addr) + ", +" + std::to_string(length) +
                          ") is outside every registered region of the receiver");
   }
+  if (r->location.kind != MemoryLocation::Kind::kHost) {  // a device pointer: not for recv()
+    return NotSupported("range at " + std::to_string(addr) +
+                        " is device memory; tcp moves host memory");
+  }
   r->use->in_flight.fetch_add(1);
   if (r->use->removed.load()) {
     r->use->in_flight.fetch_sub(1);
@@ -128,9 +132,12 @@ struct TcpServer::IoThread {
   void loop() {
     std::array<epoll_event, 64> events;
     while (!stopping_.load()) {
-      int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), -1);
+      // Wakes at least every 100 ms so a write whose sender went silent mid-payload gives
+      // up its pin at its deadline instead of holding the region forever.
+      int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), 100);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return;
+      release_expired_targets();
       for (int i = 0; i < n; ++i) {
         int fd = events[i].data.fd;
         if (fd == wake_.get()) {
@@ -147,6 +154,18 @@ struct TcpServer::IoThread {
         if (alive && (events[i].events & EPOLLOUT) != 0) alive = flush(c);
         if (alive) alive = update_interest(c);
         if (!alive) drop(fd);
+      }
+    }
+  }
+
+  void release_expired_targets() {
+    const int64_t now = monotonic_ns();
+    for (auto& [fd, conn] : conns_) {
+      Conn& c = *conn;
+      if (c.in == InState::kPayload && c.current.deadline_ns != 0 && now > c.current.deadline_ns) {
+        c.target.release();
+        c.verdict = Timeout("write request passed its deadline on the receiver");
+        c.in = InState::kDrain;
       }
     }
   }
@@ -220,7 +239,8 @@ struct TcpServer::IoThread {
             continue;
           }
           into = c.target.ptr + (c.current.length - c.remaining);
-          want = c.remaining;
+          // At most 1 MiB per recv, so the deadline is checked at least that often.
+          want = std::min<uint64_t>(c.remaining, 1 << 20);
           break;
         case InState::kDrain:
           into = scratch.data();
