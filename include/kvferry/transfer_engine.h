@@ -66,6 +66,9 @@ struct MemoryRegion {
   MemoryLocation location{};
 };
 
+// The longest batch timeout accepted (a day): deadlines stay far from clock overflow.
+inline constexpr std::chrono::milliseconds kMaxBatchTimeout{24 * 3600 * 1000};
+
 struct EngineOptions {
   std::string name = "kvferry";
   // Handshake listener, "host:port". Port 0 picks a free port (see endpoint()).

@@ -8,8 +8,9 @@ namespace kvferry::detail {
 Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const TransferOp> ops,
                                        const SubmitOptions& options) {
   if (!handle.valid()) return InvalidArgument("submit: invalid peer handle");
-  if (options.timeout.count() < 0) {
-    return InvalidArgument(fmt::format("submit: negative timeout {} ms", options.timeout.count()));
+  if (options.timeout.count() < 0 || options.timeout > kMaxBatchTimeout) {
+    return InvalidArgument(fmt::format("submit: timeout {} ms out of range 0..{} ms",
+                                       options.timeout.count(), kMaxBatchTimeout.count()));
   }
   const std::shared_ptr<PeerState>& peer = handle.state_;
   auto batch = std::make_shared<BatchRecord>();
@@ -105,7 +106,9 @@ BatchStatus EngineImpl::wait(const BatchHandle& handle, std::chrono::millisecond
     return BatchStatus{BatchState::kFailed, InvalidArgument("wait: invalid batch handle"), {}};
   }
   BatchRecord& b = *handle.state_;
-  auto until = std::min(Clock::now() + timeout, b.deadline);
+  // Saturating: wait(h, milliseconds::max()) must not overflow the clock.
+  const auto now = Clock::now();
+  const auto until = timeout >= b.deadline - now ? b.deadline : now + timeout;
   if (timeout.count() > 0) CopyExecutor::help(b);
   {
     std::unique_lock lock(b.mu);

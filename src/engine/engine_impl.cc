@@ -46,9 +46,9 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
     return InvalidArgument(
         fmt::format("worker_threads {} out of range 0..256", options.worker_threads));
   }
-  if (options.batch_timeout.count() <= 0) {
-    return InvalidArgument(
-        fmt::format("batch_timeout {} ms must be positive", options.batch_timeout.count()));
+  if (options.batch_timeout.count() <= 0 || options.batch_timeout > kMaxBatchTimeout) {
+    return InvalidArgument(fmt::format("batch_timeout {} ms out of range 1..{} ms",
+                                       options.batch_timeout.count(), kMaxBatchTimeout.count()));
   }
   if (options.handshake_timeout.count() <= 0) {
     return InvalidArgument(
@@ -237,6 +237,10 @@ Status EngineImpl::register_memory(std::span<const MemoryRegion> regions) {
 Status EngineImpl::unregister_memory(std::span<void* const> addrs) {
   if (addrs.empty()) return InvalidArgument("unregister_memory: no addresses given");
   std::lock_guard lock(registry_mu_);
+  return unregister_locked(addrs);
+}
+
+Status EngineImpl::unregister_locked(std::span<void* const> addrs) {
   auto current = local_regions_.load();
   std::vector<const RegionEntry*> victims;
   for (void* p : addrs) {
@@ -281,23 +285,16 @@ Result<SharedBuffer> EngineImpl::allocate_shared(size_t bytes) {
 
 Status EngineImpl::free_shared(void* addr) {
   auto key = reinterpret_cast<uint64_t>(addr);
-  {
-    std::lock_guard lock(registry_mu_);
-    if (shared_allocations_.find(key) == shared_allocations_.end()) {
-      return NotRegistered(fmt::format("{:#x} is not the start of a shared allocation", key));
-    }
-  }
-  // Regions registered inside the allocation must be unregistered by their owner first;
-  // the allocation's own region goes here.
-  void* addrs[] = {addr};
-  KVF_RETURN_IF_ERROR(unregister_memory(addrs));
+  // One hold of the lock: nothing can be registered inside the allocation between its
+  // region going and the memory being unmapped.
   std::lock_guard lock(registry_mu_);
-  auto current = local_regions_.load();
   auto it = shared_allocations_.find(key);
-  if (const RegionEntry* inside = current->find_overlap(key, it->second->bytes())) {
-    return FailedPrecondition(
-        fmt::format("shared allocation at {:#x} still has region [{:#x}, +{}) registered inside it",
-                    key, inside->addr, inside->length));
+  if (it == shared_allocations_.end()) {
+    return NotRegistered(fmt::format("{:#x} is not the start of a shared allocation", key));
+  }
+  if (local_regions_.load()->find_start(key) != nullptr) {  // the user may have unregistered it
+    void* addrs[] = {addr};
+    KVF_RETURN_IF_ERROR(unregister_locked(addrs));
   }
   shared_allocations_.erase(it);
   return Status::Ok();

@@ -58,6 +58,7 @@ class EngineImpl {
 
   // Registration helpers; registry_mu_ held.
   Status add_regions_locked(std::span<const MemoryRegion> regions);
+  Status unregister_locked(std::span<void* const> addrs);
   // Rebuilds the descriptor and publishes it; the error is the store's.
   Status publish_locked();
   std::optional<ShmBacking> shm_backing_locked(uint64_t addr, uint64_t length) const;
