@@ -21,7 +21,9 @@ std::vector<std::byte> make_frame(HandshakeFrame type, std::string_view payload)
   encode_handshake_header(
       {kHandshakeMagic, kHandshakeVersion, type, static_cast<uint32_t>(payload.size())},
       frame.data());
-  std::memcpy(frame.data() + kHandshakeHeaderBytes, payload.data(), payload.size());
+  if (!payload.empty()) {  // an empty view's data() may be null: not for memcpy
+    std::memcpy(frame.data() + kHandshakeHeaderBytes, payload.data(), payload.size());
+  }
   return frame;
 }
 

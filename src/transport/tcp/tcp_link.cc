@@ -29,6 +29,12 @@ struct TcpChunk {
   char* local = nullptr;
   uint64_t remote_addr = 0;
   uint64_t length = 0;
+  // A WRITE completes only when it is both acknowledged and its sendmsg has returned:
+  // on loopback the ack can overtake the syscall, and the caller may free the buffer
+  // the moment the batch completes.
+  bool sent = false;
+  bool acked = false;
+  uint32_t ack_status = 0;
 };
 
 // Why a chunk of this batch must not be started, or OK.
@@ -133,6 +139,7 @@ class TcpLane {
     std::vector<TcpChunk> batch_of_chunks;
     std::vector<std::array<std::byte, kTcpHeaderBytes>> headers(kMaxGather);
     std::vector<iovec> iov;
+    std::vector<uint64_t> sent_ids;
     for (;;) {
       batch_of_chunks.clear();
       {
@@ -145,6 +152,7 @@ class TcpLane {
         }
       }
       iov.clear();
+      sent_ids.clear();
       Clock::time_point send_deadline = Clock::time_point::max();
       size_t slot = 0;
       for (TcpChunk& c : batch_of_chunks) {
@@ -162,6 +170,7 @@ class TcpLane {
           if (!broken_) {
             h.request_id = next_id_++;
             c.batch->wire_in_flight.fetch_add(1);
+            c.sent = c.kind != OpKind::kWrite;  // a READ's request reads no local memory
             in_flight_.emplace(h.request_id, c);
             registered = true;
           }
@@ -183,6 +192,7 @@ class TcpLane {
           continue;
         }
         encode_tcp_header(h, headers[slot].data());
+        sent_ids.push_back(h.request_id);
         iov.push_back({headers[slot].data(), kTcpHeaderBytes});
         if (c.kind == OpKind::kWrite) iov.push_back({c.local, c.length});
         send_deadline = std::min(send_deadline, c.batch->deadline);
@@ -195,7 +205,37 @@ class TcpLane {
                      : PeerDisconnected("connection to " + peer_ + " lost: " + s.message()));
         return;
       }
+      finish_sent(sent_ids);
     }
+  }
+
+  // Marks the requests as sent; those already acknowledged complete now.
+  void finish_sent(const std::vector<uint64_t>& ids) {
+    std::vector<TcpChunk> done;
+    {
+      std::lock_guard lock(mu_);
+      for (uint64_t id : ids) {
+        auto it = in_flight_.find(id);
+        if (it == in_flight_.end()) continue;  // failed meanwhile
+        if (it->second.acked) {
+          done.push_back(std::move(it->second));
+          in_flight_.erase(it);
+        } else {
+          it->second.sent = true;
+        }
+      }
+    }
+    for (TcpChunk& c : done) {
+      c.batch->wire_in_flight.fetch_sub(1);
+      finish(c, reply_status(c.ack_status, c));
+    }
+  }
+
+  Status reply_status(uint32_t status, const TcpChunk& c) const {
+    if (status == 0) return Status::Ok();
+    return Status(static_cast<StatusCode>(status),
+                  fmt::format("peer {} refused a request at {:#x}: {}", peer_, c.remote_addr,
+                              status_code_name(static_cast<StatusCode>(status))));
   }
 
   Status send_iov(std::vector<iovec>& iov, Clock::time_point deadline) {
@@ -285,7 +325,13 @@ class TcpLane {
         return ProtocolError(
             fmt::format("peer {} answered unknown request {}", peer_, h.request_id));
       }
-      chunk = std::move(it->second);
+      TcpChunk& entry = it->second;
+      if (entry.kind == OpKind::kWrite && h.type == TcpFrame::kAck && !entry.sent) {
+        entry.acked = true;  // the sender completes it once its sendmsg has returned
+        entry.ack_status = h.status;
+        return Status::Ok();
+      }
+      chunk = std::move(entry);
       in_flight_.erase(it);
     }
     const TcpFrame expected = chunk.kind == OpKind::kWrite ? TcpFrame::kAck : TcpFrame::kReadData;
@@ -297,12 +343,7 @@ class TcpLane {
           fmt::format("peer {} answered request {} with frame type {} and length {}", peer_,
                       h.request_id, static_cast<int>(h.type), h.length));
     }
-    Status result =
-        h.status == 0
-            ? Status::Ok()
-            : Status(static_cast<StatusCode>(h.status),
-                     fmt::format("peer {} refused a request at {:#x}: {}", peer_, chunk.remote_addr,
-                                 status_code_name(static_cast<StatusCode>(h.status))));
+    Status result = reply_status(h.status, chunk);
     if (h.type == TcpFrame::kReadData && h.length != 0) {
       if (h.length != chunk.length) {
         chunk.batch->wire_in_flight.fetch_sub(1);
