@@ -51,8 +51,8 @@ class LatencySampler {
   std::vector<double> samples_;
 };
 
-// Runs every contestant once per round, in turn, for at least `min_time_ms` (and at least 3
-// rounds), after one unmeasured warm-up round. On a shared machine a slow spell then hits
+// Runs every contestant once per round, in turn (starting one further each round), for at
+// least `min_time_ms` (and at least 3 rounds), after one unmeasured warm-up round. On a shared machine a slow spell then hits
 // every contestant alike, so their ratios stay meaningful. A contestant returning false
 // stops the run. Returns one sampler per contestant.
 inline std::vector<LatencySampler> run_interleaved(
@@ -64,7 +64,10 @@ inline std::vector<LatencySampler> run_interleaved(
   auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(min_time_ms);
   for (size_t round = 0; round < 3 || (std::chrono::steady_clock::now() < until && round < 100000);
        ++round) {
-    for (size_t i = 0; i < contestants.size(); ++i) {
+    // The starting contestant rotates each round: whoever runs right after another one
+    // inherits its cache state, and that must not always be the same contestant.
+    for (size_t k = 0; k < contestants.size(); ++k) {
+      const size_t i = (round + k) % contestants.size();
       auto t0 = std::chrono::steady_clock::now();
       if (!contestants[i]()) return out;
       out[i].add(
