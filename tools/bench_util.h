@@ -52,9 +52,9 @@ class LatencySampler {
 };
 
 // Runs every contestant once per round, in turn (starting one further each round), for at
-// least `min_time_ms` (and at least 3 rounds), after one unmeasured warm-up round. On a shared machine a slow spell then hits
-// every contestant alike, so their ratios stay meaningful. A contestant returning false
-// stops the run. Returns one sampler per contestant.
+// least `min_time_ms` (and at least 3 rounds), after one unmeasured warm-up round. On a shared
+// machine a slow spell then hits every contestant alike, so their ratios stay meaningful. A
+// contestant returning false stops the run. Returns one sampler per contestant.
 inline std::vector<LatencySampler> run_interleaved(
     int min_time_ms, const std::vector<std::function<bool()>>& contestants) {
   std::vector<LatencySampler> out(contestants.size());

@@ -38,6 +38,16 @@ Status PeerMonitor::watch(const std::shared_ptr<PeerState>& peer) {
     return ErrnoStatus(StatusCode::kInternal, "pidfd_open for peer " + peer->name, errno);
   }
   std::lock_guard lock(mu_);
+  // Peers nobody holds any more (closed, replaced) need no watching: drop their pidfds so
+  // a long-lived engine that reopens peers does not accumulate them.
+  for (auto it = watched_.begin(); it != watched_.end();) {
+    if (it->second.peer.expired()) {
+      ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second.pidfd.get(), nullptr);
+      it = watched_.erase(it);
+    } else {
+      ++it;
+    }
+  }
   uint64_t key = next_key_++;
   epoll_event ev{};
   ev.events = EPOLLIN;
