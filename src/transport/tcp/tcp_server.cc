@@ -21,6 +21,9 @@
 namespace kvferry {
 namespace {
 
+// How long a refused connection is kept half-closed, discarding input, before it is closed.
+constexpr int64_t kRefusedDrainNs = 1'000'000'000;
+
 int64_t monotonic_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
       .count();
@@ -85,6 +88,7 @@ struct Conn {
   bool hello_done = false;
   bool authenticated = false;
   bool close_after_flush = false;
+  int64_t drain_until_ns = 0;  // set once a refused connection is half-closed
   AuthNonce nonce{};
   std::array<std::byte, kTcpProofBytes> proof{};
   size_t proof_have = 0;
@@ -160,14 +164,17 @@ struct TcpServer::IoThread {
 
   void release_expired_targets() {
     const int64_t now = monotonic_ns();
+    std::vector<int> done_draining;
     for (auto& [fd, conn] : conns_) {
       Conn& c = *conn;
+      if (c.drain_until_ns != 0 && now > c.drain_until_ns) done_draining.push_back(fd);
       if (c.in == InState::kPayload && c.current.deadline_ns != 0 && now > c.current.deadline_ns) {
         c.target.release();
         c.verdict = Timeout("write request passed its deadline on the receiver");
         c.in = InState::kDrain;
       }
     }
+    for (int fd : done_draining) drop(fd);
   }
 
   void take_incoming() {
@@ -195,12 +202,28 @@ struct TcpServer::IoThread {
 
   bool update_interest(Conn& c) {
     epoll_event ev{};
-    // A refused connection reads nothing more: it only flushes its refusal, then closes.
-    ev.events = (c.close_after_flush ? 0u : static_cast<uint32_t>(EPOLLIN)) |
+    // A refused connection acts on nothing more: it flushes its refusal, then half-closes
+    // and discards what still arrives until the peer closes (or a second passes). Closing
+    // with unread input would send a reset, which can overtake the refusal on a real link.
+    ev.events = (c.close_after_flush && !c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLIN)) |
                 (c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
     ev.data.fd = c.fd.get();
-    if (c.close_after_flush && c.out.empty()) return false;
+    if (c.close_after_flush && c.out.empty() && c.drain_until_ns == 0) {
+      ::shutdown(c.fd.get(), SHUT_WR);
+      c.drain_until_ns = monotonic_ns() + kRefusedDrainNs;
+    }
     return ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) == 0;
+  }
+
+  // Discards input on a refused, half-closed connection. False: it is done (close it).
+  static bool discard_input(Conn& c) {
+    std::array<std::byte, 4096> sink;
+    for (;;) {
+      ssize_t n = ::recv(c.fd.get(), sink.data(), sink.size(), MSG_DONTWAIT);
+      if (n > 0) continue;
+      if (n < 0 && errno == EINTR) continue;
+      return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
   }
 
   static void queue(Conn& c, const TcpHeader& h, OutPiece piece = {}) {
@@ -222,7 +245,7 @@ struct TcpServer::IoThread {
     for (;;) {
       // Once refused, nothing that follows is acted on (not even another kAuth): the
       // refusal is flushed and the connection closed.
-      if (c.close_after_flush) return flush(c);
+      if (c.close_after_flush) return c.drain_until_ns != 0 ? discard_input(c) : flush(c);
       void* into = nullptr;
       size_t want = 0;
       switch (c.in) {
