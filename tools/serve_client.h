@@ -19,10 +19,15 @@ struct ServePeer {
   uint64_t bytes = 0;
 };
 
+// `launcher` is put in front of the CLI (e.g. `ip netns exec NS` for a peer in a namespace).
 inline Result<ServePeer> start_serve_peer(const std::string& cli_path, uint64_t shared_bytes,
-                                          const std::vector<std::string>& extra_args = {}) {
-  std::vector<std::string> argv = {cli_path, "serve", "--shared-bytes",
-                                   std::to_string(shared_bytes)};
+                                          const std::vector<std::string>& extra_args = {},
+                                          const std::vector<std::string>& launcher = {}) {
+  std::vector<std::string> argv = launcher;
+  for (std::string part : {cli_path, std::string("serve"), std::string("--shared-bytes"),
+                           std::to_string(shared_bytes)}) {
+    argv.push_back(std::move(part));
+  }
   argv.insert(argv.end(), extra_args.begin(), extra_args.end());
   KVF_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::spawn(argv));
   KVF_ASSIGN_OR_RETURN(std::string line, child.read_line(std::chrono::seconds(30)));

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
@@ -136,15 +135,10 @@ class DroppedPackets : public ::testing::Test {
 TEST_F(DroppedPackets, PeerThatStopsAnsweringFailsTheBatchWithTimeout) {
   constexpr uint64_t kBytes = 64ull << 20;
   // `ip netns exec` runs the serve child inside the namespace.
-  auto child =
-      ChildProcess::spawn({"/usr/sbin/ip", "netns", "exec", ns_, KVFERRY_CLI_PATH, "serve",
-                           "--shared-bytes", std::to_string(kBytes), "--listen", "10.231.7.2:0"});
-  ASSERT_TRUE(child.ok()) << child.status().to_string();
-  auto hello = child->read_line(std::chrono::seconds(30));
-  ASSERT_TRUE(hello.ok()) << hello.status().to_string();
-  auto j = nlohmann::json::parse(*hello);
-  const std::string endpoint = j["endpoint"];
-  const uint64_t remote = j["addr"];
+  ServePeer child = must(start_serve_peer(KVFERRY_CLI_PATH, kBytes, {"--listen", "10.231.7.2:0"},
+                                          {"/usr/sbin/ip", "netns", "exec", ns_}));
+  const std::string endpoint = child.endpoint;
+  const uint64_t remote = child.addr;
   EngineOptions o;
   o.name = "initiator";
   o.listen_address = "10.231.7.1:0";
@@ -171,7 +165,7 @@ TEST_F(DroppedPackets, PeerThatStopsAnsweringFailsTheBatchWithTimeout) {
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(4));
   ASSERT_EQ(s.state, BatchState::kFailed);
   EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
-  child->kill_now();
+  child.process.kill_now();
 }
 
 }  // namespace

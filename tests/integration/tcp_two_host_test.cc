@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +19,7 @@
 #include "core/pattern.h"
 #include "metadata/handshake.h"
 #include "metadata/segment_descriptor.h"
+#include "serve_client.h"
 #include "test_support.h"
 
 namespace kvferry {
@@ -74,13 +74,12 @@ class TwoHosts : public ::testing::Test {
 
   // Starts `kvferry serve` as the other host; returns its handshake endpoint.
   std::string start_peer() {
-    peer_.emplace(must(ChildProcess::spawn(
-        {kIp, "netns", "exec", ns_, kUnshare, "--pid", "--fork", "--kill-child", "--mount-proc",
-         KVFERRY_CLI_PATH, "serve", "--name", "other-host", "--shared-bytes",
-         std::to_string(kPeerBytes), "--listen", peer_ip_ + ":0"})));
-    auto hello = nlohmann::json::parse(must(peer_->read_line(std::chrono::seconds(30))));
-    peer_addr_ = hello["addr"].get<uint64_t>();
-    return hello["endpoint"].get<std::string>();
+    cli::ServePeer peer = must(cli::start_serve_peer(
+        KVFERRY_CLI_PATH, kPeerBytes, {"--name", "other-host", "--listen", peer_ip_ + ":0"},
+        {kIp, "netns", "exec", ns_, kUnshare, "--pid", "--fork", "--kill-child", "--mount-proc"}));
+    peer_addr_ = peer.addr;
+    peer_.emplace(std::move(peer.process));
+    return peer.endpoint;
   }
 
   std::string ask_peer(const std::string& command) {
