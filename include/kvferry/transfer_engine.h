@@ -8,9 +8,11 @@
 //  * A peer is named "host:port", the endpoint of its handshake listener. open_peer fetches
 //    the peer's segment descriptor (regions, transports it serves, an incarnation id that
 //    changes when the peer restarts) and caches it.
-//  * submit() validates, merges adjacent ops, picks the transport chosen for the peer and
-//    posts. The returned BatchHandle ends in Completed or in a typed error within the
-//    batch's timeout; completion means the bytes are in the destination's memory.
+//  * submit() validates, merges adjacent ops, routes each op by where its memory lives
+//    (local kind, remote kind, same host or not) to the best transport both sides serve, and
+//    posts; a batch whose ops need different routes is split and ends once every part has
+//    (the first error wins). The returned BatchHandle ends in Completed or in a typed error within
+//    the batch's timeout; completion means the bytes are in the destination's memory.
 //
 // Ownership: the engine owns its listener, worker threads, shared allocations and peer
 // mappings. BatchHandle and PeerHandle are reference-counted views that may outlive
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "kvferry/status.h"
+#include "kvferry/transfer_types.h"
 #include "kvferry/transport_kind.h"
 
 namespace kvferry {
@@ -40,34 +43,6 @@ struct BatchRecord;
 struct PeerState;
 class EngineImpl;
 }  // namespace detail
-
-enum class OpKind : uint8_t { kWrite = 0, kRead = 1 };
-
-// One transfer. WRITE copies [local_addr, +length) to the peer's [remote_addr, +length);
-// READ copies the other way.
-struct TransferOp {
-  OpKind kind = OpKind::kWrite;
-  uint64_t local_addr = 0;
-  uint64_t remote_addr = 0;
-  uint64_t length = 0;
-};
-
-// Where a region lives: host memory (pageable or pinned), or device memory of CUDA device
-// N (needs a build with CUDA and a device at run time; same-host peers reach it through
-// the cuda_ipc transport).
-struct MemoryLocation {
-  enum class Kind : uint8_t { kHost = 0, kCuda = 1 } kind = Kind::kHost;
-  int device = -1;
-};
-
-struct MemoryRegion {
-  void* addr = nullptr;
-  size_t length = 0;
-  MemoryLocation location{};
-};
-
-// The longest batch timeout accepted (a day): deadlines stay far from clock overflow.
-inline constexpr std::chrono::milliseconds kMaxBatchTimeout{24 * 3600 * 1000};
 
 struct EngineOptions {
   std::string name = "kvferry";
@@ -81,7 +56,9 @@ struct EngineOptions {
   std::chrono::seconds metadata_ttl{10};
   // Transports this engine serves and may use. Empty = all built ones.
   TransportSet allowed_transports{};
-  // When set, every peer uses this transport or open_peer fails saying why.
+  // When set, every op to every peer goes over this transport: open_peer fails (saying why)
+  // when it can reach none of the peer's memory, and a batch with an op it cannot carry is
+  // refused before anything moves, naming the op.
   std::optional<TransportKind> forced_transport;
   // Worker threads for large batches (local and shm copies).
   int worker_threads = 2;
@@ -126,7 +103,13 @@ class PeerHandle {
   PeerHandle() = default;
   bool valid() const { return state_ != nullptr; }
   const std::string& name() const;
+  // The transport of the peer's preferred route: to its device memory if it advertises
+  // some and a route reaches it, else to its shared host memory, else to its host memory.
+  // One batch may use several routes; routes() lists them all.
   TransportKind transport() const;
+  // The route for each pair of (local, remote) memory kinds: the transport chosen, or why
+  // none reaches. Chosen once per peer, on first need (asking may initialise CUDA).
+  std::vector<Route> routes() const;
   // The peer's incarnation id (changes when the peer process restarts).
   uint64_t incarnation() const;
 
@@ -134,22 +117,6 @@ class PeerHandle {
   friend class detail::EngineImpl;
   explicit PeerHandle(std::shared_ptr<detail::PeerState> s) : state_(std::move(s)) {}
   std::shared_ptr<detail::PeerState> state_;
-};
-
-enum class BatchState : uint8_t { kPending = 0, kCompleted, kFailed };
-
-struct BatchTelemetry {
-  uint64_t ops_submitted = 0;
-  uint64_t ops_posted = 0;  // after merging
-  uint64_t bytes = 0;
-  std::chrono::nanoseconds post_time{0};      // submit entry to last op posted
-  std::chrono::nanoseconds complete_time{0};  // submit entry to completion (0 while pending)
-};
-
-struct BatchStatus {
-  BatchState state = BatchState::kPending;
-  Status status;  // the error when kFailed
-  BatchTelemetry telemetry;
 };
 
 // A submitted batch. Cheap to copy; the batch lives while a handle or a worker holds it.
@@ -235,6 +202,7 @@ class TransferEngine {
                        const SubmitOptions& options = {});
 
  private:
+  friend class detail::EngineImpl;
   explicit TransferEngine(std::unique_ptr<detail::EngineImpl> impl);
   std::unique_ptr<detail::EngineImpl> impl_;
 };

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "kvferry/transfer_types.h"
+
 namespace kvferry {
 
 std::string_view transport_kind_name(TransportKind kind) {
@@ -23,6 +25,15 @@ Result<TransportKind> parse_transport_kind(std::string_view name) {
     valid += transport_kind_name(kind);
   }
   return InvalidArgument("unknown transport '" + std::string(name) + "' (valid: " + valid + ")");
+}
+
+std::string_view memory_kind_name(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kHost: return "host";
+    case MemoryKind::kSharedHost: return "shared_host";
+    case MemoryKind::kDevice: return "device";
+  }
+  return "unknown";
 }
 
 }  // namespace kvferry

@@ -1,9 +1,31 @@
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "engine/engine_impl.h"
-#include "transport/tcp/tcp_link.h"
 
 namespace kvferry::detail {
+namespace {
+
+// A peer's routes as the resolver asks for them.
+class PeerRoutes final : public RouteSource {
+ public:
+  PeerRoutes(PeerState& peer,
+             const std::array<std::unique_ptr<Transport>, kAllTransportKinds.size()>& transports)
+      : peer_(peer), transports_(transports) {}
+  Result<RouteTarget> route(RouteKey key) override {
+    const Route& r = peer_.routes.get(key);
+    if (!r.transport) return NotSupported(r.reason);
+    const Transport* t = transports_[static_cast<size_t>(*r.transport)].get();
+    return RouteTarget{*r.transport, t->capabilities().access};
+  }
+
+ private:
+  PeerState& peer_;
+  const std::array<std::unique_ptr<Transport>, kAllTransportKinds.size()>& transports_;
+};
+
+}  // namespace
 
 Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const TransferOp> ops,
                                        const SubmitOptions& options) {
@@ -13,81 +35,90 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
                                        options.timeout.count(), kMaxBatchTimeout.count()));
   }
   const std::shared_ptr<PeerState>& peer = handle.state_;
-  auto batch = std::make_shared<BatchRecord>();
-  batch->start = Clock::now();
-  batch->timeout = options.timeout.count() > 0 ? options.timeout : options_.batch_timeout;
-  batch->deadline = batch->start + batch->timeout;
-  batch->ops_submitted = ops.size();
-  batch->peer = peer->liveness;
   if (peer->is_disconnected()) {
     return PeerDisconnected("peer " + peer->name + " disconnected: " + peer->disconnect_reason());
   }
+  auto batch = std::make_shared<BatchRecord>(
+      peer->liveness, options.timeout.count() > 0 ? options.timeout : options_.batch_timeout);
   batch->local_snapshot = local_regions_.load();
-  // The self peer reaches its own device memory with device copies too.
-  const CopyAccess access = peer->transport == TransportKind::kTcp ? CopyAccess::kRemoteAddress
-                            : peer->transport == TransportKind::kCudaIpc || peer->is_self
-                                ? CopyAccess::kDevicePointers
-                                : CopyAccess::kHostPointers;
+  PeerRoutes routes(*peer, transports_);
   ResolveOutcome resolved;
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (!peer->is_self) batch->remote_snapshot = peer->segment.load();
     const RegionIndex& remote =
         peer->is_self ? *batch->local_snapshot : batch->remote_snapshot->regions;
     resolved =
-        resolve_ops(ops, *batch->local_snapshot, remote, peer->name, options_.merge_ops, access);
+        resolve_ops(ops, *batch->local_snapshot, remote, peer->name, options_.merge_ops, routes);
     // A remote miss may be a region the peer registered after we cached its descriptor.
     if (!resolved.remote_miss || peer->is_self || attempt == 1) break;
     KVF_RETURN_IF_ERROR(refresh_peer(*peer));
   }
   KVF_RETURN_IF_ERROR(resolved.status);
-  const bool device_copy = resolved.batch.touches_device;
-  if (options.after_cuda_event != nullptr && !device_copy) {
-    return InvalidArgument(fmt::format(
-        "submit: after_cuda_event is honoured only by device copies, and this batch runs on {} "
-        "(no op touches device memory)",
-        transport_kind_name(peer->transport)));
-  }
-  DeviceTransport* device = nullptr;
-  if (device_copy) {
-    // Device memory on either side exists only where the device transport opened.
-    KVF_ASSIGN_OR_RETURN(device, device_transport());
+  if (options.after_cuda_event != nullptr) {
+    const bool device_part = std::any_of(
+        resolved.batch.parts.begin(), resolved.batch.parts.end(), [&](const ResolvedPart& p) {
+          return transport(p.transport)->capabilities().access == CopyAccess::kDevicePointers;
+        });
+    if (!device_part) {
+      return InvalidArgument(fmt::format(
+          "submit: after_cuda_event is honoured only by device copies, and this batch runs on {} "
+          "(no op touches device memory)",
+          transport_kind_name(resolved.batch.parts.front().transport)));
+    }
   }
   batch->work = std::move(resolved.batch);
   // Pin the local regions (see RegionUse for the protocol).
-  for (size_t i = 0; i < batch->work.uses.size(); ++i) {
-    RegionUse* use = batch->work.uses[i];
-    use->in_flight.fetch_add(1);
-    if (use->removed.load()) {
-      for (size_t k = 0; k <= i; ++k) batch->work.uses[k]->in_flight.fetch_sub(1);
+  std::vector<RegionUse*>& uses = batch->work.uses;
+  for (size_t i = 0; i < uses.size(); ++i) {
+    uses[i]->in_flight.fetch_add(1);
+    if (uses[i]->removed.load()) {
+      for (size_t k = 0; k <= i; ++k) uses[k]->in_flight.fetch_sub(1);
       return NotRegistered("a local region of this batch was unregistered while submitting");
     }
   }
-  if (device_copy) {
-    DevicePostContext context{
-        batch->local_snapshot.get(),
-        peer->is_self ? batch->local_snapshot.get() : &batch->remote_snapshot->regions,
-        peer->incarnation, options.after_cuda_event};
-    if (Status posted = device->post(batch, context); !posted.ok()) {
-      for (RegionUse* use : batch->work.uses) use->in_flight.fetch_sub(1);
-      return posted;
-    }
-  } else if (peer->transport == TransportKind::kTcp) {
-    if (Status posted = peer->tcp->post(batch); !posted.ok()) {
-      for (RegionUse* use : batch->work.uses) use->in_flight.fetch_sub(1);
-      if (posted.code() == StatusCode::kPeerDisconnected) {
-        peer->mark_disconnected(posted.message());
-      }
-      return posted;
-    }
-  } else {
-    copier_.run(batch);
-  }
+  batch->set_work(ops.size(), batch->work.span_count(), batch->work.bytes, uses);
+  KVF_RETURN_IF_ERROR(post_parts(batch, *peer, options.after_cuda_event));
   return BatchHandle(std::move(batch));
 }
 
+Status EngineImpl::post_parts(const std::shared_ptr<BatchRecord>& batch, PeerState& peer,
+                              void* after_cuda_event) {
+  std::vector<ResolvedPart>& parts = batch->work.parts;
+  // Parts that may copy inside post() go last: a part whose post fails then stops the batch
+  // before this thread moved any byte of it.
+  std::stable_partition(parts.begin(), parts.end(), [&](const ResolvedPart& p) {
+    return !transport(p.transport)->capabilities().may_copy_in_post;
+  });
+  // Split: the batch holds one task of its own until every part is posted, so a part that
+  // ends at once cannot make it final while another is still to be posted.
+  const bool split = parts.size() > 1;
+  if (split) batch->add_tasks(1);
+  const RegionIndex* local = batch->local_snapshot.get();
+  const RegionIndex* remote = peer.is_self ? local : &batch->remote_snapshot->regions;
+  for (ResolvedPart& part : parts) {
+    BatchPart posted{batch,  part.spans,       part.bytes,      local,
+                     remote, peer.incarnation, after_cuda_event};
+    TransportLink* link = peer.link(part.transport);
+    Status s = link != nullptr
+                   ? link->post(posted)
+                   : Internal(fmt::format("no {} link to peer {}",
+                                          transport_kind_name(part.transport), peer.name));
+    if (!s.ok()) {
+      if (s.code() == StatusCode::kPeerDisconnected) peer.mark_disconnected(s.message());
+      // Nothing of this part started; parts posted before it stop now (nothing of them lands
+      // after this returns), and the batch unpins once they have.
+      batch->stop(s);
+      if (split) batch->finish_task(s);
+      return s;
+    }
+  }
+  if (split) batch->finish_task(Status::Ok());
+  return Status::Ok();
+}
+
 void EngineImpl::enforce_deadline(BatchRecord& b) {
-  if (Clock::now() < b.deadline) return;
-  b.stop(Timeout(fmt::format("batch exceeded its timeout of {} ms", b.timeout.count())));
+  if (Clock::now() < b.deadline()) return;
+  b.stop(Timeout(fmt::format("batch exceeded its timeout of {} ms", b.timeout().count())));
 }
 
 BatchStatus EngineImpl::status(const BatchHandle& handle) const {
@@ -108,12 +139,9 @@ BatchStatus EngineImpl::wait(const BatchHandle& handle, std::chrono::millisecond
   BatchRecord& b = *handle.state_;
   // Saturating: wait(h, milliseconds::max()) must not overflow the clock.
   const auto now = Clock::now();
-  const auto until = timeout >= b.deadline - now ? b.deadline : now + timeout;
-  if (timeout.count() > 0) CopyExecutor::help(b);
-  {
-    std::unique_lock lock(b.mu);
-    b.cv.wait_until(lock, until, [&] { return b.state != BatchState::kPending; });
-  }
+  const auto until = timeout >= b.deadline() - now ? b.deadline() : now + timeout;
+  if (timeout.count() > 0) b.help();
+  b.wait_until(until);
   enforce_deadline(b);
   return b.snapshot();
 }

@@ -14,14 +14,6 @@
 namespace kvferry::detail {
 namespace {
 
-// Transports this build can serve. cuda_ipc is advertised whenever it is built; whether
-// a device exists is found out when device memory is first registered or reached.
-TransportSet built_transports() {
-  TransportSet built{TransportKind::kLocal, TransportKind::kShm, TransportKind::kTcp};
-  if (device_transport_built()) built.insert(TransportKind::kCudaIpc);
-  return built;
-}
-
 uint64_t new_incarnation() {
   std::random_device rd;
   uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
@@ -34,14 +26,24 @@ uint64_t new_incarnation() {
 EngineImpl::EngineImpl(EngineOptions options)
     : options_(std::move(options)),
       incarnation_(new_incarnation()),
-      workers_(options_.worker_threads),
-      copier_(workers_, options_.inline_batch_bytes) {
+      workers_(options_.worker_threads) {
   local_regions_.store(std::make_shared<const RegionIndex>());
 }
 
 EngineImpl::~EngineImpl() = default;
 
 Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
+  return create(std::move(options), built_transports());
+}
+
+Result<std::unique_ptr<TransferEngine>> EngineImpl::create_engine(
+    EngineOptions options, std::vector<BuiltTransport> transports) {
+  KVF_ASSIGN_OR_RETURN(auto impl, create(std::move(options), std::move(transports)));
+  return std::unique_ptr<TransferEngine>(new TransferEngine(std::move(impl)));
+}
+
+Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options,
+                                                       std::vector<BuiltTransport> transports) {
   if (options.worker_threads < 0 || options.worker_threads > 256) {
     return InvalidArgument(
         fmt::format("worker_threads {} out of range 0..256", options.worker_threads));
@@ -55,7 +57,8 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
         fmt::format("handshake_timeout {} ms must be positive", options.handshake_timeout.count()));
   }
   KVF_ASSIGN_OR_RETURN(Endpoint listen, parse_endpoint(options.listen_address, true));
-  const TransportSet built = built_transports();
+  TransportSet built;
+  for (const BuiltTransport& t : transports) built.insert(t.kind);
   TransportSet served =
       options.allowed_transports.empty() ? built : options.allowed_transports.intersect(built);
   for (TransportKind kind : kAllTransportKinds) {
@@ -85,40 +88,40 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
   if (engine->secret_ && engine->secret_->empty()) {
     return InvalidArgument("secret is empty; leave it unset to turn authentication off");
   }
-  if (served.contains(TransportKind::kTcp)) {
-    TcpServerOptions tcp;
-    if (engine->options_.tcp_listen_address.empty()) {
-      tcp.listen = Endpoint{listen.host, 0};
-    } else {
-      KVF_ASSIGN_OR_RETURN(tcp.listen, parse_endpoint(engine->options_.tcp_listen_address, true));
-    }
-    tcp.io_threads = engine->options_.tcp_io_threads;
-    tcp.incarnation = engine->incarnation_;
-    tcp.secret = engine->secret_;
-    if (engine->options_.tcp_lanes < 1 || engine->options_.tcp_lanes > 64) {
-      return InvalidArgument(
-          fmt::format("tcp_lanes {} out of range 1..64", engine->options_.tcp_lanes));
-    }
-    KVF_ASSIGN_OR_RETURN(engine->tcp_server_,
-                         TcpServer::start(tcp, [raw] { return raw->local_regions_.load(); }));
-    engine->tcp_endpoint_ = engine->tcp_server_->endpoint().to_string();
+  TransportEnv env;
+  env.engine_name = engine->options_.name;
+  env.listen_host = listen.host;
+  env.tcp_listen_address = engine->options_.tcp_listen_address;
+  env.tcp_lanes = engine->options_.tcp_lanes;
+  env.tcp_io_threads = engine->options_.tcp_io_threads;
+  env.connect_timeout = engine->options_.handshake_timeout;
+  env.secret = engine->secret_;
+  env.incarnation = engine->incarnation_;
+  env.inline_batch_bytes = engine->options_.inline_batch_bytes;
+  env.workers = &engine->workers_;
+  env.local_regions = [raw] { return raw->local_regions_.load(); };
+  for (const BuiltTransport& t : transports) {
+    if (!served.contains(t.kind)) continue;
+    KVF_ASSIGN_OR_RETURN(engine->transports_[static_cast<size_t>(t.kind)], t.create(env));
   }
   MetadataStoreOptions store_options;
   store_options.record_ttl = engine->options_.metadata_ttl;
   store_options.io_timeout = engine->options_.handshake_timeout;
   KVF_ASSIGN_OR_RETURN(engine->store_,
                        open_metadata_store(engine->options_.metadata_uri, store_options));
-  engine->self_peer_ = std::make_shared<PeerState>(engine->endpoint_);
-  engine->self_peer_->is_self = true;
-  engine->self_peer_->transport = TransportKind::kLocal;
-  engine->self_peer_->incarnation = engine->incarnation_;
-  engine->self_peer_->pid = ::getpid();
+  auto self = std::make_shared<PeerState>(engine->endpoint_);
+  self->is_self = true;
+  self->place = PeerPlace::kSelf;
+  self->incarnation = engine->incarnation_;
+  self->pid = ::getpid();
   {
     std::lock_guard lock(engine->registry_mu_);
     // The first publish proves the store works; later failures are retried by its
     // keep-alive and logged.
     KVF_RETURN_IF_ERROR(engine->publish_locked());
+    engine->connect_links(*self, *parse_segment_descriptor(*engine->descriptor_json_.load()));
   }
+  engine->self_peer_ = std::move(self);
   log().info("engine '{}' listening on {} (incarnation {:016x})", engine->options_.name,
              engine->endpoint_, engine->incarnation_);
   return engine;
@@ -154,18 +157,7 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
                       std::make_shared<RegionUse>(),
                       std::nullopt};
     if (r.location.kind == MemoryLocation::Kind::kCuda) {
-      Result<DeviceTransport*> device = device_transport();
-      if (!device.ok()) {
-        return Status(device.status().code(),
-                      fmt::format("region {} at {:#x}: cuda:{} memory: {}", i, addr,
-                                  r.location.device, device.status().message()));
-      }
-      Result<CudaIpcBacking> exported = (*device)->export_region(r.addr, r.length, r.location);
-      if (!exported.ok()) {
-        return Status(exported.status().code(),
-                      fmt::format("region {}: {}", i, exported.status().message()));
-      }
-      entry.cuda = *exported;
+      KVF_RETURN_IF_ERROR(prepare_device_region(entry, i));
     }
     // Overlap against everything registered so far, including earlier entries of this call.
     for (const RegionEntry& e : entries) {
@@ -188,12 +180,14 @@ Status EngineImpl::publish_locked() {
   SegmentDescriptor d;
   d.name = options_.name;
   d.endpoint = endpoint_;
-  d.tcp_endpoint = tcp_endpoint_;
   d.incarnation = incarnation_;
   d.host_id = host_identity();
   d.pid = ::getpid();
   d.transports = served_;
   d.version = ++descriptor_version_;
+  for (const auto& t : transports_) {
+    if (t) t->describe(d);
+  }
   for (const RegionEntry& e : local_regions_.load()->entries()) {
     d.regions.push_back(RegionDescriptor{e.addr, e.length, e.location, e.shm, e.cuda});
   }
@@ -208,24 +202,24 @@ Status EngineImpl::publish_locked() {
   return published;
 }
 
-Result<DeviceTransport*> EngineImpl::device_transport() const {
-  std::call_once(device_once_, [this] {
-    Result<std::unique_ptr<DeviceTransport>> opened = open_device_transport();
-    if (opened.ok()) {
-      device_ = std::move(*opened);
-      device_ready_.store(device_.get());
-    } else {
-      device_error_ = opened.status();
-      log().info("device memory unavailable: {}", device_error_.message());
-    }
-  });
-  if (device_) return device_.get();
-  return device_error_;
+Status EngineImpl::prepare_device_region(RegionEntry& entry, size_t index) {
+  // Device memory exists only where a transport that reaches it says so.
+  Status outcome = NotSupported(
+      "no transport of this engine reaches device memory (cuda_ipc is not served, or this build "
+      "has no CUDA support: configure with the CUDA toolkit and KVFERRY_CUDA=ON)");
+  for (const auto& t : transports_) {
+    if (!t || !t->capabilities().reaches_local_device) continue;
+    outcome = t->prepare_region(entry);
+    if (outcome.ok()) return outcome;
+  }
+  return Status(outcome.code(), fmt::format("region {} at {:#x}: cuda:{} memory: {}", index,
+                                            entry.addr, entry.location.device, outcome.message()));
 }
 
 void EngineImpl::forget_incarnation(uint64_t incarnation) {
-  // Only a transport already open can hold anything of the peer: never open one here.
-  if (DeviceTransport* device = device_ready_.load()) device->forget_peer(incarnation);
+  for (const auto& t : transports_) {
+    if (t) t->forget_peer(incarnation);
+  }
 }
 
 Status EngineImpl::register_memory(std::span<const MemoryRegion> regions) {

@@ -1,10 +1,11 @@
 // EngineImpl: the TransferEngine behind its public facade (include/kvferry/transfer_engine.h
 // states the contract and thread-safety). Split by concern:
 //   engine_impl.cc        creation, registration, shared allocations, descriptor publishing
-//   engine_peers.cc       open_peer, descriptor refresh, transport choice
+//   engine_peers.cc       open_peer, descriptor refresh, links and routes
 //   engine_batches.cc     submit, status, wait, cancel
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -14,22 +15,25 @@
 
 #include "core/thread_pool.h"
 #include "engine/batch_record.h"
-#include "engine/copy_executor.h"
-#include "engine/device_transport.h"
 #include "engine/peer_monitor.h"
 #include "engine/peer_state.h"
-#include "engine/region_index.h"
 #include "kvferry/transfer_engine.h"
 #include "metadata/handshake.h"
 #include "metadata/metadata_store.h"
-#include "transport/shm/shm_mapping.h"
-#include "transport/tcp/tcp_server.h"
+#include "transport/built_transports.h"
+#include "transport/region_index.h"
+#include "transport/shm_mapping.h"
+#include "transport/transport.h"
 
 namespace kvferry::detail {
 
 class EngineImpl {
  public:
   static Result<std::unique_ptr<EngineImpl>> create(EngineOptions options);
+  // An engine built from these transports instead of the build's (a test seam: a test adds
+  // a transport of its own without touching the engine).
+  static Result<std::unique_ptr<TransferEngine>> create_engine(
+      EngineOptions options, std::vector<BuiltTransport> transports);
   ~EngineImpl();
 
   const std::string& endpoint() const { return endpoint_; }
@@ -52,9 +56,16 @@ class EngineImpl {
   void cancel(const BatchHandle& batch);
 
   static const PeerState& peer_state(const PeerHandle& h) { return *h.state_; }
+  static TransportKind preferred_transport(const PeerHandle& h);
+  static std::vector<Route> routes(const PeerHandle& h);
 
  private:
+  static Result<std::unique_ptr<EngineImpl>> create(EngineOptions options,
+                                                    std::vector<BuiltTransport> transports);
   explicit EngineImpl(EngineOptions options);
+  Transport* transport(TransportKind kind) const {
+    return transports_[static_cast<size_t>(kind)].get();
+  }
 
   // Registration helpers; registry_mu_ held.
   Status add_regions_locked(std::span<const MemoryRegion> regions);
@@ -62,33 +73,36 @@ class EngineImpl {
   // Rebuilds the descriptor and publishes it; the error is the store's.
   Status publish_locked();
   std::optional<ShmBacking> shm_backing_locked(uint64_t addr, uint64_t length) const;
+  // Asks the transports that reach device memory to prepare a device region (cuda_ipc
+  // exports its IPC handle); the error names region `index`.
+  Status prepare_device_region(RegionEntry& entry, size_t index);
 
   // Peers.
   Result<std::shared_ptr<PeerState>> connect_peer(const std::string& name,
                                                   const PeerOptions& options);
-  Result<TransportKind> choose_transport(const SegmentDescriptor& d,
-                                         std::optional<TransportKind> forced, bool is_self) const;
-  // Builds the reachable view of a peer's regions; `map_shm` maps their memfds (shm).
+  // The peer's links (one per transport both serve) and its route chooser.
+  void connect_links(PeerState& peer, const SegmentDescriptor& d);
+  // Builds the reachable view of a peer's regions; `map_shm` maps their memfds.
   Result<std::shared_ptr<const RemoteSegment>> attach_segment(SegmentDescriptor d,
                                                               const RemoteSegment* previous,
                                                               bool map_shm) const;
+  // Whether a link of the peer needs its shareable host memory mapped here.
+  bool maps_remote_host_memory(const PeerState& peer) const;
   Status refresh_peer(PeerState& peer);
   // Drops what was opened for a peer incarnation that is gone (its IPC handles).
   void forget_incarnation(uint64_t incarnation);
 
-  // The device transport (cuda_ipc), opened on first need so engines that never touch
-  // device memory never initialise CUDA; the reason when there is none.
-  Result<DeviceTransport*> device_transport() const;
-
   // Batches.
   static void enforce_deadline(BatchRecord& b);
+  // Posts every part of the resolved batch; on an error, stops the batch with it.
+  Status post_parts(const std::shared_ptr<BatchRecord>& batch, PeerState& peer,
+                    void* after_cuda_event);
 
   EngineOptions options_;
   uint64_t incarnation_ = 0;
   std::string endpoint_;
   TransportSet served_;
   std::optional<std::string> secret_;
-  std::string tcp_endpoint_;
 
   // Registration. Writers serialise on registry_mu_; readers load the snapshot.
   mutable std::mutex registry_mu_;
@@ -104,14 +118,11 @@ class EngineImpl {
 
   // Declared last: destroyed first, so no thread touches the state above after it dies.
   ThreadPool workers_;
-  CopyExecutor copier_;
   PeerMonitor monitor_;
-  mutable std::once_flag device_once_;
-  mutable std::unique_ptr<DeviceTransport> device_;              // set once under device_once_
-  mutable Status device_error_;                                  // why device_ is null
-  mutable std::atomic<DeviceTransport*> device_ready_{nullptr};  // device_, once opened
+  // By TransportKind; null where not served. Destroyed after the peers and batches that
+  // use them are gone (handles must not outlive the engine).
+  std::array<std::unique_ptr<Transport>, kAllTransportKinds.size()> transports_;
   std::unique_ptr<HandshakeServer> handshake_;
-  std::unique_ptr<TcpServer> tcp_server_;
   std::unique_ptr<MetadataStore> store_;  // destroyed first: withdraws our record
 };
 

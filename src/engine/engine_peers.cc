@@ -5,9 +5,8 @@
 #include "core/host_identity.h"
 #include "core/logging.h"
 #include "engine/engine_impl.h"
-#include "engine/transport_choice.h"
+#include "engine/route_choice.h"
 #include "metadata/handshake.h"
-#include "transport/tcp/tcp_link.h"
 
 namespace kvferry::detail {
 
@@ -29,8 +28,7 @@ Result<PeerHandle> EngineImpl::open_peer(std::string_view name, const PeerOption
   {
     std::lock_guard lock(peers_mu_);
     auto it = peers_.find(key);
-    if (it != peers_.end() && !it->second->is_disconnected() &&
-        (!forced || it->second->transport == *forced)) {
+    if (it != peers_.end() && !it->second->is_disconnected() && it->second->forced == forced) {
       return PeerHandle(it->second);
     }
   }
@@ -50,8 +48,10 @@ Result<PeerHandle> EngineImpl::open_peer(std::string_view name, const PeerOption
 void EngineImpl::close_peer(const PeerHandle& handle) {
   if (!handle.valid() || handle.state_->is_self) return;
   handle.state_->mark_disconnected("closed by this engine");
-  // Its tcp lanes close now: what they carry fails with PeerDisconnected.
-  if (handle.state_->tcp) handle.state_->tcp->shutdown();
+  // Its links close now (tcp lanes): what they carry fails with PeerDisconnected.
+  for (const auto& link : handle.state_->links) {
+    if (link) link->shutdown();
+  }
   {
     std::lock_guard lock(peers_mu_);
     auto it = peers_.find(handle.state_->name);
@@ -70,55 +70,103 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
       options.transport ? options.transport : options_.forced_transport;
   const bool is_self = d.incarnation == incarnation_;
   if (is_self && forced != TransportKind::kTcp) return self_peer_;  // another name for us
-  KVF_ASSIGN_OR_RETURN(TransportKind transport, choose_transport(d, forced, is_self));
   const bool same_host = d.host_id == host_identity();
   auto peer = std::make_shared<PeerState>(name);
-  peer->transport = transport;
+  peer->place = is_self     ? PeerPlace::kSelf
+                : same_host ? PeerPlace::kSameHost
+                            : PeerPlace::kOtherHost;
+  peer->forced = forced;
   peer->incarnation = d.incarnation;
   peer->pid = d.pid;
-  if (transport == TransportKind::kTcp) {
-    TcpLinkOptions link;
-    KVF_ASSIGN_OR_RETURN(link.endpoint, parse_endpoint(d.tcp_endpoint));
-    link.peer_name = name;
-    link.expected_incarnation = d.incarnation;
-    link.lanes = options_.tcp_lanes;
-    link.connect_timeout = options_.handshake_timeout;
-    link.secret = secret_;
-    peer->tcp = std::make_shared<TcpLink>(std::move(link));
+  connect_links(*peer, d);
+  // A peer nothing reaches is refused now. Routes to device memory are asked only when the
+  // peer advertises some (or a transport is forced): asking one initialises CUDA.
+  const bool ask_device = forced.has_value() || advertises(d, MemoryKind::kDevice);
+  const Route* reachable = nullptr;
+  for (MemoryKind local : {MemoryKind::kHost, MemoryKind::kDevice}) {
+    for (MemoryKind remote : {MemoryKind::kSharedHost, MemoryKind::kHost, MemoryKind::kDevice}) {
+      const bool device = local == MemoryKind::kDevice || remote == MemoryKind::kDevice;
+      if (reachable != nullptr || (device && !ask_device)) continue;
+      const Route& r = peer->routes.get({local, remote});
+      if (r.transport) reachable = &r;
+    }
   }
-  // cuda_ipc maps a peer's shareable host memory too (host <-> device copies).
-  const bool map_shm = transport == TransportKind::kShm || transport == TransportKind::kCudaIpc;
-  KVF_ASSIGN_OR_RETURN(auto segment, attach_segment(std::move(d), nullptr, map_shm));
+  if (reachable == nullptr) {
+    const Route& host = peer->routes.get({MemoryKind::kHost, MemoryKind::kHost});
+    return NotSupported(fmt::format("cannot reach peer {}: {}", name, host.reason));
+  }
+  KVF_ASSIGN_OR_RETURN(auto segment,
+                       attach_segment(std::move(d), nullptr, maps_remote_host_memory(*peer)));
   peer->segment.store(std::move(segment));
   // A same-host peer's death is seen through its pidfd; across hosts, through its
   // connections.
   if (same_host && !is_self) KVF_RETURN_IF_ERROR(monitor_.watch(peer));
-  const char* why = forced ? " (forced)"
-                    : transport == TransportKind::kCudaIpc
-                        ? " (same host, the peer advertises device memory, both serve cuda_ipc)"
-                    : transport == TransportKind::kShm ? " (same host, both serve shm)"
-                    : same_host ? " (same host, but not all its regions are shareable through shm)"
-                                : " (other host, both serve tcp)";
-  if (transport != TransportKind::kCudaIpc &&
-      advertises_device_memory(peer->segment.load()->descriptor)) {
-    log().warn("peer {} advertises device memory that {} cannot reach; ops to it will be refused",
-               name, transport_kind_name(transport));
-  }
-  log().info("peer {} ('{}', pid {}): transport {}{}", name, peer->segment.load()->descriptor.name,
-             peer->pid, transport_kind_name(transport), why);
+  log().info("peer {} ('{}', pid {}, {}): opened{}", name, peer->segment.load()->descriptor.name,
+             peer->pid, same_host ? "same host" : "other host",
+             forced ? fmt::format("; every route forced to {}", transport_kind_name(*forced)) : "");
   return peer;
 }
 
-Result<TransportKind> EngineImpl::choose_transport(const SegmentDescriptor& d,
-                                                   std::optional<TransportKind> forced,
-                                                   bool is_self) const {
-  TransportChoiceInput input;
-  input.served = served_;
-  input.same_host = d.host_id == host_identity();
-  input.is_self = is_self;
-  input.forced = forced;
-  input.device_usable = [this] { return device_transport().status(); };
-  return detail::choose_transport(d, input);
+void EngineImpl::connect_links(PeerState& peer, const SegmentDescriptor& d) {
+  std::array<const Transport*, kAllTransportKinds.size()> served{};
+  std::array<std::string, kAllTransportKinds.size()> link_errors;
+  PeerInfo info{d, peer.name, peer.liveness, peer.place};
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    Transport* t = transports_[i].get();
+    if (t == nullptr) continue;
+    served[i] = t;
+    if (!d.transports.contains(t->kind())) continue;
+    Result<std::shared_ptr<TransportLink>> link = t->connect(info);
+    if (link.ok()) {
+      peer.links[i] = std::move(*link);
+    } else {
+      link_errors[i] = link.status().message();
+    }
+  }
+  // What routes depend on (served transports, endpoints, host) is fixed per incarnation, so
+  // the chooser keeps the descriptor as first seen.
+  peer.routes.set_chooser(
+      peer.name, [served, link_errors, d, place = peer.place, forced = peer.forced](RouteKey key) {
+        RouteChoiceInput input;
+        input.served = served;
+        input.link_errors = link_errors;
+        input.place = place;
+        input.forced = forced;
+        return choose_route(key, d, input);
+      });
+}
+
+bool EngineImpl::maps_remote_host_memory(const PeerState& peer) const {
+  if (peer.place != PeerPlace::kSameHost) return false;
+  for (size_t i = 0; i < transports_.size(); ++i) {
+    if (peer.links[i] && transports_[i]->capabilities().maps_remote_host_memory) return true;
+  }
+  return false;
+}
+
+TransportKind EngineImpl::preferred_transport(const PeerHandle& h) {
+  PeerState& peer = *h.state_;
+  auto segment = peer.segment.load();
+  for (MemoryKind remote : {MemoryKind::kDevice, MemoryKind::kSharedHost, MemoryKind::kHost}) {
+    // The self peer has no segment: its memory is ours, host memory at least.
+    const bool advertised =
+        segment ? advertises(segment->descriptor, remote) : remote != MemoryKind::kDevice;
+    if (!advertised) continue;
+    const Route& r = peer.routes.get({MemoryKind::kHost, remote});
+    if (r.transport) return *r.transport;
+  }
+  const Route& host = peer.routes.get({MemoryKind::kHost, MemoryKind::kHost});
+  return host.transport.value_or(peer.forced.value_or(TransportKind::kLocal));
+}
+
+std::vector<Route> EngineImpl::routes(const PeerHandle& h) {
+  std::vector<Route> out;
+  for (size_t l = 0; l < kMemoryKindCount; ++l) {
+    for (size_t r = 0; r < kMemoryKindCount; ++r) {
+      out.push_back(h.state_->routes.get({static_cast<MemoryKind>(l), static_cast<MemoryKind>(r)}));
+    }
+  }
+  return out;
 }
 
 Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
@@ -170,9 +218,8 @@ Status EngineImpl::refresh_peer(PeerState& peer) {
   }
   auto previous = peer.segment.load();
   if (previous && d.version <= previous->descriptor.version) return Status::Ok();
-  KVF_ASSIGN_OR_RETURN(auto segment, attach_segment(std::move(d), previous.get(),
-                                                    peer.transport == TransportKind::kShm ||
-                                                        peer.transport == TransportKind::kCudaIpc));
+  KVF_ASSIGN_OR_RETURN(auto segment,
+                       attach_segment(std::move(d), previous.get(), maps_remote_host_memory(peer)));
   peer.segment.store(std::move(segment));
   return Status::Ok();
 }

@@ -35,18 +35,24 @@ std::string unreachable(const RegionEntry& r, std::string_view side, CopyAccess 
 
 ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
                            const RegionIndex& remote, std::string_view peer_name, bool merge,
-                           CopyAccess access) {
+                           RouteSource& routes) {
   ResolveOutcome out;
   if (ops.empty()) {
     out.status = InvalidArgument("empty batch: submit needs at least one op");
     return out;
   }
   ResolvedBatch& batch = out.batch;
-  batch.spans.reserve(ops.size());
+  // Per part: the region pair its last span lies in (merging continues only inside it).
+  struct PartCursor {
+    const RegionEntry* last_local = nullptr;
+    const RegionEntry* last_remote = nullptr;
+  };
+  std::vector<PartCursor> cursors;
   size_t local_hint = 0;
   size_t remote_hint = 0;
   const RegionEntry* last_local = nullptr;
   const RegionEntry* last_remote = nullptr;
+  size_t part_index = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
     const TransferOp& op = ops[i];
     if (op.length == 0) {
@@ -75,39 +81,77 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
       return out;
     }
     if (l != last_local || r != last_remote) {
-      std::string why = unreachable(*l, "local", access, peer_name);
-      if (why.empty()) why = unreachable(*r, "remote", access, peer_name);
+      Result<RouteTarget> target = routes.route(RouteKey{l->kind(), r->kind()});
+      if (!target.ok()) {
+        out.status = Status(target.status().code(),
+                            fmt::format("op {} (local {:#x}, remote {:#x}): {}", i, op.local_addr,
+                                        op.remote_addr, target.status().message()));
+        return out;
+      }
+      std::string why = unreachable(*l, "local", target->access, peer_name);
+      if (why.empty()) why = unreachable(*r, "remote", target->access, peer_name);
       if (!why.empty()) {
         out.status = NotSupported(fmt::format("op {}: {}", i, why));
         return out;
       }
-      batch.touches_device = batch.touches_device || is_device(*l) || is_device(*r);
+      part_index = batch.parts.size();
+      for (size_t p = 0; p < batch.parts.size(); ++p) {
+        if (batch.parts[p].transport == target->transport) part_index = p;
+      }
+      if (part_index == batch.parts.size()) {
+        batch.parts.push_back(ResolvedPart{target->transport, {}, 0, false});
+        batch.parts.back().spans.reserve(ops.size() - i);
+        cursors.emplace_back();
+      }
+      ResolvedPart& part = batch.parts[part_index];
+      part.touches_device = part.touches_device || is_device(*l) || is_device(*r);
+      if (l != last_local && l->use != nullptr &&
+          (batch.uses.empty() || batch.uses.back() != l->use.get())) {
+        batch.uses.push_back(l->use.get());
+      }
+      if (r != last_remote && r->use != nullptr && r->use != l->use &&
+          (batch.uses.empty() || batch.uses.back() != r->use.get())) {
+        batch.uses.push_back(r->use.get());
+      }
+      last_local = l;
+      last_remote = r;
     }
+    ResolvedPart& part = batch.parts[part_index];
+    PartCursor& cursor = cursors[part_index];
     ResolvedOp resolved{op.kind, l->host_ptr + (op.local_addr - l->addr), op.remote_addr,
                         r->host_ptr == nullptr ? nullptr : r->host_ptr + (op.remote_addr - r->addr),
                         op.length};
     batch.bytes += op.length;
-    if (merge && l == last_local && r == last_remote) {
-      ResolvedOp& prev = batch.spans.back();
+    part.bytes += op.length;
+    if (merge && l == cursor.last_local && r == cursor.last_remote) {
+      ResolvedOp& prev = part.spans.back();
       if (prev.kind == resolved.kind && prev.local + prev.length == resolved.local &&
           prev.remote_addr + prev.length == resolved.remote_addr) {
         prev.length += resolved.length;
         continue;
       }
     }
-    if (l != last_local && l->use != nullptr &&
-        (batch.uses.empty() || batch.uses.back() != l->use.get())) {
-      batch.uses.push_back(l->use.get());
-    }
-    if (r != last_remote && r->use != nullptr && r->use != l->use &&
-        (batch.uses.empty() || batch.uses.back() != r->use.get())) {
-      batch.uses.push_back(r->use.get());
-    }
-    last_local = l;
-    last_remote = r;
-    batch.spans.push_back(resolved);
+    cursor.last_local = l;
+    cursor.last_remote = r;
+    part.spans.push_back(resolved);
   }
   return out;
+}
+
+ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
+                           const RegionIndex& remote, std::string_view peer_name, bool merge,
+                           CopyAccess access) {
+  class OneRoute final : public RouteSource {
+   public:
+    explicit OneRoute(CopyAccess a) : access_(a) {}
+    Result<RouteTarget> route(RouteKey) override {
+      return RouteTarget{TransportKind::kLocal, access_};
+    }
+
+   private:
+    CopyAccess access_;
+  } routes(access);
+  return resolve_ops(ops, local, remote, peer_name, merge, routes);
 }
 
 }  // namespace kvferry

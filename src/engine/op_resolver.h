@@ -1,11 +1,13 @@
-// resolve_ops: the check-then-merge step every batch goes through before any byte moves.
+// resolve_ops: the check-route-merge step every batch goes through before any byte moves.
 //
 // Each op is checked against the local regions (its local range inside one region) and
-// the peer's regions (its remote range inside one advertised region), translated to
-// (dst, src) pointers this process can copy between, and merged with the previous op
-// when both sides continue it contiguously inside the same two regions.
+// the peer's regions (its remote range inside one advertised region), routed by the memory
+// kinds of those two regions (RouteSource), checked against what the route's transport can
+// touch (CopyAccess), translated to pointers this process can use, and merged with the
+// previous op of the same route when both sides continue it contiguously inside the same
+// two regions. The result is one part per transport.
 //
-// Thread-safety: pure function over immutable inputs.
+// Thread-safety: pure function over immutable inputs (the route source is the caller's).
 #pragma once
 
 #include <cstdint>
@@ -13,41 +15,44 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/region_index.h"
 #include "kvferry/status.h"
-#include "kvferry/transfer_engine.h"
+#include "kvferry/transfer_types.h"
+#include "transport/region_index.h"
+#include "transport/resolved_op.h"
+#include "transport/transport.h"
 
 namespace kvferry {
 
-// One checked (and possibly merged) op.
-struct ResolvedOp {
-  OpKind kind = OpKind::kWrite;
-  char* local = nullptr;     // this process's pointer to the local range
-  uint64_t remote_addr = 0;  // the peer's address of the remote range
-  char* remote = nullptr;    // this process's pointer to it (shm, local), or null (tcp)
-  uint64_t length = 0;
-
-  char* dst() const { return kind == OpKind::kWrite ? remote : local; }
-  const char* src() const { return kind == OpKind::kWrite ? local : remote; }
+// The ops of one batch that one transport carries.
+struct ResolvedPart {
+  TransportKind transport = TransportKind::kLocal;
+  std::vector<ResolvedOp> spans;  // after merging
+  uint64_t bytes = 0;
+  bool touches_device = false;  // some op reads or writes device memory (local or remote)
 };
 
 struct ResolvedBatch {
-  std::vector<ResolvedOp> spans;  // after merging
-  std::vector<RegionUse*> uses;   // local regions touched (consecutive duplicates removed)
+  std::vector<ResolvedPart> parts;  // in the order their first op came
+  std::vector<RegionUse*> uses;     // local regions touched (consecutive duplicates removed)
   uint64_t bytes = 0;
-  bool touches_device = false;  // some op reads or writes cuda memory (local or remote)
+  size_t span_count() const {
+    size_t n = 0;
+    for (const ResolvedPart& p : parts) n += p.spans.size();
+    return n;
+  }
 };
 
-// What the transport that will run a batch can touch.
-enum class CopyAccess : uint8_t {
-  // tcp: the remote range by address only; both sides must be host memory.
-  kRemoteAddress,
-  // memcpy (local, shm): host memory on both sides, every remote region mapped here.
-  kHostPointers,
-  // device copies (cuda_ipc): host or device memory on either side. A remote host region
-  // must be mapped here; a remote device region may be unmapped (remote == null) if it
-  // carries an IPC handle, which the transport opens before copying.
-  kDevicePointers,
+// Where ops of a route go: the transport and what it can touch.
+struct RouteTarget {
+  TransportKind transport = TransportKind::kLocal;
+  CopyAccess access = CopyAccess::kHostPointers;
+};
+
+class RouteSource {
+ public:
+  virtual ~RouteSource() = default;
+  // The transport for ops of `key`, or NotSupported saying why none carries them.
+  virtual Result<RouteTarget> route(RouteKey key) = 0;
 };
 
 struct ResolveOutcome {
@@ -58,8 +63,12 @@ struct ResolveOutcome {
   ResolvedBatch batch;
 };
 
-// `access` says which regions the transport can reach (see CopyAccess); an op touching
-// one it cannot is NotSupported, naming the op, the region and why.
+ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
+                           const RegionIndex& remote, std::string_view peer_name, bool merge,
+                           RouteSource& routes);
+
+// Every op to one transport that touches what `access` allows (tests, and callers that
+// know the route).
 ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
                            const RegionIndex& remote, std::string_view peer_name, bool merge,
                            CopyAccess access);

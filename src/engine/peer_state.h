@@ -1,24 +1,30 @@
 // PeerState: what the engine knows about one opened peer — its descriptor, the regions
-// this process can reach, the transport chosen for it, and whether it is still alive.
+// this process can reach, a link per transport both sides serve, the routes chosen for it,
+// and whether it is still alive.
 //
-// Thread-safety: `segment` is swapped atomically on refresh; `disconnected` is set once
-// by the peer monitor (or a refresh that sees a new incarnation) and read by the data path.
+// Thread-safety: `segment` is swapped atomically on refresh; `liveness` is marked once by
+// the peer monitor (or a refresh that sees a new incarnation) and read by the data path;
+// routes are chosen once each, under the table's lock, and read lock-free after.
 #pragma once
 
+#include <array>
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "engine/region_index.h"
+#include "kvferry/transfer_types.h"
 #include "kvferry/transport_kind.h"
 #include "metadata/segment_descriptor.h"
-#include "transport/shm/shm_mapping.h"
+#include "transport/peer_liveness.h"
+#include "transport/region_index.h"
+#include "transport/shm_mapping.h"
+#include "transport/transport.h"
 
 namespace kvferry::detail {
-
-class TcpLink;
 
 // One snapshot of a peer's descriptor with the mappings that back its regions.
 struct RemoteSegment {
@@ -27,29 +33,28 @@ struct RemoteSegment {
   std::vector<std::shared_ptr<ShmMapping>> mappings;  // keep host_ptrs valid
 };
 
-// Whether a peer is still usable. Shared with the batches to it (which must not own the
-// PeerState: its tcp lanes' threads would then end up destroying themselves).
-class PeerLiveness {
+inline constexpr size_t kRouteKeyCount = kMemoryKindCount * kMemoryKindCount;
+inline size_t route_index(RouteKey key) {
+  return static_cast<size_t>(key.local) * kMemoryKindCount + static_cast<size_t>(key.remote);
+}
+
+// The routes of one peer, each chosen on first need by `choose` (which may initialise CUDA,
+// so nothing is chosen before some op or caller needs it) and logged once.
+class RouteTable {
  public:
-  explicit PeerLiveness(std::string name) : name_(std::move(name)) {}
-  const std::string& name() const { return name_; }
-  bool is_disconnected() const { return disconnected_.load(std::memory_order_acquire); }
-  void mark_disconnected(std::string reason) {
-    std::lock_guard lock(reason_mu_);
-    if (disconnected_.load()) return;
-    reason_ = std::move(reason);
-    disconnected_.store(true, std::memory_order_release);
+  using Chooser = std::function<Route(RouteKey)>;
+  void set_chooser(std::string peer_name, Chooser choose) {
+    peer_name_ = std::move(peer_name);
+    choose_ = std::move(choose);
   }
-  std::string disconnect_reason() const {
-    std::lock_guard lock(reason_mu_);
-    return reason_;
-  }
+  const Route& get(RouteKey key);
 
  private:
-  std::string name_;
-  std::atomic<bool> disconnected_{false};
-  mutable std::mutex reason_mu_;
-  std::string reason_;
+  std::string peer_name_;
+  Chooser choose_;
+  std::mutex mu_;
+  std::array<std::optional<Route>, kRouteKeyCount> routes_;        // guarded by mu_
+  std::array<std::atomic<const Route*>, kRouteKeyCount> ready_{};  // routes_[i], once chosen
 };
 
 struct PeerState {
@@ -57,14 +62,18 @@ struct PeerState {
       : name(std::move(peer_name)), liveness(std::make_shared<PeerLiveness>(name)) {}
   const std::string name;
   std::shared_ptr<PeerLiveness> liveness;
-  TransportKind transport = TransportKind::kLocal;
   bool is_self = false;
+  PeerPlace place = PeerPlace::kOtherHost;
+  std::optional<TransportKind> forced;  // every route goes over it
   uint64_t incarnation = 0;
   int64_t pid = 0;
   std::atomic<std::shared_ptr<const RemoteSegment>> segment;  // null for the self peer
-  std::shared_ptr<TcpLink> tcp;                               // set when transport == kTcp
-  std::mutex refresh_mu;                                      // one descriptor refresh at a time
+  // By TransportKind: a link for each transport both sides serve (that connected).
+  std::array<std::shared_ptr<TransportLink>, kAllTransportKinds.size()> links;
+  RouteTable routes;
+  std::mutex refresh_mu;  // one descriptor refresh at a time
 
+  TransportLink* link(TransportKind kind) const { return links[static_cast<size_t>(kind)].get(); }
   bool is_disconnected() const { return liveness->is_disconnected(); }
   void mark_disconnected(std::string reason) { liveness->mark_disconnected(std::move(reason)); }
   std::string disconnect_reason() const { return liveness->disconnect_reason(); }

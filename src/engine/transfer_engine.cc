@@ -6,7 +6,10 @@
 namespace kvferry {
 
 const std::string& PeerHandle::name() const { return state_->name; }
-TransportKind PeerHandle::transport() const { return state_->transport; }
+TransportKind PeerHandle::transport() const {
+  return detail::EngineImpl::preferred_transport(*this);
+}
+std::vector<Route> PeerHandle::routes() const { return detail::EngineImpl::routes(*this); }
 uint64_t PeerHandle::incarnation() const { return state_->incarnation; }
 
 Result<std::unique_ptr<TransferEngine>> TransferEngine::create(EngineOptions options) {

@@ -210,4 +210,9 @@ Result<SegmentDescriptor> parse_segment_descriptor(std::string_view text) {
   return d;
 }
 
+bool advertises(const SegmentDescriptor& descriptor, MemoryKind kind) {
+  return std::any_of(descriptor.regions.begin(), descriptor.regions.end(),
+                     [kind](const RegionDescriptor& r) { return r.kind() == kind; });
+}
+
 }  // namespace kvferry

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kvferry/status.h"
-#include "kvferry/transfer_engine.h"
+#include "kvferry/transfer_types.h"
 #include "kvferry/transport_kind.h"
 
 namespace kvferry {
@@ -50,6 +50,7 @@ struct RegionDescriptor {
   MemoryLocation location{};
   std::optional<ShmBacking> shm;
   std::optional<CudaIpcBacking> cuda;  // only with a cuda location
+  MemoryKind kind() const { return memory_kind_of(location, shm.has_value()); }
 };
 
 struct SegmentDescriptor {
@@ -63,6 +64,9 @@ struct SegmentDescriptor {
   uint64_t version = 0;                   // bumped on every publish
   std::vector<RegionDescriptor> regions;  // sorted by addr, non-overlapping
 };
+
+// Whether the peer advertises memory of this kind.
+bool advertises(const SegmentDescriptor& descriptor, MemoryKind kind);
 
 // Upper bounds a parser enforces.
 inline constexpr size_t kMaxDescriptorBytes = 16u << 20;

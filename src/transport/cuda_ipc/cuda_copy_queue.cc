@@ -78,8 +78,7 @@ Result<void*> CudaCopyQueue::take_event(int device) {
   return static_cast<void*>(event);
 }
 
-Status CudaCopyQueue::enqueue_copies(const detail::BatchRecord& batch, void* stream) {
-  const auto& spans = batch.work.spans;
+Status CudaCopyQueue::enqueue_copies(std::span<const ResolvedOp> spans, void* stream) {
 #if CUDART_VERSION >= 12080
   if (!batch_call_refused_) {
     std::vector<void*> dsts;
@@ -120,8 +119,9 @@ Status CudaCopyQueue::enqueue_copies(const detail::BatchRecord& batch, void* str
   return Status::Ok();
 }
 
-Status CudaCopyQueue::post(const std::shared_ptr<detail::BatchRecord>& batch, int device,
-                           void* after_event, std::vector<std::shared_ptr<const void>> keep_alive) {
+Status CudaCopyQueue::post(const BatchPart& part, int device,
+                           std::vector<std::shared_ptr<const void>> keep_alive) {
+  void* after_event = part.after_cuda_event;
   std::lock_guard post_lock(post_mu_);
   ScopedDevice scope(device);
   if (scope.status() != cudaSuccess) {
@@ -142,9 +142,8 @@ Status CudaCopyQueue::post(const std::shared_ptr<detail::BatchRecord>& batch, in
     }
   }
   // Counted before the first copy is enqueued, so a stop() racing with us waits for it.
-  batch->wire_in_flight.fetch_add(1);
-  batch->pending_tasks.store(1);
-  Status enqueued = enqueue_copies(*batch, stream);
+  BatchProgress::WireGuard wire = part.batch->on_wire();
+  Status enqueued = enqueue_copies(part.spans, stream);
   if (enqueued.ok()) {
     if (cudaError_t e = cudaEventRecord(as_event(event), as_stream(stream)); e != cudaSuccess) {
       enqueued = Internal(cuda_error_text("cudaEventRecord", e));
@@ -152,17 +151,14 @@ Status CudaCopyQueue::post(const std::shared_ptr<detail::BatchRecord>& batch, in
     }
   }
   if (!enqueued.ok()) {
-    batch->wire_in_flight.fetch_sub(1);
     give_back_event();
     return enqueued;
   }
-  {
-    std::lock_guard lock(batch->mu);
-    batch->post_time = Clock::now() - batch->start;
-  }
+  part.batch->add_tasks(1);
+  part.batch->mark_posted();
   {
     std::lock_guard lock(queue_mu_);
-    queue_.push_back(Pending{batch, event, device, std::move(keep_alive)});
+    queue_.push_back(Pending{part.batch, std::move(wire), event, device, std::move(keep_alive)});
   }
   queue_cv_.notify_one();
   return Status::Ok();
@@ -178,21 +174,21 @@ void CudaCopyQueue::completion_loop() {
       pending = std::move(queue_.front());
       queue_.pop_front();
     }
-    detail::BatchRecord& batch = *pending.batch;
+    BatchProgress& batch = *pending.batch;
     Status outcome;
     if (cudaError_t e = cudaEventSynchronize(as_event(pending.event)); e != cudaSuccess) {
       outcome = Internal(cuda_error_text("device copy failed: cudaEventSynchronize", e));
-    } else if (batch.peer->is_disconnected()) {
+    } else if (batch.peer().is_disconnected()) {
       // The bytes reached a peer that has gone away (or restarted): they are of no use.
-      outcome = PeerDisconnected("peer " + batch.peer->name() +
-                                 " disconnected: " + batch.peer->disconnect_reason());
+      outcome = PeerDisconnected("peer " + batch.peer().name() +
+                                 " disconnected: " + batch.peer().disconnect_reason());
     }
     pending.keep_alive.clear();  // may close IPC handles: the copies are done
     {
       std::lock_guard lock(queue_mu_);
       free_events_.emplace(pending.device, pending.event);
     }
-    batch.wire_in_flight.fetch_sub(1);
+    pending.wire.release();
     batch.finish_task(outcome);
   }
 }

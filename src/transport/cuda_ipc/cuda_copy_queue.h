@@ -5,7 +5,7 @@
 // cudaMemcpyAsync per merged span where the batch call is missing or refuses the batch,
 // then one event recorded after them. The completion thread waits on the events in
 // submission order (a blocking-sync event: it sleeps, it does not spin) and calls
-// BatchRecord::finish_task, so wait() sleeps on the batch's condition variable and
+// BatchProgress::finish_task, so wait() sleeps on the batch's condition variable and
 // status() is right without anyone polling the device.
 //
 // Streams: one non-blocking stream per device, created on first use. A batch runs on the
@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "engine/batch_record.h"
 #include "kvferry/status.h"
+#include "transport/transport.h"
 
 namespace kvferry::cuda_ipc {
 
@@ -37,22 +37,23 @@ class CudaCopyQueue {
   CudaCopyQueue(const CudaCopyQueue&) = delete;
   CudaCopyQueue& operator=(const CudaCopyQueue&) = delete;
 
-  // Enqueues every span of `batch` (pointers valid in this process) on `device`'s stream,
-  // after `after_event` (a cudaEvent_t, or null) when given. `keep_alive` is released once
-  // the copies are done. On success the batch is posted and ends through finish_task; on
-  // error nothing was enqueued and the batch was not started.
-  Status post(const std::shared_ptr<detail::BatchRecord>& batch, int device, void* after_event,
+  // Enqueues every span of `part` (pointers valid in this process) on `device`'s stream,
+  // after part.after_cuda_event (a cudaEvent_t, or null) when given. `keep_alive` is
+  // released once the copies are done. On success the part is posted as one task that ends
+  // through finish_task; on error nothing was enqueued and no task was added.
+  Status post(const BatchPart& part, int device,
               std::vector<std::shared_ptr<const void>> keep_alive);
 
  private:
   struct Pending {
-    std::shared_ptr<detail::BatchRecord> batch;
-    void* event = nullptr;  // cudaEvent_t of `device`
+    std::shared_ptr<BatchProgress> batch;
+    BatchProgress::WireGuard wire;  // the copies are enqueued on the device
+    void* event = nullptr;          // cudaEvent_t of `device`
     int device = 0;
     std::vector<std::shared_ptr<const void>> keep_alive;
   };
   // Enqueues the copies of `batch` on `stream`; the runtime error text on failure.
-  Status enqueue_copies(const detail::BatchRecord& batch, void* stream);
+  Status enqueue_copies(std::span<const ResolvedOp> spans, void* stream);
   Result<void*> stream_for(int device);  // post_mu_ held; the current device is `device`
   Result<void*> take_event(int device);  // the current device is `device`
   void completion_loop();

@@ -54,14 +54,14 @@ size_t IpcHandleCache::size() const {
   return entries_.size();
 }
 
-Status map_remote_device_spans(ResolvedBatch& batch, const RegionIndex& remote,
+Status map_remote_device_spans(std::span<ResolvedOp> spans, const RegionIndex& remote,
                                IpcHandleCache& cache, uint64_t incarnation,
                                std::vector<std::shared_ptr<const IpcMapping>>& keep_alive) {
   size_t hint = 0;
   const RegionEntry* last_region = nullptr;
   char* last_start = nullptr;  // this process's pointer to last_region's first byte
-  for (size_t i = 0; i < batch.spans.size(); ++i) {
-    ResolvedOp& span = batch.spans[i];
+  for (size_t i = 0; i < spans.size(); ++i) {
+    ResolvedOp& span = spans[i];
     if (span.remote != nullptr) continue;
     const RegionEntry* r = remote.find(span.remote_addr, span.length, hint);
     if (r == nullptr || !r->cuda) {

@@ -18,12 +18,13 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <utility>
 #include <vector>
 
-#include "engine/op_resolver.h"
-#include "engine/region_index.h"
 #include "transport/cuda_ipc/cuda_memory_api.h"
+#include "transport/region_index.h"
+#include "transport/resolved_op.h"
 
 namespace kvferry::cuda_ipc {
 
@@ -69,7 +70,7 @@ class IpcHandleCache {
 // (remote == null) this process's pointer to it, opening handles through `cache`. The
 // mappings used are appended to `keep_alive` (each once), which must outlive the copies.
 // `remote` is the peer's region index the batch was resolved against.
-Status map_remote_device_spans(ResolvedBatch& batch, const RegionIndex& remote,
+Status map_remote_device_spans(std::span<ResolvedOp> spans, const RegionIndex& remote,
                                IpcHandleCache& cache, uint64_t incarnation,
                                std::vector<std::shared_ptr<const IpcMapping>>& keep_alive);
 

@@ -24,7 +24,7 @@ int64_t to_ns(Clock::time_point t) {
 }
 
 struct TcpChunk {
-  std::shared_ptr<BatchRecord> batch;
+  std::shared_ptr<BatchProgress> batch;
   OpKind kind = OpKind::kWrite;
   char* local = nullptr;
   uint64_t remote_addr = 0;
@@ -35,20 +35,10 @@ struct TcpChunk {
   bool sent = false;
   bool acked = false;
   uint32_t ack_status = 0;
+  // Held from the moment the request is registered for sending until it is answered or
+  // failed: the batch's stop() waits for it.
+  BatchProgress::WireGuard wire;
 };
-
-// Why a chunk of this batch must not be started, or OK.
-Status chunk_stop_reason(const BatchRecord& b) {
-  if (b.cancelled.load()) return b.stop_reason();
-  if (b.peer->is_disconnected()) {
-    return PeerDisconnected("peer " + b.peer->name() +
-                            " disconnected: " + b.peer->disconnect_reason());
-  }
-  if (Clock::now() >= b.deadline) {
-    return Timeout(fmt::format("batch exceeded its timeout of {} ms", b.timeout.count()));
-  }
-  return Status::Ok();
-}
 
 constexpr size_t kMaxGather = 64;  // chunks per sendmsg
 
@@ -100,7 +90,10 @@ class TcpLane {
                                : broken_status_;
   }
 
-  static void finish(TcpChunk& c, const Status& s) { c.batch->finish_task(s); }
+  static void finish(TcpChunk& c, const Status& s) {
+    c.wire.release();
+    c.batch->finish_task(s);
+  }
 
   // Marks the lane broken and fails everything queued or in flight on it.
   void fail_all(const Status& why) {
@@ -121,7 +114,7 @@ class TcpLane {
     // was cancelled); otherwise the lane's loss is a disconnection for it, even when the
     // lane died of another batch's timeout.
     auto reason_for = [&](const TcpChunk& c) {
-      Status own = chunk_stop_reason(*c.batch);
+      Status own = c.batch->stop_reason();
       if (!own.ok()) return own;
       if (why.code() == StatusCode::kTimeout) {
         return PeerDisconnected("lane to " + peer_ + " closed: " + why.message());
@@ -129,10 +122,7 @@ class TcpLane {
       return why;
     };
     for (TcpChunk& c : queued) finish(c, reason_for(c));
-    for (auto& [id, c] : flying) {
-      c.batch->wire_in_flight.fetch_sub(1);
-      finish(c, reason_for(c));
-    }
+    for (auto& [id, c] : flying) finish(c, reason_for(c));
   }
 
   void send_loop() {
@@ -161,7 +151,11 @@ class TcpLane {
         h.addr = c.remote_addr;
         h.length = c.length;
         // The deadline on the receiver's clock, never later than ours.
-        h.deadline_ns = to_ns(c.batch->deadline) + clock_offset_ns_;
+        h.deadline_ns = to_ns(c.batch->deadline()) + clock_offset_ns_;
+        const OpKind kind = c.kind;
+        char* const local = c.local;
+        const uint64_t length = c.length;
+        const std::shared_ptr<BatchProgress> batch = c.batch;
         bool registered = false;
         {
           std::lock_guard lock(mu_);
@@ -169,9 +163,9 @@ class TcpLane {
           // never be answered nor failed.
           if (!broken_) {
             h.request_id = next_id_++;
-            c.batch->wire_in_flight.fetch_add(1);
-            c.sent = c.kind != OpKind::kWrite;  // a READ's request reads no local memory
-            in_flight_.emplace(h.request_id, c);
+            c.wire = batch->on_wire();
+            c.sent = kind != OpKind::kWrite;  // a READ's request reads no local memory
+            in_flight_.emplace(h.request_id, std::move(c));
             registered = true;
           }
         }
@@ -179,23 +173,26 @@ class TcpLane {
           finish(c, broken_status());
           continue;
         }
-        // Checked only now that the chunk counts as on the wire: stop() sets `cancelled`
-        // before it reads wire_in_flight, so either it waits for this chunk or we see the
-        // stop here (the same handshake as the copier's active_copies).
-        if (Status why = chunk_stop_reason(*c.batch); !why.ok()) {
+        // Checked only now that the chunk counts as on the wire: stop() marks the batch
+        // stopped before it counts what is on the wire, so either it waits for this chunk or
+        // we see the stop here (the same handshake as the copier's CopyGuard).
+        if (Status why = batch->stop_reason(); !why.ok()) {
+          std::optional<TcpChunk> taken;
           {
             std::lock_guard lock(mu_);
-            in_flight_.erase(h.request_id);
+            if (auto it = in_flight_.find(h.request_id); it != in_flight_.end()) {
+              taken = std::move(it->second);
+              in_flight_.erase(it);
+            }
           }
-          c.batch->wire_in_flight.fetch_sub(1);
-          finish(c, why);
+          if (taken) finish(*taken, why);  // else fail_all took it meanwhile
           continue;
         }
         encode_tcp_header(h, headers[slot].data());
         sent_ids.push_back(h.request_id);
         iov.push_back({headers[slot].data(), kTcpHeaderBytes});
-        if (c.kind == OpKind::kWrite) iov.push_back({c.local, c.length});
-        send_deadline = std::min(send_deadline, c.batch->deadline);
+        if (kind == OpKind::kWrite) iov.push_back({local, length});
+        send_deadline = std::min(send_deadline, batch->deadline());
         ++slot;
       }
       if (iov.empty()) continue;
@@ -225,10 +222,7 @@ class TcpLane {
         }
       }
     }
-    for (TcpChunk& c : done) {
-      c.batch->wire_in_flight.fetch_sub(1);
-      finish(c, reply_status(c.ack_status, c));
-    }
+    for (TcpChunk& c : done) finish(c, reply_status(c.ack_status, c));
   }
 
   Status reply_status(uint32_t status, const TcpChunk& c) const {
@@ -277,7 +271,7 @@ class TcpLane {
     std::lock_guard lock(mu_);
     auto now = Clock::now();
     for (const auto& [id, c] : in_flight_) {
-      if (now >= c.batch->deadline) return true;
+      if (now >= c.batch->deadline()) return true;
     }
     return false;
   }
@@ -337,7 +331,6 @@ class TcpLane {
     const TcpFrame expected = chunk.kind == OpKind::kWrite ? TcpFrame::kAck : TcpFrame::kReadData;
     if (h.type != expected ||
         (h.type == TcpFrame::kReadData && h.status == 0 && h.length != chunk.length)) {
-      chunk.batch->wire_in_flight.fetch_sub(1);
       finish(chunk, ProtocolError("mismatched reply"));
       return ProtocolError(
           fmt::format("peer {} answered request {} with frame type {} and length {}", peer_,
@@ -346,7 +339,6 @@ class TcpLane {
     Status result = reply_status(h.status, chunk);
     if (h.type == TcpFrame::kReadData && h.length != 0) {
       if (h.length != chunk.length) {
-        chunk.batch->wire_in_flight.fetch_sub(1);
         finish(chunk, ProtocolError("read reply of the wrong length"));
         return ProtocolError(
             fmt::format("peer {} sent {} bytes for a {}-byte read", peer_, h.length, chunk.length));
@@ -354,13 +346,11 @@ class TcpLane {
       Status received = receive_read_payload(chunk);
       if (!received.ok() && received.code() != StatusCode::kCancelled &&
           received.code() != StatusCode::kTimeout) {
-        chunk.batch->wire_in_flight.fetch_sub(1);
         finish(chunk, received);
         return received;
       }
       if (result.ok()) result = received;
     }
-    chunk.batch->wire_in_flight.fetch_sub(1);
     finish(chunk, result);
     return Status::Ok();
   }
@@ -373,20 +363,19 @@ class TcpLane {
     uint64_t done = 0;
     Status outcome;
     while (done < c.length) {
-      BatchRecord& b = *c.batch;
-      b.active_copies.fetch_add(1);
-      Status why = outcome.ok() ? chunk_stop_reason(b) : outcome;
+      BatchProgress& b = *c.batch;
+      auto guard = b.copying();
+      Status why = outcome.ok() ? b.stop_reason() : outcome;
       uint64_t n = std::min(kPiece, c.length - done);
       Status s;
       if (why.ok()) {
         s = recv_all(fd_.get(), {reinterpret_cast<std::byte*>(c.local + done), n},
-                     std::min(Clock::now() + std::chrono::seconds(10), b.deadline));
+                     std::min(Clock::now() + std::chrono::seconds(10), b.deadline()));
       } else {
         outcome = why;
         n = std::min<uint64_t>(n, scratch.size());
         s = recv_all(fd_.get(), {scratch.data(), n}, Clock::now() + std::chrono::seconds(10));
       }
-      b.active_copies.fetch_sub(1);
       if (!s.ok()) return s;
       done += n;
     }
@@ -490,19 +479,24 @@ void TcpLink::shutdown() {
   for (auto& lane : lanes_) lane.reset();  // each lane fails what it carries and joins
 }
 
-Status TcpLink::post(const std::shared_ptr<BatchRecord>& batch) {
+Status TcpLink::post(const BatchPart& part) {
   const size_t lane_count = lanes_.size();
   std::vector<std::vector<TcpChunk>> per_lane(lane_count);
   size_t next = next_lane_.fetch_add(1);
   size_t chunks = 0;
   // Small batches are cut finer so that every lane carries a share of them.
   const uint64_t chunk_bytes =
-      std::clamp<uint64_t>(batch->work.bytes / lane_count, kTcpMinChunkBytes, kTcpChunkBytes);
-  for (const ResolvedOp& op : batch->work.spans) {
+      std::clamp<uint64_t>(part.bytes / lane_count, kTcpMinChunkBytes, kTcpChunkBytes);
+  for (const ResolvedOp& op : part.spans) {
     for (uint64_t off = 0; off < op.length; off += chunk_bytes) {
       uint64_t n = std::min(chunk_bytes, op.length - off);
-      per_lane[next++ % lane_count].push_back(
-          TcpChunk{batch, op.kind, op.local + off, op.remote_addr + off, n});
+      TcpChunk chunk;
+      chunk.batch = part.batch;
+      chunk.kind = op.kind;
+      chunk.local = op.local + off;
+      chunk.remote_addr = op.remote_addr + off;
+      chunk.length = n;
+      per_lane[next++ % lane_count].push_back(std::move(chunk));
       ++chunks;
     }
   }
@@ -511,12 +505,11 @@ Status TcpLink::post(const std::shared_ptr<BatchRecord>& batch) {
     if (per_lane[i].empty()) continue;
     KVF_ASSIGN_OR_RETURN(targets[i], lane(i));
   }
-  batch->pending_tasks.store(static_cast<int>(chunks));
+  part.batch->add_tasks(static_cast<int>(chunks));
   for (size_t i = 0; i < lane_count; ++i) {
     if (!per_lane[i].empty()) targets[i]->enqueue(per_lane[i]);
   }
-  std::lock_guard lock(batch->mu);
-  batch->post_time = Clock::now() - batch->start;
+  part.batch->mark_posted();
   return Status::Ok();
 }
 

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "core/net.h"
-#include "engine/batch_record.h"
+#include "transport/transport.h"
 
 namespace kvferry::detail {
 
@@ -42,20 +42,20 @@ struct TcpLinkOptions {
 
 class TcpLane;
 
-class TcpLink {
+class TcpLink final : public TransportLink {
  public:
   explicit TcpLink(TcpLinkOptions options);
-  ~TcpLink();
+  ~TcpLink() override;
   TcpLink(const TcpLink&) = delete;
   TcpLink& operator=(const TcpLink&) = delete;
 
-  // Splits the batch's ops into chunks and queues them on the lanes; the batch's
-  // pending_tasks is set to the number of chunks. Errors (no lane could connect, the peer
-  // restarted) are returned before anything is queued.
-  Status post(const std::shared_ptr<BatchRecord>& batch);
+  // Splits the part's ops into chunks and queues them on the lanes, one task per chunk.
+  // Errors (no lane could connect, the peer restarted) are returned before anything is
+  // queued.
+  Status post(const BatchPart& part) override;
   // Closes every lane: what they carry fails with PeerDisconnected. A later post()
   // reconnects.
-  void shutdown();
+  void shutdown() override;
 
  private:
   Result<std::shared_ptr<TcpLane>> lane(size_t index);

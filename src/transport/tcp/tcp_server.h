@@ -23,7 +23,7 @@
 
 #include "core/fd.h"
 #include "core/net.h"
-#include "engine/region_index.h"
+#include "transport/region_index.h"
 
 namespace kvferry {
 

@@ -1,4 +1,4 @@
-#include "transport/shm/shm_mapping.h"
+#include "transport/shm_mapping.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "engine/region_index.h"
+#include "transport/region_index.h"
 
 #include <algorithm>
 

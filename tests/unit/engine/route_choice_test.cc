@@ -1,8 +1,7 @@
 // The transport table (engine/transport_choice.h), pinned row by row.
-#include "engine/transport_choice.h"
-
 #include <gtest/gtest.h>
 
+#include "engine/transport_choice.h"
 #include "test_support.h"
 
 namespace kvferry::detail {

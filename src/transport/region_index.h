@@ -17,7 +17,7 @@
 #include <span>
 #include <vector>
 
-#include "kvferry/transfer_engine.h"
+#include "kvferry/transfer_types.h"
 #include "metadata/segment_descriptor.h"
 
 namespace kvferry {
@@ -39,6 +39,9 @@ struct RegionEntry {
   std::shared_ptr<RegionUse> use;      // local regions only
   std::optional<CudaIpcBacking> cuda;  // device memory exported through CUDA IPC
   uint64_t end() const { return addr + length; }
+  // What routes are chosen by: device memory, memory a same-host peer may map, or other host
+  // memory.
+  MemoryKind kind() const { return memory_kind_of(location, shm.has_value()); }
 };
 
 class RegionIndex {

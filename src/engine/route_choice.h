@@ -1,0 +1,49 @@
+// choose_route: the one table that picks the transport for a route — (local memory kind,
+// remote memory kind) to a peer at a place — as a pure function so tests pin it down.
+//
+// Transports are tried in one preference order (kRoutePreference):
+//   local     this engine itself, host memory
+//   cuda_ipc  same host (or self), device memory on either side
+//   shm       same host, the peer's allocate_shared memory
+//   tcp       any host, host memory
+// and the first that both engines serve and that can carry the route (Transport::why_not)
+// is chosen. None: the route is refused, with why each candidate could not carry it; an
+// op on it is refused before anything moves (nothing moves silently through a slower
+// path). A forced transport is the only candidate.
+//
+// Thread-safety: pure; each candidate's why_not may initialise CUDA (cuda_ipc asks last).
+#pragma once
+
+#include <array>
+#include <optional>
+#include <span>
+
+#include "kvferry/transfer_types.h"
+#include "kvferry/transport_kind.h"
+#include "metadata/segment_descriptor.h"
+#include "transport/transport.h"
+
+namespace kvferry::detail {
+
+inline constexpr std::array<TransportKind, 5> kRoutePreference = {
+    TransportKind::kLocal, TransportKind::kCudaIpc, TransportKind::kShm, TransportKind::kTcp,
+    TransportKind::kRdma};
+
+struct RouteCandidate {
+  const Transport* transport = nullptr;  // served by this engine, with a link to the peer
+  std::string link_error;                // why there is no link, when transport is null
+};
+
+struct RouteChoiceInput {
+  // By TransportKind: this engine's transports (null: not served here).
+  std::span<const Transport* const> served;
+  // By TransportKind: why the link to the peer could not be opened ("" if it was, or if the
+  // transport is not served).
+  std::span<const std::string> link_errors;
+  PeerPlace place = PeerPlace::kOtherHost;
+  std::optional<TransportKind> forced;
+};
+
+Route choose_route(RouteKey key, const SegmentDescriptor& peer, const RouteChoiceInput& input);
+
+}  // namespace kvferry::detail

@@ -1,0 +1,24 @@
+#include "transport/built_transports.h"
+
+#include "transport/local/local_transport.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
+#ifdef KVFERRY_WITH_CUDA
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#endif
+
+namespace kvferry {
+
+std::vector<BuiltTransport> built_transports() {
+  std::vector<BuiltTransport> built = {
+      {TransportKind::kLocal, make_local_transport},
+      {TransportKind::kShm, make_shm_transport},
+      {TransportKind::kTcp, make_tcp_transport},
+  };
+#ifdef KVFERRY_WITH_CUDA
+  built.push_back({TransportKind::kCudaIpc, make_cuda_ipc_transport});
+#endif
+  return built;
+}
+
+}  // namespace kvferry

@@ -1,0 +1,123 @@
+#include "transport/local/copy_executor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+namespace kvferry {
+namespace {
+
+// A byte range of a part's spans that one thread copies.
+struct CopySlice {
+  size_t first_span = 0;
+  uint64_t first_offset = 0;  // bytes of first_span owned by the previous slice
+  size_t last_span = 0;       // inclusive
+  uint64_t last_end = 0;      // end offset within last_span
+};
+
+// Copies one slice chunk by chunk.
+Status copy_slice(BatchProgress& b, std::span<const ResolvedOp> spans, const CopySlice& s) {
+  size_t span = s.first_span;
+  uint64_t offset = s.first_offset;
+  while (span <= s.last_span) {
+    auto guard = b.copying();
+    if (Status why = b.stop_reason(); !why.ok()) return why;
+    uint64_t chunk_bytes = 0;
+    size_t chunk_spans = 0;
+    while (span <= s.last_span && chunk_bytes < kCopyChunkBytes && chunk_spans < kCopyChunkSpans) {
+      uint64_t end = span == s.last_span ? s.last_end : spans[span].length;
+      uint64_t n = std::min(end - offset, kCopyChunkBytes - chunk_bytes);
+      // memmove: a self-peer op may overlap its own source; as fast as memcpy otherwise.
+      std::memmove(spans[span].dst() + offset, spans[span].src() + offset, n);
+      chunk_bytes += n;
+      offset += n;
+      if (offset == end) {
+        ++span;
+        offset = 0;
+        ++chunk_spans;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Cuts the spans into `parts` slices of about equal bytes.
+std::vector<CopySlice> balance(std::span<const ResolvedOp> spans, uint64_t total, int parts) {
+  std::vector<CopySlice> slices;
+  uint64_t per_slice = (total + parts - 1) / parts;
+  CopySlice current;
+  uint64_t filled = 0;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    uint64_t offset = 0;
+    while (offset < spans[i].length) {
+      uint64_t take = std::min(spans[i].length - offset, per_slice - filled);
+      offset += take;
+      filled += take;
+      if (filled == per_slice || (i + 1 == spans.size() && offset == spans[i].length)) {
+        current.last_span = i;
+        current.last_end = offset;
+        slices.push_back(current);
+        current = CopySlice{offset == spans[i].length ? i + 1 : i,
+                            offset == spans[i].length ? 0 : offset, 0, 0};
+        filled = 0;
+      }
+    }
+  }
+  return slices;
+}
+
+// A part split over workers: who copies slice i first claims it (a worker or a waiter).
+// Owned by the batch (as its helper) and by the worker tasks; it points at the batch
+// without owning it, so the two never keep each other alive.
+class SlicedCopy final : public BatchHelper {
+ public:
+  SlicedCopy(BatchProgress& batch, std::span<const ResolvedOp> spans, std::vector<CopySlice> slices)
+      : batch_(batch),
+        spans_(spans),
+        slices_(std::move(slices)),
+        claimed_(std::make_unique<std::atomic<bool>[]>(slices_.size())) {}
+
+  size_t size() const { return slices_.size(); }
+  void help() override {
+    for (size_t i = 0; i < slices_.size(); ++i) run_slice(i);
+  }
+  // Claims slice i and copies it; false if someone else had claimed it.
+  bool run_slice(size_t i) {
+    if (claimed_[i].exchange(true)) return false;
+    batch_.finish_task(copy_slice(batch_, spans_, slices_[i]));
+    return true;
+  }
+
+ private:
+  BatchProgress& batch_;
+  std::span<const ResolvedOp> spans_;
+  std::vector<CopySlice> slices_;
+  std::unique_ptr<std::atomic<bool>[]> claimed_;
+};
+
+}  // namespace
+
+void CopyExecutor::run(const BatchPart& part) {
+  BatchProgress& batch = *part.batch;
+  const std::span<const ResolvedOp> spans = part.spans;
+  int parts = pool_.size();
+  if (part.bytes <= inline_bytes_ || parts == 0) {
+    batch.add_tasks(1);
+    batch.mark_posted();
+    batch.finish_task(
+        copy_slice(batch, spans, CopySlice{0, 0, spans.size() - 1, spans.back().length}));
+    return;
+  }
+  parts = static_cast<int>(std::min<uint64_t>(
+      parts, std::max<uint64_t>(1, part.bytes / std::max<uint64_t>(1, inline_bytes_))));
+  auto job = std::make_shared<SlicedCopy>(batch, spans, balance(spans, part.bytes, parts));
+  const size_t n = job->size();
+  batch.add_tasks(static_cast<int>(n));
+  batch.add_helper(job);
+  for (size_t i = 0; i < n; ++i) {
+    pool_.post([keep = part.batch, job, i] { job->run_slice(i); });
+  }
+  batch.mark_posted();
+}
+
+}  // namespace kvferry

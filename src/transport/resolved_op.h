@@ -1,0 +1,38 @@
+// ResolvedOp: one op after the engine checked it against the regions of both sides (and
+// merged it with its neighbours), as a transport receives it: pointers this process can
+// use, and the peer's address of the remote range.
+//
+// Thread-safety: plain values.
+#pragma once
+
+#include <cstdint>
+
+#include "kvferry/transfer_types.h"
+
+namespace kvferry {
+
+struct ResolvedOp {
+  OpKind kind = OpKind::kWrite;
+  char* local = nullptr;     // this process's pointer to the local range
+  uint64_t remote_addr = 0;  // the peer's address of the remote range
+  char* remote = nullptr;    // this process's pointer to it (shm, local), or null (tcp)
+  uint64_t length = 0;
+
+  char* dst() const { return kind == OpKind::kWrite ? remote : local; }
+  const char* src() const { return kind == OpKind::kWrite ? local : remote; }
+};
+
+// What a transport can touch of an op's two ranges; the engine refuses an op routed to a
+// transport that cannot reach one of them.
+enum class CopyAccess : uint8_t {
+  // tcp: the remote range by address only; both sides must be host memory.
+  kRemoteAddress,
+  // memcpy (local, shm): host memory on both sides, every remote region mapped here.
+  kHostPointers,
+  // device copies (cuda_ipc): host or device memory on either side. A remote host region
+  // must be mapped here; a remote device region may be unmapped (remote == null) if it
+  // carries an IPC handle, which the transport opens before copying.
+  kDevicePointers,
+};
+
+}  // namespace kvferry
