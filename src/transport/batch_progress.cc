@@ -18,7 +18,8 @@ Status BatchProgress::stop_reason() const {
     return stopped_with_;
   }
   if (peer_->is_disconnected()) {
-    return PeerDisconnected("peer " + peer_->name() + " disconnected: " + peer_->disconnect_reason());
+    return PeerDisconnected("peer " + peer_->name() +
+                            " disconnected: " + peer_->disconnect_reason());
   }
   if (Clock::now() >= deadline_) {
     return Timeout(fmt::format("batch exceeded its timeout of {} ms", timeout_.count()));

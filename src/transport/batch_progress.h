@@ -142,12 +142,12 @@ class BatchProgress {
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  BatchState state_ = BatchState::kPending;    // guarded by mu_
-  Status error_;                               // guarded by mu_
-  Status first_task_error_;                    // guarded by mu_
-  Status stopped_with_;                        // why stop() was called; guarded by mu_
-  std::chrono::nanoseconds post_time_{0};      // guarded by mu_
-  std::chrono::nanoseconds complete_time_{0};  // guarded by mu_
+  BatchState state_ = BatchState::kPending;            // guarded by mu_
+  Status error_;                                       // guarded by mu_
+  Status first_task_error_;                            // guarded by mu_
+  Status stopped_with_;                                // why stop() was called; guarded by mu_
+  std::chrono::nanoseconds post_time_{0};              // guarded by mu_
+  std::chrono::nanoseconds complete_time_{0};          // guarded by mu_
   std::vector<std::shared_ptr<BatchHelper>> helpers_;  // guarded by mu_
 };
 

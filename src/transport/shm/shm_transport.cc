@@ -27,7 +27,8 @@ class ShmTransport final : public Transport {
       return "shm copies host memory only (same-host device memory goes over cuda_ipc)";
     }
     if (key.remote == MemoryKind::kHost) {
-      return "shm reaches only memory the peer allocated with allocate_shared";
+      return "the peer's memory is not shareable (shm reaches only memory it allocated with "
+             "allocate_shared)";
     }
     return "";
   }

@@ -52,18 +52,19 @@ TEST(DeviceOpValidation, DeviceCopiesReachPeerDeviceMemoryByAddressAndMarkTheBat
                                 {OpKind::kRead, kDeviceLocal, kPeerDevice + 4096, 128}},
                                CopyAccess::kDevicePointers);
   ASSERT_TRUE(out.status.ok()) << out.status.to_string();
-  EXPECT_TRUE(out.batch.touches_device);
-  ASSERT_EQ(out.batch.spans.size(), 2u);  // the first two merged
-  EXPECT_EQ(out.batch.spans[0].length, 128u);
-  EXPECT_EQ(out.batch.spans[0].remote, nullptr);  // mapped later through the IPC handle
-  EXPECT_EQ(out.batch.spans[1].dst(), fake_ptr(kDeviceLocal));
+  EXPECT_TRUE(out.batch.parts.front().touches_device);
+  ASSERT_EQ(out.batch.parts.front().spans.size(), 2u);  // the first two merged
+  EXPECT_EQ(out.batch.parts.front().spans[0].length, 128u);
+  EXPECT_EQ(out.batch.parts.front().spans[0].remote,
+            nullptr);  // mapped later through the IPC handle
+  EXPECT_EQ(out.batch.parts.front().spans[1].dst(), fake_ptr(kDeviceLocal));
 }
 
 TEST(DeviceOpValidation, DeviceCopiesBetweenHostRegionsDoNotTouchTheDevice) {
   ResolveOutcome out =
       resolve({{OpKind::kWrite, kHostLocal, kPeerHostMapped, 64}}, CopyAccess::kDevicePointers);
   ASSERT_TRUE(out.status.ok());
-  EXPECT_FALSE(out.batch.touches_device);
+  EXPECT_FALSE(out.batch.parts.front().touches_device);
 }
 
 TEST(DeviceOpValidation, HostMemcpyRefusesDeviceMemoryOnEitherSideNamingOpAndRegion) {

@@ -1,8 +1,17 @@
-// The transport table (engine/transport_choice.h), pinned row by row.
+// The route table (engine/route_choice.h) over the real transports, pinned row by row.
+#include "engine/route_choice.h"
+
 #include <gtest/gtest.h>
 
-#include "engine/transport_choice.h"
+#include "core/thread_pool.h"
 #include "test_support.h"
+#include "transport/local/local_transport.h"
+#include "transport/shm/shm_transport.h"
+#include "transport/tcp/tcp_transport.h"
+#ifdef KVFERRY_WITH_CUDA
+#include "transport/cuda_ipc/cuda_ipc_transport.h"
+#include "unit/transport/cuda_ipc_fake_api.h"
+#endif
 
 namespace kvferry::detail {
 namespace {
@@ -11,116 +20,166 @@ using kvferry::testing::contains;
 
 constexpr TransportSet kAll{TransportKind::kLocal, TransportKind::kShm, TransportKind::kTcp,
                             TransportKind::kCudaIpc};
+constexpr RouteKey kHostToHost{MemoryKind::kHost, MemoryKind::kHost};
+constexpr RouteKey kHostToShared{MemoryKind::kHost, MemoryKind::kSharedHost};
+constexpr RouteKey kHostToDevice{MemoryKind::kHost, MemoryKind::kDevice};
+constexpr RouteKey kDeviceToHost{MemoryKind::kDevice, MemoryKind::kHost};
 
-SegmentDescriptor peer(bool device_memory, TransportSet serves = kAll) {
+SegmentDescriptor peer(TransportSet serves = kAll) {
   SegmentDescriptor d;
   d.endpoint = "127.0.0.1:9000";
   d.tcp_endpoint = "127.0.0.1:9001";
   d.host_id = "other-boot";
   d.transports = serves;
-  d.regions.push_back({0x1000, 64, {}, ShmBacking{3, 0, 4096, 77}, std::nullopt});
-  if (device_memory) {
-    d.regions.push_back(
-        {0x9000, 64, {MemoryLocation::Kind::kCuda, 0}, std::nullopt, CudaIpcBacking{{}, 0, 64}});
-  }
   return d;
 }
 
-struct Row {
-  bool same_host;
-  bool device_memory;
-  bool device_usable;
-  std::optional<TransportKind> forced;
-  std::optional<TransportKind> expect;  // nullopt: NotSupported
-  const char* reason;                   // in the error, when refused
+// This engine's transports: the real ones of the build; cuda_ipc over a fake device that is
+// usable or not, counting how often CUDA would have been initialised.
+struct Engine {
+  explicit Engine(bool device_usable = true, TransportSet serve = kAll) {
+    TransportEnv env;
+    env.listen_host = "127.0.0.1";
+    env.workers = &pool;
+    env.local_regions = [] { return std::make_shared<const RegionIndex>(); };
+    auto add = [&](TransportKind kind, Result<std::unique_ptr<Transport>> t) {
+      ASSERT_TRUE(t.ok()) << t.status().to_string();
+      if (serve.contains(kind)) owned[static_cast<size_t>(kind)] = std::move(*t);
+    };
+    add(TransportKind::kLocal, make_local_transport(env));
+    add(TransportKind::kShm, make_shm_transport(env));
+    add(TransportKind::kTcp, make_tcp_transport(env));
+#ifdef KVFERRY_WITH_CUDA
+    add(TransportKind::kCudaIpc,
+        cuda_ipc::make_cuda_ipc_transport(
+            [this, device_usable]() -> Result<std::unique_ptr<cuda_ipc::CudaIpcDevice>> {
+              ++device_opens;
+              if (!device_usable) return NotSupported("no CUDA device: no driver");
+              return std::make_unique<cuda_ipc::CudaIpcDevice>(
+                  std::make_unique<cuda_ipc::testing::FakeCudaMemoryApi>());
+            }));
+#else
+    (void)device_usable;
+#endif
+    for (size_t i = 0; i < owned.size(); ++i) served[i] = owned[i].get();
+  }
+  Route route(RouteKey key, const SegmentDescriptor& d, PeerPlace place,
+              std::optional<TransportKind> forced = std::nullopt) const {
+    RouteChoiceInput input;
+    input.served = served;
+    input.place = place;
+    input.forced = forced;
+    return choose_route(key, d, input);
+  }
+
+  ThreadPool pool{0};
+  std::array<std::unique_ptr<Transport>, kAllTransportKinds.size()> owned;
+  std::array<const Transport*, kAllTransportKinds.size()> served{};
+  int device_opens = 0;
 };
 
-TEST(TransportChoice, Table) {
-  const Row rows[] = {
-      {true, true, true, std::nullopt, TransportKind::kCudaIpc, ""},
-      {true, false, true, std::nullopt, TransportKind::kShm, ""},
-      {true, true, false, std::nullopt, TransportKind::kShm, ""},
-      {false, true, true, std::nullopt, TransportKind::kTcp, ""},
-      {false, false, true, std::nullopt, TransportKind::kTcp, ""},
-      {true, false, true, TransportKind::kCudaIpc, TransportKind::kCudaIpc, ""},
-      {true, true, true, TransportKind::kShm, TransportKind::kShm, ""},
-      {true, true, true, TransportKind::kTcp, TransportKind::kTcp, ""},
-      {false, true, true, TransportKind::kCudaIpc, std::nullopt, "the peer is on another host"},
-      {true, true, false, TransportKind::kCudaIpc, std::nullopt, "no CUDA device: no driver"},
-      {true, true, true, TransportKind::kRdma, std::nullopt, "this engine does not serve it"},
-  };
-  for (const Row& row : rows) {
-    int asked = 0;
-    TransportChoiceInput input;
-    input.served = kAll;
-    input.same_host = row.same_host;
-    input.forced = row.forced;
-    input.device_usable = [&] {
-      ++asked;
-      return row.device_usable ? Status::Ok() : NotSupported("no CUDA device: no driver");
-    };
-    SegmentDescriptor d = peer(row.device_memory);
-    if (row.same_host) d.host_id = "this-boot";
-    Result<TransportKind> chosen = choose_transport(d, input);
-    std::string what = ::testing::PrintToString(row.same_host) + "/" +
-                       ::testing::PrintToString(row.device_memory) + "/" +
-                       ::testing::PrintToString(row.device_usable) + "/" +
-                       (row.forced ? std::string(transport_kind_name(*row.forced)) : "auto");
-    if (row.expect) {
-      ASSERT_TRUE(chosen.ok()) << what << ": " << chosen.status().to_string();
-      EXPECT_EQ(*chosen, *row.expect) << what;
-    } else {
-      ASSERT_FALSE(chosen.ok()) << what;
-      EXPECT_EQ(chosen.status().code(), StatusCode::kNotSupported) << what;
-      EXPECT_TRUE(contains(chosen.status().message(), row.reason))
-          << what << ": " << chosen.status().message();
-    }
-    // CUDA is initialised only when cuda_ipc is in question.
-    if (!row.device_memory && row.forced != TransportKind::kCudaIpc) {
-      EXPECT_EQ(asked, 0) << what;
-    }
-    EXPECT_LE(asked, 1) << what;
+void expect_route(const Route& r, std::optional<TransportKind> expected, const char* reason = "") {
+  if (expected) {
+    ASSERT_TRUE(r.transport.has_value()) << r.reason;
+    EXPECT_EQ(*r.transport, *expected) << r.reason;
+  } else {
+    EXPECT_FALSE(r.transport.has_value()) << transport_kind_name(*r.transport);
   }
+  EXPECT_TRUE(contains(r.reason, reason)) << r.reason;
 }
 
-TEST(TransportChoice, ASameHostPeerWithPrivateHostMemoryGetsTcpUnlessTcpCannotReachIt) {
-  TransportChoiceInput input;
-  input.served = kAll;
-  input.same_host = true;
-  input.device_usable = [] { return Status::Ok(); };
-  SegmentDescriptor d = peer(false);
-  d.host_id = "this-boot";
-  d.regions.push_back({0x5000, 64, {}, std::nullopt, std::nullopt});  // private
-  EXPECT_EQ(*choose_transport(d, input), TransportKind::kTcp);
+TEST(RouteChoice, SameHostHostMemoryGoesOverShmWhenShareableElseTcp) {
+  Engine e;
+  SegmentDescriptor d = peer();
+  expect_route(e.route(kHostToShared, d, PeerPlace::kSameHost), TransportKind::kShm);
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost), TransportKind::kTcp);
   d.tcp_endpoint.clear();
-  EXPECT_EQ(*choose_transport(d, input), TransportKind::kShm);
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost), std::nullopt,
+               "shm: the peer's memory is not shareable (shm reaches only memory it allocated with "
+               "allocate_shared); tcp: the peer advertises no tcp endpoint");
+  EXPECT_EQ(e.device_opens, 0);  // host routes never initialise CUDA
 }
 
-TEST(TransportChoice, APeerThatDoesNotServeCudaIpcGetsShmEvenWithDeviceMemory) {
-  TransportChoiceInput input;
-  input.served = kAll;
-  input.same_host = true;
-  input.device_usable = [] { return Status::Ok(); };
-  SegmentDescriptor d =
-      peer(true, TransportSet{TransportKind::kShm, TransportKind::kTcp, TransportKind::kLocal});
-  d.host_id = "this-boot";
-  Result<TransportKind> chosen = choose_transport(d, input);
-  ASSERT_TRUE(chosen.ok());
-  EXPECT_EQ(*chosen, TransportKind::kShm);
+TEST(RouteChoice, AnotherHostIsReachedOverTcpForHostMemoryOnly) {
+  Engine e;
+  const SegmentDescriptor d = peer();
+  expect_route(e.route(kHostToShared, d, PeerPlace::kOtherHost), TransportKind::kTcp);
+  expect_route(e.route(kHostToHost, d, PeerPlace::kOtherHost), TransportKind::kTcp);
+  expect_route(e.route(kHostToDevice, d, PeerPlace::kOtherHost), std::nullopt,
+               "tcp: tcp moves host memory only");
 }
 
-TEST(TransportChoice, NothingReachesListsWhyForEachTransport) {
-  TransportChoiceInput input;
-  input.served = TransportSet{TransportKind::kShm, TransportKind::kCudaIpc};
-  input.device_usable = [] { return Status::Ok(); };
-  Result<TransportKind> chosen = choose_transport(peer(true), input);
-  ASSERT_FALSE(chosen.ok());
-  EXPECT_TRUE(
-      contains(chosen.status().message(),
-               "cuda_ipc: the peer is on another host (host id other-boot); shm: the peer "
-               "is on another host (host id other-boot); tcp: this engine does not serve it"))
-      << chosen.status().message();
+TEST(RouteChoice, TheSelfPeerCopiesHostMemoryLocally) {
+  Engine e;
+  const SegmentDescriptor d = peer();
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSelf), TransportKind::kLocal);
+  expect_route(e.route(kHostToShared, d, PeerPlace::kSelf), TransportKind::kLocal);
 }
+
+TEST(RouteChoice, ForcedTransportIsTheOnlyCandidate) {
+  Engine e;
+  const SegmentDescriptor d = peer();
+  expect_route(e.route(kHostToShared, d, PeerPlace::kSameHost, TransportKind::kTcp),
+               TransportKind::kTcp, "forced");
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost, TransportKind::kShm), std::nullopt,
+               "forced transport shm cannot carry host memory to the peer's host memory: the "
+               "peer's memory is not shareable");
+  expect_route(e.route(kHostToHost, d, PeerPlace::kOtherHost, TransportKind::kShm), std::nullopt,
+               "the peer is on another host (host id other-boot)");
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost, TransportKind::kRdma), std::nullopt,
+               "this engine does not serve it");
+}
+
+TEST(RouteChoice, NothingReachesListsWhyForEachTransport) {
+  Engine e(true, TransportSet{TransportKind::kShm, TransportKind::kCudaIpc});
+  expect_route(e.route(kHostToShared, peer(), PeerPlace::kOtherHost), std::nullopt,
+               "shm: the peer is on another host (host id other-boot); tcp: this engine does not "
+               "serve it");
+}
+
+TEST(RouteChoice, APeerThatDoesNotServeATransportIsNotRoutedOverIt) {
+  Engine e;
+  const SegmentDescriptor d = peer(TransportSet{TransportKind::kLocal, TransportKind::kTcp});
+  expect_route(e.route(kHostToShared, d, PeerPlace::kSameHost), TransportKind::kTcp);
+  expect_route(e.route(kHostToShared, d, PeerPlace::kSameHost, TransportKind::kShm), std::nullopt,
+               "the peer does not serve it");
+}
+
+#ifdef KVFERRY_WITH_CUDA
+TEST(RouteChoice, DeviceMemoryOnOneHostGoesOverCudaIpc) {
+  Engine e;
+  const SegmentDescriptor d = peer();
+  expect_route(e.route(kHostToDevice, d, PeerPlace::kSameHost), TransportKind::kCudaIpc);
+  expect_route(e.route(kDeviceToHost, d, PeerPlace::kSelf), TransportKind::kCudaIpc);
+  expect_route(e.route({MemoryKind::kDevice, MemoryKind::kSharedHost}, d, PeerPlace::kSameHost),
+               TransportKind::kCudaIpc);
+  expect_route(e.route(kDeviceToHost, d, PeerPlace::kSameHost), std::nullopt,
+               "cuda_ipc: the peer's host memory is not shareable");
+  EXPECT_EQ(e.device_opens, 1);  // opened once, on the first device route
+}
+
+TEST(RouteChoice, NoUsableDeviceRefusesDeviceRoutesSayingWhy) {
+  Engine e(false);
+  const SegmentDescriptor d = peer();
+  expect_route(e.route(kHostToDevice, d, PeerPlace::kSameHost), std::nullopt,
+               "cuda_ipc: no CUDA device: no driver");
+  expect_route(e.route(kHostToDevice, d, PeerPlace::kSameHost, TransportKind::kCudaIpc),
+               std::nullopt, "no CUDA device: no driver");
+  expect_route(e.route(kHostToShared, d, PeerPlace::kSameHost), TransportKind::kShm);
+  expect_route(e.route(kHostToDevice, d, PeerPlace::kOtherHost, TransportKind::kCudaIpc),
+               std::nullopt, "the peer is on another host");
+  EXPECT_EQ(e.device_opens, 1);
+}
+
+TEST(RouteChoice, APeerThatDoesNotServeCudaIpcGetsNoDeviceRoute) {
+  Engine e;
+  const SegmentDescriptor d =
+      peer(TransportSet{TransportKind::kShm, TransportKind::kTcp, TransportKind::kLocal});
+  expect_route(e.route(kHostToDevice, d, PeerPlace::kSameHost), std::nullopt,
+               "cuda_ipc: the peer does not serve it");
+  expect_route(e.route(kHostToShared, d, PeerPlace::kSameHost), TransportKind::kShm);
+}
+#endif
 
 }  // namespace
 }  // namespace kvferry::detail

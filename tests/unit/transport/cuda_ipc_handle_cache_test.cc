@@ -108,18 +108,18 @@ TEST_F(CacheFixture, MapsEveryUnmappedSpanToItsAllocationPlusOffsetsAndHoldsEach
   IpcHandleCache cache(api);
   RegionIndex remote = peer_regions();
   char local[64];
-  ResolvedBatch batch;
-  batch.spans = {{OpKind::kWrite, local, 0x1'0010, nullptr, 16},
-                 {OpKind::kWrite, local, 0x2'0020, nullptr, 16},
-                 {OpKind::kRead, local, 0x3'0ff0, nullptr, 16},
-                 {OpKind::kWrite, local, 0x1'0000, local + 32, 16}};  // already mapped
+  std::vector<ResolvedOp> spans = {
+      {OpKind::kWrite, local, 0x1'0010, nullptr, 16},
+      {OpKind::kWrite, local, 0x2'0020, nullptr, 16},
+      {OpKind::kRead, local, 0x3'0ff0, nullptr, 16},
+      {OpKind::kWrite, local, 0x1'0000, local + 32, 16}};  // already mapped
   std::vector<std::shared_ptr<const IpcMapping>> keep_alive;
-  ASSERT_TRUE(map_remote_device_spans(batch, remote, cache, kIncarnationA, keep_alive).ok());
-  EXPECT_EQ(reinterpret_cast<uint64_t>(batch.spans[0].remote), 0x7000'0000u + 0x100 + 0x10);
-  EXPECT_EQ(reinterpret_cast<uint64_t>(batch.spans[1].remote), 0x7000'0000u + 0x8000 + 0x20);
-  EXPECT_EQ(reinterpret_cast<uint64_t>(batch.spans[2].remote), 0x7100'0000u + 0xff0);
-  EXPECT_EQ(batch.spans[3].remote, local + 32);
-  EXPECT_EQ(batch.spans[2].dst(), local);  // a READ lands locally
+  ASSERT_TRUE(map_remote_device_spans(spans, remote, cache, kIncarnationA, keep_alive).ok());
+  EXPECT_EQ(reinterpret_cast<uint64_t>(spans[0].remote), 0x7000'0000u + 0x100 + 0x10);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(spans[1].remote), 0x7000'0000u + 0x8000 + 0x20);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(spans[2].remote), 0x7100'0000u + 0xff0);
+  EXPECT_EQ(spans[3].remote, local + 32);
+  EXPECT_EQ(spans[2].dst(), local);  // a READ lands locally
   EXPECT_EQ(keep_alive.size(), 2u);
   EXPECT_EQ(api.opens, 2);
   EXPECT_EQ(api.last_open_device, 1);
@@ -135,9 +135,8 @@ TEST_F(CacheFixture, BatchDeviceIsTheLocalDeviceElseThePeers) {
                                               std::nullopt,
                                               nullptr,
                                               std::nullopt}});
-  ResolvedBatch batch;
-  batch.spans = {{OpKind::kWrite, host.data(), 0x1'0010, nullptr, 16}};
-  EXPECT_EQ(batch_device(batch, local, remote), 1);  // pinned host -> the peer's cuda:1
+  std::vector<ResolvedOp> spans = {{OpKind::kWrite, host.data(), 0x1'0010, nullptr, 16}};
+  EXPECT_EQ(batch_device(spans, local, remote), 1);  // pinned host -> the peer's cuda:1
   RegionIndex local_device(std::vector<RegionEntry>{{reinterpret_cast<uint64_t>(host.data()),
                                                      64,
                                                      host.data(),
@@ -145,7 +144,7 @@ TEST_F(CacheFixture, BatchDeviceIsTheLocalDeviceElseThePeers) {
                                                      std::nullopt,
                                                      nullptr,
                                                      std::nullopt}});
-  EXPECT_EQ(batch_device(batch, local_device, remote), 2);
+  EXPECT_EQ(batch_device(spans, local_device, remote), 2);
 }
 
 }  // namespace
