@@ -29,7 +29,7 @@ bool keeps_its_promises(const kvferry::TcpHeader& h) {
   }
   const bool sized = kvferry::tcp_frame_has_payload(h.type) || h.type == TcpFrame::kRead;
   if (sized && h.length > kvferry::kTcpMaxFrameBytes) return false;
-  if (h.status > static_cast<uint32_t>(kvferry::StatusCode::kInternal)) return false;
+  if (!kvferry::is_valid_status_code(h.status)) return false;
   return h.addr + h.length >= h.addr;
 }
 

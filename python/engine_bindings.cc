@@ -121,7 +121,8 @@ void bind_engine(py::module_& m) {
            }),
            py::arg("name") = "kvferry", py::arg("listen_address") = "127.0.0.1:0",
            py::arg("metadata_uri") = "p2p", py::arg("transport") = py::none(),
-           py::arg("batch_timeout_ms") = 30'000, py::arg("handshake_timeout_ms") = 2'000,
+           py::arg("batch_timeout_ms") = 30'000,
+           py::arg("handshake_timeout_ms") = kDefaultHandshakeTimeout.count(),
            py::arg("worker_threads") = 2, py::arg("secret") = py::none())
       .def_property_readonly("endpoint", [](PyEngine& e) { return e.engine().endpoint(); })
       .def_property_readonly("incarnation", [](PyEngine& e) { return e.engine().incarnation(); })

@@ -37,11 +37,13 @@ PYBIND11_MODULE(_kvferry, m) {
   py::register_exception_translator(&python::translate_status_error);
 
   py::enum_<StatusCode> codes(m, "StatusCode");
-  for (int code = 0; code <= static_cast<int>(StatusCode::kInternal); ++code) {
+  for (int code = 0; code <= static_cast<int>(kLastStatusCode); ++code) {
     const auto c = static_cast<StatusCode>(code);
     const std::string name(status_code_name(c));
     codes.value(name.c_str(), c);
   }
+  // The highest StatusCode number, so Python never repeats which code is last.
+  m.attr("LAST_STATUS_CODE") = static_cast<int>(kLastStatusCode);
 
   python::bind_engine(m);
   python::bind_plan(m);

@@ -16,22 +16,33 @@
 
 namespace kvferry {
 
+// Every code has a fixed number: codes travel on the wire (tcp kAck/kReadData status, PD
+// control messages) and to Python, so a number is never reused or renumbered. A new code is
+// appended after the last one and kLastStatusCode moves to it; decoders accept exactly
+// 0..kLastStatusCode.
 enum class StatusCode : uint8_t {
   kOk = 0,
-  kInvalidArgument,     // a caller-supplied value is malformed or out of its domain
-  kNotRegistered,       // an address lies outside every registered region
-  kOutOfRange,          // an index or length runs past the end of what it refers to
-  kAlreadyExists,       // e.g. a registration that overlaps an existing one
-  kFailedPrecondition,  // the call is valid but the object is not in a state to do it
-  kNotSupported,        // the request is well-formed but this build or peer cannot serve it
-  kPeerUnreachable,     // the peer could not be contacted at all
-  kPeerDisconnected,    // the peer was reachable and has gone away
-  kTimeout,
-  kCancelled,
-  kUnauthenticated,
-  kProtocolError,  // a peer sent bytes that do not parse
-  kInternal,       // a system call failed in a way the caller cannot fix
+  kInvalidArgument = 1,     // a caller-supplied value is malformed or out of its domain
+  kNotRegistered = 2,       // an address lies outside every registered region
+  kOutOfRange = 3,          // an index or length runs past the end of what it refers to
+  kAlreadyExists = 4,       // e.g. a registration that overlaps an existing one
+  kFailedPrecondition = 5,  // the call is valid but the object is not in a state to do it
+  kNotSupported = 6,        // the request is well-formed but this build or peer cannot serve it
+  kPeerUnreachable = 7,     // the peer could not be contacted at all
+  kPeerDisconnected = 8,    // the peer was reachable and has gone away
+  kTimeout = 9,
+  kCancelled = 10,
+  kUnauthenticated = 11,
+  kProtocolError = 12,  // a peer sent bytes that do not parse
+  kInternal = 13,       // a system call failed in a way the caller cannot fix
 };
+// The highest code; every number from 0 to it is a valid StatusCode.
+inline constexpr StatusCode kLastStatusCode = StatusCode::kInternal;
+
+// Whether `number` (read off the wire) names a StatusCode.
+constexpr bool is_valid_status_code(uint64_t number) {
+  return number <= static_cast<uint64_t>(kLastStatusCode);
+}
 
 // The code's name without the leading 'k' ("PeerUnreachable").
 std::string_view status_code_name(StatusCode code);
@@ -84,6 +95,11 @@ inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move
 // Internal error carrying strerror(errno_value): "what: No such file or directory".
 Status ErrnoStatus(StatusCode code, std::string_view what, int errno_value);
 
+namespace detail {
+// Prints "Result::value() on an error: <status>" to stderr and aborts.
+[[noreturn]] void die_on_result_without_value(const Status& status);
+}  // namespace detail
+
 // Either a T or a non-OK Status. Construct from a value or from an error Status.
 template <typename T>
 class [[nodiscard]] Result {
@@ -96,15 +112,21 @@ class [[nodiscard]] Result {
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
 
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
-  T& operator*() & { return *value_; }
-  const T& operator*() const& { return *value_; }
+  // The value. Calling these on an error is a bug in the caller (check ok() first): it
+  // prints the status to stderr and aborts, never undefined behaviour.
+  T& value() & { return checked(), *value_; }
+  const T& value() const& { return checked(), *value_; }
+  T&& value() && { return checked(), std::move(*value_); }
+  T* operator->() { return &value(); }
+  const T* operator->() const { return &value(); }
+  T& operator*() & { return value(); }
+  const T& operator*() const& { return value(); }
 
  private:
+  void checked() const {
+    if (!value_.has_value()) detail::die_on_result_without_value(status_);
+  }
+
   Status status_;
   std::optional<T> value_;
 };

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "kvferry/defaults.h"
 #include "kvferry/status.h"
 #include "kvferry/transfer_types.h"
 #include "kvferry/transport_kind.h"
@@ -65,7 +66,7 @@ struct EngineOptions {
   // Default batch timeout (submit can override).
   std::chrono::milliseconds batch_timeout{30'000};
   // Timeout for fetching a peer's descriptor.
-  std::chrono::milliseconds handshake_timeout{2'000};
+  std::chrono::milliseconds handshake_timeout = kDefaultHandshakeTimeout;
   // Merge ops that are contiguous on both sides before posting.
   bool merge_ops = true;
   // Batches with at most this many bytes run on the submitting thread.

@@ -18,6 +18,9 @@ StatusCode = enum.IntEnum(
     "StatusCode", {name: int(value) for name, value in _kvferry.StatusCode.__members__.items()}
 )
 
+# The highest code (C++ kLastStatusCode), taken from the extension rather than repeated here.
+LAST_STATUS_CODE = StatusCode(_kvferry.LAST_STATUS_CODE)
+
 
 class KvferryError(Exception):
     """A failed kvferry call: ``code`` (StatusCode) and ``message``."""

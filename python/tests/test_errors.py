@@ -129,3 +129,13 @@ def test_registered_context_manager_unregisters_on_exit():
             raise RuntimeError("boom")
     engine.register_memory(a.ctypes.data, a.nbytes)
     engine.unregister_memory(a.ctypes.data)
+
+
+def test_every_status_code_up_to_the_last_has_its_own_exception_class():
+    from kvferry import errors
+
+    assert errors.LAST_STATUS_CODE == max(StatusCode)
+    for code in range(1, int(errors.LAST_STATUS_CODE) + 1):
+        err = errors.error_from_status(code, "x")
+        assert type(err) is not errors.KvferryError, StatusCode(code).name
+        assert err.code == code

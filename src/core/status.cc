@@ -1,5 +1,7 @@
 #include "kvferry/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace kvferry {
@@ -39,4 +41,14 @@ Status ErrnoStatus(StatusCode code, std::string_view what, int errno_value) {
   return {code, std::move(message)};
 }
 
+namespace detail {
+
+void die_on_result_without_value(const Status& status) {
+  std::fprintf(stderr, "kvferry: Result::value() called on an error: %s\n",
+               status.to_string().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace detail
 }  // namespace kvferry

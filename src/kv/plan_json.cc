@@ -11,15 +11,14 @@
 #include <string>
 
 #include "core/json_excerpt.h"
+#include "core/json_fields.h"
 
 namespace kvferry::kv {
 namespace {
 
 using nlohmann::json;
 
-constexpr std::array<std::string_view, 11> kRequestFields = {
-    "src_ptrs", "dst_ptrs",           "item_lens", "dst_item_lens",   "src_pages",      "dst_pages",
-    "strategy", "max_pages_per_call", "coalesce",  "src_entry_bytes", "dst_entry_bytes"};
+const JsonErrors kErrors{StatusCode::kInvalidArgument, ""};
 constexpr std::string_view kHeadSliceField = "head_slice";
 constexpr std::array<std::string_view, 6> kHeadSliceFields = {
     "prefill_tp_size", "prefill_tp_rank", "decode_tp_size",
@@ -31,67 +30,12 @@ Status field_error(std::string_view field, const std::string& what) {
 
 std::string show(const json& value) { return json_excerpt(value); }
 
-Result<uint64_t> to_unsigned(const json& value, std::string_view field, uint64_t max) {
-  if (!value.is_number_unsigned()) {
-    return field_error(field, show(value) + " is not a non-negative integer");
-  }
-  const uint64_t v = value.get<uint64_t>();
-  if (v > max) return field_error(field, show(value) + " exceeds " + std::to_string(max));
-  return v;
-}
-
-Result<std::vector<uint64_t>> to_unsigned_list(const json& value, std::string_view field,
-                                               uint64_t max) {
-  if (!value.is_array()) return field_error(field, show(value) + " is not an array");
-  std::vector<uint64_t> out;
-  out.reserve(value.size());
-  for (size_t i = 0; i < value.size(); ++i) {
-    const std::string element = std::string(field) + "[" + std::to_string(i) + "]";
-    KVF_ASSIGN_OR_RETURN(uint64_t v, to_unsigned(value[i], element, max));
-    out.push_back(v);
-  }
-  return out;
-}
-
-Result<std::vector<PageIndex>> to_pages(const json& value, std::string_view field) {
-  KVF_ASSIGN_OR_RETURN(std::vector<uint64_t> wide,
-                       to_unsigned_list(value, field, std::numeric_limits<PageIndex>::max()));
-  return std::vector<PageIndex>(wide.begin(), wide.end());
-}
-
-Status check_known_fields(const json& object, std::span<const std::string_view> known,
-                          std::string_view prefix) {
-  for (const auto& [key, unused] : object.items()) {
-    if (std::find(known.begin(), known.end(), key) == known.end() &&
-        (!prefix.empty() || key != kHeadSliceField)) {
-      return InvalidArgument("unknown field '" + std::string(prefix) + key + "'");
-    }
-  }
-  return Status::Ok();
-}
-
-const json* find(const json& object, std::string_view field) {
-  auto it = object.find(std::string(field));
-  return it == object.end() ? nullptr : &*it;
-}
-
-Result<const json*> require(const json& object, std::string_view field) {
-  const json* value = find(object, field);
-  if (value == nullptr) return InvalidArgument("missing field '" + std::string(field) + "'");
-  return value;
-}
-
-Result<HeadSliceRequest> parse_head_slice(const json& value) {
-  if (!value.is_object()) return field_error(kHeadSliceField, show(value) + " is not an object");
-  KVF_RETURN_IF_ERROR(check_known_fields(value, kHeadSliceFields, "head_slice."));
+Result<HeadSliceRequest> parse_head_slice(JsonFields f) {
   std::array<uint32_t, kHeadSliceFields.size()> numbers{};
   for (size_t i = 0; i < kHeadSliceFields.size(); ++i) {
-    const std::string field = "head_slice." + std::string(kHeadSliceFields[i]);
-    const json* v = find(value, kHeadSliceFields[i]);
-    if (v == nullptr) return InvalidArgument("missing field '" + field + "'");
-    KVF_ASSIGN_OR_RETURN(uint64_t n, to_unsigned(*v, field, std::numeric_limits<uint32_t>::max()));
-    numbers[i] = static_cast<uint32_t>(n);
+    KVF_RETURN_IF_ERROR(f.required(kHeadSliceFields[i], numbers[i]));
   }
+  KVF_RETURN_IF_ERROR(f.finish());
   HeadSliceRequest request;
   request.tp = TpPair{numbers[0], numbers[1], numbers[2], numbers[3]};
   request.total_kv_heads = numbers[4];
@@ -160,54 +104,38 @@ Result<PlanRequest> parse_plan_request(std::string_view json_text) {
     return InvalidArgument(std::string("request is not valid JSON: ") + e.what());
   }
   if (!root.is_object()) return InvalidArgument("request " + show(root) + " is not a JSON object");
-  KVF_RETURN_IF_ERROR(check_known_fields(root, kRequestFields, ""));
+  KVF_ASSIGN_OR_RETURN(JsonFields f, JsonFields::of(root, "request", kErrors));
 
-  constexpr uint64_t kAny = std::numeric_limits<uint64_t>::max();
-  KVF_ASSIGN_OR_RETURN(const json* src_ptrs_json, require(root, "src_ptrs"));
-  KVF_ASSIGN_OR_RETURN(const json* dst_ptrs_json, require(root, "dst_ptrs"));
-  KVF_ASSIGN_OR_RETURN(const json* item_lens_json, require(root, "item_lens"));
-  KVF_ASSIGN_OR_RETURN(const json* src_pages_json, require(root, "src_pages"));
-  KVF_ASSIGN_OR_RETURN(const json* dst_pages_json, require(root, "dst_pages"));
-  KVF_ASSIGN_OR_RETURN(std::vector<uint64_t> src_ptrs,
-                       to_unsigned_list(*src_ptrs_json, "src_ptrs", kAny));
-  KVF_ASSIGN_OR_RETURN(std::vector<uint64_t> dst_ptrs,
-                       to_unsigned_list(*dst_ptrs_json, "dst_ptrs", kAny));
-  KVF_ASSIGN_OR_RETURN(std::vector<uint64_t> item_lens,
-                       to_unsigned_list(*item_lens_json, "item_lens", kAny));
+  KVF_ASSIGN_OR_RETURN(std::vector<uint64_t> src_ptrs, f.required_list<uint64_t>("src_ptrs"));
+  KVF_ASSIGN_OR_RETURN(std::vector<uint64_t> dst_ptrs, f.required_list<uint64_t>("dst_ptrs"));
+  KVF_ASSIGN_OR_RETURN(std::vector<uint64_t> item_lens, f.required_list<uint64_t>("item_lens"));
 
   PlanRequest request;
-  KVF_ASSIGN_OR_RETURN(request.src_pages, to_pages(*src_pages_json, "src_pages"));
-  KVF_ASSIGN_OR_RETURN(request.dst_pages, to_pages(*dst_pages_json, "dst_pages"));
+  KVF_ASSIGN_OR_RETURN(request.src_pages, f.required_list<PageIndex>("src_pages"));
+  KVF_ASSIGN_OR_RETURN(request.dst_pages, f.required_list<PageIndex>("dst_pages"));
 
-  std::vector<uint64_t> dst_item_lens = item_lens;
-  if (const json* v = find(root, "dst_item_lens")) {
-    KVF_ASSIGN_OR_RETURN(dst_item_lens, to_unsigned_list(*v, "dst_item_lens", kAny));
-  }
-  std::vector<uint64_t> src_bytes;
-  std::vector<uint64_t> dst_bytes;
-  if (const json* v = find(root, "src_entry_bytes")) {
-    KVF_ASSIGN_OR_RETURN(src_bytes, to_unsigned_list(*v, "src_entry_bytes", kAny));
-  }
-  if (const json* v = find(root, "dst_entry_bytes")) {
-    KVF_ASSIGN_OR_RETURN(dst_bytes, to_unsigned_list(*v, "dst_entry_bytes", kAny));
-  }
-  if (const json* v = find(root, "strategy")) {
-    if (!v->is_string()) return field_error("strategy", show(*v) + " is not a string");
-    Result<SendStrategy> strategy = parse_send_strategy(v->get<std::string>());
+  KVF_ASSIGN_OR_RETURN(std::optional<std::vector<uint64_t>> dst_item_lens_field,
+                       f.optional_list<uint64_t>("dst_item_lens"));
+  std::vector<uint64_t> dst_item_lens = dst_item_lens_field.value_or(item_lens);
+  KVF_ASSIGN_OR_RETURN(std::optional<std::vector<uint64_t>> src_bytes_field,
+                       f.optional_list<uint64_t>("src_entry_bytes"));
+  KVF_ASSIGN_OR_RETURN(std::optional<std::vector<uint64_t>> dst_bytes_field,
+                       f.optional_list<uint64_t>("dst_entry_bytes"));
+  const std::vector<uint64_t> src_bytes = src_bytes_field.value_or(std::vector<uint64_t>{});
+  const std::vector<uint64_t> dst_bytes = dst_bytes_field.value_or(std::vector<uint64_t>{});
+  KVF_ASSIGN_OR_RETURN(std::optional<std::string> strategy_name,
+                       f.optional<std::string>("strategy"));
+  if (strategy_name) {
+    Result<SendStrategy> strategy = parse_send_strategy(*strategy_name);
     if (!strategy.ok()) return field_error("strategy", strategy.status().message());
     request.options.strategy = *strategy;
   }
-  if (const json* v = find(root, "max_pages_per_call")) {
-    KVF_ASSIGN_OR_RETURN(uint64_t limit, to_unsigned(*v, "max_pages_per_call",
-                                                     std::numeric_limits<uint32_t>::max()));
-    request.options.max_pages_per_call = static_cast<uint32_t>(limit);
-  }
-  if (const json* v = find(root, "coalesce")) {
-    if (!v->is_boolean()) return field_error("coalesce", show(*v) + " is not true or false");
-    request.options.coalesce = v->get<bool>();
-  }
-  if (const json* v = find(root, kHeadSliceField)) {
-    KVF_ASSIGN_OR_RETURN(request.head_slice, parse_head_slice(*v));
+  KVF_RETURN_IF_ERROR(f.optional("max_pages_per_call", request.options.max_pages_per_call));
+  KVF_RETURN_IF_ERROR(f.optional("coalesce", request.options.coalesce));
+  KVF_ASSIGN_OR_RETURN(std::optional<JsonFields> head_slice, f.optional_object(kHeadSliceField));
+  KVF_RETURN_IF_ERROR(f.finish());
+  if (head_slice) {
+    KVF_ASSIGN_OR_RETURN(request.head_slice, parse_head_slice(std::move(*head_slice)));
   }
 
   // Per-entry lists must all have one value per entry.

@@ -1,13 +1,12 @@
 #include "metadata/handshake.h"
 
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <sys/socket.h>
-
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "core/frame_header.h"
 #include "core/logging.h"
 #include "metadata/segment_descriptor.h"
 
@@ -15,6 +14,9 @@ namespace kvferry {
 namespace {
 
 constexpr size_t kMaxRequestPayload = 4096;
+constexpr FrameFormat kHandshakeFormat{"handshake", kHandshakeMagic, kHandshakeVersion,
+                                       static_cast<uint16_t>(HandshakeFrame::kError)};
+static_assert(kHandshakeHeaderBytes == kFrameHeaderBytes);
 
 std::vector<std::byte> make_frame(HandshakeFrame type, std::string_view payload) {
   std::vector<std::byte> frame(kHandshakeHeaderBytes + payload.size());
@@ -30,76 +32,42 @@ std::vector<std::byte> make_frame(HandshakeFrame type, std::string_view payload)
 }  // namespace
 
 void encode_handshake_header(const HandshakeHeader& h, std::byte* out) {
-  auto type = static_cast<uint16_t>(h.type);
-  std::memcpy(out, &h.magic, 4);
-  std::memcpy(out + 4, &h.version, 2);
-  std::memcpy(out + 6, &type, 2);
-  std::memcpy(out + 8, &h.length, 4);
+  encode_frame_header({h.magic, h.version, static_cast<uint16_t>(h.type), h.length},
+                      std::span<std::byte, kFrameHeaderBytes>(out, kFrameHeaderBytes));
 }
 
 Result<HandshakeHeader> decode_handshake_header(const std::byte* in, size_t max_length) {
-  HandshakeHeader h;
-  uint16_t type = 0;
-  std::memcpy(&h.magic, in, 4);
-  std::memcpy(&h.version, in + 4, 2);
-  std::memcpy(&type, in + 6, 2);
-  std::memcpy(&h.length, in + 8, 4);
-  if (h.magic != kHandshakeMagic) {
-    return ProtocolError("handshake: bad magic " + std::to_string(h.magic) +
-                         " (not a kvferry peer?)");
-  }
-  if (h.version != kHandshakeVersion) {
-    return ProtocolError("handshake: unsupported version " + std::to_string(h.version));
-  }
-  if (type < 1 || type > 3)
-    return ProtocolError("handshake: unknown frame type " + std::to_string(type));
-  h.type = static_cast<HandshakeFrame>(type);
-  if (h.length > max_length) {
-    return ProtocolError("handshake: payload of " + std::to_string(h.length) +
-                         " bytes exceeds the limit of " + std::to_string(max_length));
-  }
-  return h;
+  const auto limit = static_cast<uint32_t>(std::min<size_t>(max_length, UINT32_MAX));
+  KVF_ASSIGN_OR_RETURN(FrameHeader h,
+                       decode_frame_header(kHandshakeFormat, {in, kFrameHeaderBytes}, limit));
+  return HandshakeHeader{h.magic, h.version, static_cast<HandshakeFrame>(h.type), h.payload_bytes};
 }
 
 Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(
     const Endpoint& listen, DescriptorSource source, std::chrono::milliseconds io_timeout,
     int threads) {
-  Endpoint bound;
-  KVF_ASSIGN_OR_RETURN(Fd listener, listen_tcp(listen, &bound));
-  return std::unique_ptr<HandshakeServer>(
-      new HandshakeServer(std::move(listener), bound, std::move(source), io_timeout, threads));
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<Acceptor> acceptor,
+                       Acceptor::bind(listen, Acceptor::Options::named("handshake")));
+  auto server = std::unique_ptr<HandshakeServer>(
+      new HandshakeServer(std::move(acceptor), std::move(source), io_timeout, threads));
+  // Each connection is served on the pool, so one slow client never blocks others; every
+  // read and write is bounded by io_timeout_.
+  server->acceptor_->start([s = server.get()](Fd conn) {
+    auto holder = std::make_shared<Fd>(std::move(conn));
+    s->pool_.post([s, holder] { s->serve(std::move(*holder)); });
+  });
+  return server;
 }
 
-HandshakeServer::HandshakeServer(Fd listener, Endpoint bound, DescriptorSource source,
+HandshakeServer::HandshakeServer(std::unique_ptr<Acceptor> acceptor, DescriptorSource source,
                                  std::chrono::milliseconds io_timeout, int threads)
-    : listener_(std::move(listener)),
-      wake_(::eventfd(0, EFD_CLOEXEC)),
-      bound_(std::move(bound)),
+    : acceptor_(std::move(acceptor)),
       source_(std::move(source)),
       io_timeout_(io_timeout),
-      pool_(threads) {
-  acceptor_ = std::thread([this] { accept_loop(); });
-}
+      pool_(threads) {}
 
 HandshakeServer::~HandshakeServer() {
-  uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
-  acceptor_.join();
-}
-
-void HandshakeServer::accept_loop() {
-  for (;;) {
-    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-    int rc = ::poll(fds, 2, -1);
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc < 0 || (fds[1].revents & POLLIN) != 0) return;
-    int conn = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (conn < 0) continue;
-    // Each connection is served on the pool, so one slow client never blocks others;
-    // every read and write is bounded by io_timeout_.
-    auto holder = std::make_shared<Fd>(conn);
-    pool_.post([this, holder] { serve(std::move(*holder)); });
-  }
+  acceptor_->stop();  // before the pool goes: the acceptor posts to it
 }
 
 void HandshakeServer::serve(Fd connection) {

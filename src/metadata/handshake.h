@@ -1,23 +1,22 @@
 // The embedded p2p handshake: each engine listens on a TCP port and answers
 // "send me your segment descriptor". No server to run, as with Mooncake's P2PHANDSHAKE.
 //
-// Wire format (docs/PROTOCOL.md): a 12-byte frame header — magic "KVFH", version u16,
-// type u16, payload length u32, little-endian — then the payload. A request has no
-// payload; the reply is a kDescriptor frame carrying JSON, or kError with a message.
-// Both sides bound the payload size and every read and write by a deadline.
+// Wire format (docs/PROTOCOL.md): the 12-byte frame header of core/frame_header.h — magic
+// "KVFH", version u16, type u16, payload length u32, little-endian — then the payload. A request
+// has no payload; the reply is a kDescriptor frame carrying JSON, or kError with a message. Both
+// sides bound the payload size and every read and write by a deadline.
 //
 // Thread-safety: HandshakeServer's methods are thread-safe; it serves connections
 // concurrently on its own threads. fetch_descriptor is a free function.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 
+#include "core/acceptor.h"
 #include "core/fd.h"
 #include "core/net.h"
 #include "core/thread_pool.h"
@@ -54,21 +53,17 @@ class HandshakeServer {
   HandshakeServer(const HandshakeServer&) = delete;
   HandshakeServer& operator=(const HandshakeServer&) = delete;
 
-  const Endpoint& endpoint() const { return bound_; }
+  const Endpoint& endpoint() const { return acceptor_->endpoint(); }
 
  private:
-  HandshakeServer(Fd listener, Endpoint bound, DescriptorSource source,
+  HandshakeServer(std::unique_ptr<Acceptor> acceptor, DescriptorSource source,
                   std::chrono::milliseconds io_timeout, int threads);
-  void accept_loop();
   void serve(Fd connection);
 
-  Fd listener_;
-  Fd wake_;  // eventfd that stops accept_loop
-  Endpoint bound_;
+  std::unique_ptr<Acceptor> acceptor_;
   DescriptorSource source_;
   std::chrono::milliseconds io_timeout_;
   ThreadPool pool_;
-  std::thread acceptor_;
 };
 
 // Asks the engine at `endpoint` for its descriptor JSON. PeerUnreachable when nothing

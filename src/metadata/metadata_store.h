@@ -20,13 +20,14 @@
 #include <string_view>
 
 #include "core/net.h"
+#include "kvferry/defaults.h"
 #include "kvferry/status.h"
 
 namespace kvferry {
 
 struct MetadataStoreOptions {
   std::chrono::seconds record_ttl{10};
-  std::chrono::milliseconds io_timeout{2000};
+  std::chrono::milliseconds io_timeout = kDefaultHandshakeTimeout;
 };
 
 class MetadataStore {

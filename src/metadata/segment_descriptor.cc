@@ -1,11 +1,10 @@
 #include "metadata/segment_descriptor.h"
 
 #include <algorithm>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <span>
 
-#include "core/json_excerpt.h"
+#include "core/json_fields.h"
 
 namespace kvferry {
 namespace {
@@ -17,27 +16,10 @@ Status bad(std::string_view what) {
   return ProtocolError("malformed segment descriptor: " + std::string(what));
 }
 
-template <typename T>
-Result<T> get_field(const json& object, const char* key) {
-  auto it = object.find(key);
-  if (it == object.end()) return bad(std::string("missing field '") + key + "'");
-  if constexpr (std::is_same_v<T, std::string>) {
-    if (!it->is_string()) return bad(std::string("field '") + key + "' is not a string");
-  } else if constexpr (std::is_unsigned_v<T>) {
-    if (!it->is_number_unsigned()) {
-      return bad(std::string("field '") + key +
-                 "' is not a non-negative integer: " + json_excerpt(*it));
-    }
-  } else {
-    // An unsigned value above the signed range would wrap to a negative one (2^64-1 -> -1).
-    if (!it->is_number_integer() ||
-        (it->is_number_unsigned() &&
-         it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
-      return bad(std::string("field '") + key + "' is not a " + std::to_string(sizeof(T) * 8) +
-                 "-bit signed integer: " + json_excerpt(*it));
-    }
-  }
-  return it->get<T>();
+const JsonErrors kErrors{StatusCode::kProtocolError, "malformed segment descriptor"};
+
+JsonErrors backing_errors(const std::string& what) {
+  return {StatusCode::kProtocolError, kErrors.context + ": " + what};
 }
 
 constexpr char kHexDigits[] = "0123456789abcdef";
@@ -58,13 +40,12 @@ int hex_value(char c) {
   return -1;  // upper case is refused: one spelling per handle
 }
 
-Result<CudaIpcBacking> parse_cuda(const json& c, const RegionDescriptor& region) {
-  if (!c.is_object()) return bad("'cuda' is not an object");
+Result<CudaIpcBacking> parse_cuda(JsonFields c, const RegionDescriptor& region) {
   if (region.location.kind != MemoryLocation::Kind::kCuda) {
     return bad("region at " + std::to_string(region.addr) + " has a 'cuda' object but device -1");
   }
   CudaIpcBacking cuda;
-  KVF_ASSIGN_OR_RETURN(std::string handle, get_field<std::string>(c, "ipc_handle"));
+  KVF_ASSIGN_OR_RETURN(std::string handle, c.required<std::string>("ipc_handle"));
   if (handle.size() != 2 * kCudaIpcHandleBytes) {
     return bad("cuda ipc_handle has " + std::to_string(handle.size()) + " hex digits, not " +
                std::to_string(2 * kCudaIpcHandleBytes));
@@ -75,8 +56,9 @@ Result<CudaIpcBacking> parse_cuda(const json& c, const RegionDescriptor& region)
     if (hi < 0 || lo < 0) return bad("cuda ipc_handle is not lower-case hex");
     cuda.handle[i] = static_cast<uint8_t>(hi << 4 | lo);
   }
-  KVF_ASSIGN_OR_RETURN(cuda.allocation_offset, get_field<uint64_t>(c, "offset"));
-  KVF_ASSIGN_OR_RETURN(cuda.allocation_bytes, get_field<uint64_t>(c, "allocation_bytes"));
+  KVF_RETURN_IF_ERROR(c.required("offset", cuda.allocation_offset));
+  KVF_RETURN_IF_ERROR(c.required("allocation_bytes", cuda.allocation_bytes));
+  KVF_RETURN_IF_ERROR(c.finish());
   if (cuda.allocation_bytes > kMaxCudaAllocationBytes) {
     return bad("cuda allocation_bytes " + std::to_string(cuda.allocation_bytes) +
                " exceeds the limit of " + std::to_string(kMaxCudaAllocationBytes));
@@ -89,38 +71,50 @@ Result<CudaIpcBacking> parse_cuda(const json& c, const RegionDescriptor& region)
   return cuda;
 }
 
-Result<RegionDescriptor> parse_region(const json& r) {
-  if (!r.is_object()) return bad("region is not an object");
+Result<ShmBacking> parse_shm(JsonFields f, const RegionDescriptor& region) {
+  ShmBacking shm;
+  KVF_ASSIGN_OR_RETURN(int64_t fd, f.required<int64_t>("fd"));
+  if (fd < 0 || fd > (1 << 24)) return bad("shm fd " + std::to_string(fd) + " out of range");
+  shm.fd = static_cast<int>(fd);
+  KVF_RETURN_IF_ERROR(f.required("offset", shm.file_offset));
+  KVF_RETURN_IF_ERROR(f.required("file_bytes", shm.file_bytes));
+  KVF_RETURN_IF_ERROR(f.required("inode", shm.inode));
+  KVF_RETURN_IF_ERROR(f.finish());
+  if (shm.file_offset > shm.file_bytes || region.length > shm.file_bytes - shm.file_offset) {
+    return bad("shm range of region at " + std::to_string(region.addr) + " runs past its file (" +
+               std::to_string(shm.file_bytes) + " bytes)");
+  }
+  return shm;
+}
+
+Result<RegionDescriptor> parse_region(const json& value) {
+  KVF_ASSIGN_OR_RETURN(JsonFields r, JsonFields::of(value, "region", kErrors));
   RegionDescriptor region;
-  KVF_ASSIGN_OR_RETURN(region.addr, get_field<uint64_t>(r, "addr"));
-  KVF_ASSIGN_OR_RETURN(region.length, get_field<uint64_t>(r, "length"));
+  KVF_RETURN_IF_ERROR(r.required("addr", region.addr));
+  KVF_RETURN_IF_ERROR(r.required("length", region.length));
   if (region.length == 0) return bad("region at " + std::to_string(region.addr) + " has length 0");
   if (region.addr + region.length < region.addr) {
     return bad("region at " + std::to_string(region.addr) + " wraps around the address space");
   }
-  KVF_ASSIGN_OR_RETURN(int64_t device, get_field<int64_t>(r, "device"));
+  KVF_ASSIGN_OR_RETURN(int64_t device, r.required<int64_t>("device"));
   if (device < -1 || device > 1024)
     return bad("device " + std::to_string(device) + " out of range");
   region.location.device = static_cast<int>(device);
   region.location.kind = device < 0 ? MemoryLocation::Kind::kHost : MemoryLocation::Kind::kCuda;
-  if (auto it = r.find("shm"); it != r.end()) {
-    if (!it->is_object()) return bad("'shm' is not an object");
-    ShmBacking shm;
-    KVF_ASSIGN_OR_RETURN(int64_t fd, get_field<int64_t>(*it, "fd"));
-    if (fd < 0 || fd > (1 << 24)) return bad("shm fd " + std::to_string(fd) + " out of range");
-    shm.fd = static_cast<int>(fd);
-    KVF_ASSIGN_OR_RETURN(shm.file_offset, get_field<uint64_t>(*it, "offset"));
-    KVF_ASSIGN_OR_RETURN(shm.file_bytes, get_field<uint64_t>(*it, "file_bytes"));
-    KVF_ASSIGN_OR_RETURN(shm.inode, get_field<uint64_t>(*it, "inode"));
-    if (shm.file_offset > shm.file_bytes || region.length > shm.file_bytes - shm.file_offset) {
-      return bad("shm range of region at " + std::to_string(region.addr) + " runs past its file (" +
-                 std::to_string(shm.file_bytes) + " bytes)");
-    }
-    region.shm = shm;
+  // The backing objects' fields are named as they are ("offset"), with the object and its
+  // region in the message's context.
+  const std::string where = " of region at " + std::to_string(region.addr);
+  if (const json* shm = r.optional_value("shm")) {
+    KVF_ASSIGN_OR_RETURN(JsonFields f,
+                         JsonFields::of(*shm, "'shm'", backing_errors("shm" + where)));
+    KVF_ASSIGN_OR_RETURN(region.shm, parse_shm(std::move(f), region));
   }
-  if (auto it = r.find("cuda"); it != r.end()) {
-    KVF_ASSIGN_OR_RETURN(region.cuda, parse_cuda(*it, region));
+  if (const json* cuda = r.optional_value("cuda")) {
+    KVF_ASSIGN_OR_RETURN(JsonFields f,
+                         JsonFields::of(*cuda, "'cuda'", backing_errors("cuda" + where)));
+    KVF_ASSIGN_OR_RETURN(region.cuda, parse_cuda(std::move(f), region));
   }
+  KVF_RETURN_IF_ERROR(r.finish());
   return region;
 }
 
@@ -163,37 +157,33 @@ Result<SegmentDescriptor> parse_segment_descriptor(std::string_view text) {
   json doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) return bad("not valid JSON");
   if (!doc.is_object()) return bad("top level is not an object");
-  KVF_ASSIGN_OR_RETURN(int64_t format, get_field<int64_t>(doc, "format"));
+  KVF_ASSIGN_OR_RETURN(JsonFields f, JsonFields::of(doc, "descriptor", kErrors));
+  KVF_ASSIGN_OR_RETURN(int64_t format, f.required<int64_t>("format"));
   if (format != kDescriptorFormat) {
     return bad("unsupported format " + std::to_string(format) + " (this build reads " +
                std::to_string(kDescriptorFormat) + ")");
   }
   SegmentDescriptor d;
-  KVF_ASSIGN_OR_RETURN(d.name, get_field<std::string>(doc, "name"));
-  KVF_ASSIGN_OR_RETURN(d.endpoint, get_field<std::string>(doc, "endpoint"));
-  KVF_ASSIGN_OR_RETURN(d.incarnation, get_field<uint64_t>(doc, "incarnation"));
-  KVF_ASSIGN_OR_RETURN(d.host_id, get_field<std::string>(doc, "host_id"));
-  KVF_ASSIGN_OR_RETURN(d.pid, get_field<int64_t>(doc, "pid"));
-  KVF_ASSIGN_OR_RETURN(d.version, get_field<uint64_t>(doc, "version"));
-  if (auto tcp = doc.find("tcp_endpoint"); tcp != doc.end()) {
-    if (!tcp->is_string()) return bad("field 'tcp_endpoint' is not a string");
-    d.tcp_endpoint = tcp->get<std::string>();
-  }
-  auto transports = doc.find("transports");
-  if (transports == doc.end() || !transports->is_array())
-    return bad("'transports' is not an array");
-  for (const json& t : *transports) {
-    if (!t.is_string()) return bad("transport name is not a string");
+  KVF_RETURN_IF_ERROR(f.required("name", d.name));
+  KVF_RETURN_IF_ERROR(f.required("endpoint", d.endpoint));
+  KVF_RETURN_IF_ERROR(f.required("incarnation", d.incarnation));
+  KVF_RETURN_IF_ERROR(f.required("host_id", d.host_id));
+  KVF_RETURN_IF_ERROR(f.required("pid", d.pid));
+  KVF_RETURN_IF_ERROR(f.required("version", d.version));
+  KVF_RETURN_IF_ERROR(f.optional("tcp_endpoint", d.tcp_endpoint));
+  KVF_ASSIGN_OR_RETURN(std::vector<std::string> transports,
+                       f.required_list<std::string>("transports"));
+  for (const std::string& name : transports) {
     // Unknown names (from a newer peer) are skipped: we cannot use what we do not know.
-    auto kind = parse_transport_kind(t.get<std::string>());
+    auto kind = parse_transport_kind(name);
     if (kind.ok()) d.transports.insert(*kind);
   }
-  auto regions = doc.find("regions");
-  if (regions == doc.end() || !regions->is_array()) return bad("'regions' is not an array");
+  KVF_ASSIGN_OR_RETURN(const json* regions, f.required_array("regions"));
   if (regions->size() > kMaxDescriptorRegions) {
     return bad(std::to_string(regions->size()) + " regions exceed the limit of " +
                std::to_string(kMaxDescriptorRegions));
   }
+  KVF_RETURN_IF_ERROR(f.finish());
   d.regions.reserve(regions->size());
   for (const json& r : *regions) {
     KVF_ASSIGN_OR_RETURN(RegionDescriptor region, parse_region(r));

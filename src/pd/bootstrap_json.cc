@@ -1,36 +1,21 @@
 #include "pd/bootstrap_json.h"
 
-#include <limits>
+#include <string>
+#include <string_view>
 
-#include "core/json_excerpt.h"
+#include "core/json_fields.h"
 
 namespace kvferry::pd {
 namespace {
 
 using nlohmann::json;
 
-template <typename T>
-Status get_uint(const json& j, const char* key, T& out, bool required) {
-  auto it = j.find(key);
-  if (it == j.end()) {
-    return required ? InvalidArgument(std::string("missing field '") + key + "'") : Status::Ok();
-  }
-  if (!it->is_number_unsigned() || it->get<uint64_t>() > std::numeric_limits<T>::max()) {
-    return InvalidArgument(std::string("field '") + key + "' is " + json_excerpt(*it) +
-                           ", expected an unsigned integer");
-  }
-  out = it->get<T>();
-  return Status::Ok();
-}
+const JsonErrors kErrors{StatusCode::kInvalidArgument, ""};
 
-Status get_string(const json& j, const char* key, std::string& out) {
-  auto it = j.find(key);
-  if (it == j.end()) return InvalidArgument(std::string("missing field '") + key + "'");
-  if (!it->is_string() || it->get_ref<const std::string&>().empty()) {
-    return InvalidArgument(std::string("field '") + key + "' is " + json_excerpt(*it) +
-                           ", expected a non-empty string");
-  }
-  out = it->get<std::string>();
+// A non-empty string field.
+Status get_endpoint(JsonFields& f, std::string_view key, std::string& out) {
+  KVF_RETURN_IF_ERROR(f.required(key, out));
+  if (out.empty()) return f.field_error(key, "is empty, expected \"host:port\"");
   return Status::Ok();
 }
 
@@ -83,61 +68,60 @@ json to_json(const HealthReport& h) {
 }
 
 Result<RankRegistration> rank_from_json(const json& j) {
-  if (!j.is_object()) return InvalidArgument("registration is not a JSON object");
+  KVF_ASSIGN_OR_RETURN(JsonFields f, JsonFields::of(j, "registration", kErrors));
   RankRegistration r;
-  KVF_RETURN_IF_ERROR(get_uint(j, "tp_rank", r.tp_rank, true));
-  KVF_RETURN_IF_ERROR(get_uint(j, "tp_size", r.tp_size, true));
-  KVF_RETURN_IF_ERROR(get_uint(j, "pp_rank", r.pp_rank, false));
-  KVF_RETURN_IF_ERROR(get_uint(j, "pp_size", r.pp_size, false));
-  KVF_RETURN_IF_ERROR(get_uint(j, "cp_rank", r.cp_rank, false));
-  KVF_RETURN_IF_ERROR(get_uint(j, "cp_size", r.cp_size, false));
-  KVF_RETURN_IF_ERROR(get_uint(j, "dp_rank", r.dp_rank, false));
-  KVF_RETURN_IF_ERROR(get_uint(j, "dp_size", r.dp_size, false));
-  KVF_RETURN_IF_ERROR(get_string(j, "control_endpoint", r.control_endpoint));
-  KVF_RETURN_IF_ERROR(get_string(j, "engine_endpoint", r.engine_endpoint));
-  KVF_RETURN_IF_ERROR(get_uint(j, "incarnation", r.incarnation, true));
-  KVF_RETURN_IF_ERROR(get_uint(j, "page_size", r.page_size_tokens, true));
-  KVF_RETURN_IF_ERROR(get_uint(j, "dtype_bytes", r.dtype_bytes, false));
+  KVF_RETURN_IF_ERROR(f.required("tp_rank", r.tp_rank));
+  KVF_RETURN_IF_ERROR(f.required("tp_size", r.tp_size));
+  KVF_RETURN_IF_ERROR(f.optional("pp_rank", r.pp_rank));
+  KVF_RETURN_IF_ERROR(f.optional("pp_size", r.pp_size));
+  KVF_RETURN_IF_ERROR(f.optional("cp_rank", r.cp_rank));
+  KVF_RETURN_IF_ERROR(f.optional("cp_size", r.cp_size));
+  KVF_RETURN_IF_ERROR(f.optional("dp_rank", r.dp_rank));
+  KVF_RETURN_IF_ERROR(f.optional("dp_size", r.dp_size));
+  KVF_RETURN_IF_ERROR(get_endpoint(f, "control_endpoint", r.control_endpoint));
+  KVF_RETURN_IF_ERROR(get_endpoint(f, "engine_endpoint", r.engine_endpoint));
+  KVF_RETURN_IF_ERROR(f.required("incarnation", r.incarnation));
+  KVF_RETURN_IF_ERROR(f.required("page_size", r.page_size_tokens));
+  KVF_RETURN_IF_ERROR(f.optional("dtype_bytes", r.dtype_bytes));
+  KVF_RETURN_IF_ERROR(f.finish());
   KVF_RETURN_IF_ERROR(check_rank("tp", r.tp_rank, r.tp_size));
   KVF_RETURN_IF_ERROR(check_rank("pp", r.pp_rank, r.pp_size));
   KVF_RETURN_IF_ERROR(check_rank("cp", r.cp_rank, r.cp_size));
   KVF_RETURN_IF_ERROR(check_rank("dp", r.dp_rank, r.dp_size));
-  if (r.page_size_tokens == 0) return InvalidArgument("field 'page_size' is 0");
+  if (r.page_size_tokens == 0) return f.field_error("page_size", "is 0");
   return r;
 }
 
 Result<InstanceLayout> layout_from_json(const json& j) {
-  if (!j.is_object()) return InvalidArgument("layout is not a JSON object");
+  KVF_ASSIGN_OR_RETURN(JsonFields f, JsonFields::of(j, "layout", kErrors));
   InstanceLayout l;
-  KVF_RETURN_IF_ERROR(get_uint(j, "tp_size", l.tp_size, true));
-  KVF_RETURN_IF_ERROR(get_uint(j, "pp_size", l.pp_size, true));
-  KVF_RETURN_IF_ERROR(get_uint(j, "cp_size", l.cp_size, true));
-  KVF_RETURN_IF_ERROR(get_uint(j, "dp_size", l.dp_size, true));
-  KVF_RETURN_IF_ERROR(get_uint(j, "page_size", l.page_size_tokens, true));
-  KVF_RETURN_IF_ERROR(get_uint(j, "dtype_bytes", l.dtype_bytes, false));
-  if (l.tp_size == 0) return InvalidArgument("field 'tp_size' is 0");
+  KVF_RETURN_IF_ERROR(f.required("tp_size", l.tp_size));
+  KVF_RETURN_IF_ERROR(f.required("pp_size", l.pp_size));
+  KVF_RETURN_IF_ERROR(f.required("cp_size", l.cp_size));
+  KVF_RETURN_IF_ERROR(f.required("dp_size", l.dp_size));
+  KVF_RETURN_IF_ERROR(f.required("page_size", l.page_size_tokens));
+  KVF_RETURN_IF_ERROR(f.optional("dtype_bytes", l.dtype_bytes));
+  KVF_RETURN_IF_ERROR(f.finish());
+  if (l.tp_size == 0) return f.field_error("tp_size", "is 0");
   return l;
 }
 
 Result<HealthReport> health_from_json(const json& j) {
-  if (!j.is_object() || !j.contains("healthy") || !j["healthy"].is_boolean() ||
-      !j.contains("ranks") || !j["ranks"].is_array()) {
-    return InvalidArgument("health report lacks 'healthy' or 'ranks'");
-  }
+  KVF_ASSIGN_OR_RETURN(JsonFields f, JsonFields::of(j, "health report", kErrors));
   HealthReport h;
-  h.healthy = j["healthy"].get<bool>();
-  for (const json& r : j["ranks"]) {
-    if (!r.is_object()) return InvalidArgument("health rank is not an object");
+  KVF_RETURN_IF_ERROR(f.required("healthy", h.healthy));
+  KVF_ASSIGN_OR_RETURN(const json* ranks, f.required_array("ranks"));
+  KVF_RETURN_IF_ERROR(f.finish());
+  for (const json& r : *ranks) {
+    KVF_ASSIGN_OR_RETURN(JsonFields rf, JsonFields::of(r, "health rank", kErrors));
     RankHealth rh;
-    KVF_RETURN_IF_ERROR(get_uint(r, "tp_rank", rh.tp_rank, true));
-    KVF_RETURN_IF_ERROR(get_uint(r, "pp_rank", rh.pp_rank, false));
-    KVF_RETURN_IF_ERROR(get_uint(r, "cp_rank", rh.cp_rank, false));
-    KVF_RETURN_IF_ERROR(get_uint(r, "dp_rank", rh.dp_rank, false));
-    KVF_RETURN_IF_ERROR(get_uint(r, "incarnation", rh.incarnation, true));
-    if (!r.contains("alive") || !r["alive"].is_boolean()) {
-      return InvalidArgument("health rank lacks 'alive'");
-    }
-    rh.alive = r["alive"].get<bool>();
+    KVF_RETURN_IF_ERROR(rf.required("tp_rank", rh.tp_rank));
+    KVF_RETURN_IF_ERROR(rf.optional("pp_rank", rh.pp_rank));
+    KVF_RETURN_IF_ERROR(rf.optional("cp_rank", rh.cp_rank));
+    KVF_RETURN_IF_ERROR(rf.optional("dp_rank", rh.dp_rank));
+    KVF_RETURN_IF_ERROR(rf.required("incarnation", rh.incarnation));
+    KVF_RETURN_IF_ERROR(rf.required("alive", rh.alive));
+    KVF_RETURN_IF_ERROR(rf.finish());
     h.ranks.push_back(rh);
   }
   return h;

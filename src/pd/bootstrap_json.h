@@ -1,5 +1,6 @@
-// JSON forms of the bootstrap records, shared by server and client. Parsing checks every
-// field's presence and type and names the first bad one.
+// JSON forms of the bootstrap records, shared by server and client. Parsing (through
+// core/json_fields.h) checks every field's presence and type, names the first bad one, and
+// rejects unknown fields.
 //
 // Thread-safety: pure functions.
 #pragma once

@@ -22,17 +22,28 @@ std::shared_ptr<ControlChannel> ControlChannel::open(Fd fd, std::string peer_nam
   return channel;
 }
 
-void ControlChannel::start() {
+void ControlChannel::start(const Heartbeats& heartbeats) {
   last_received_ns_ = Clock::now().time_since_epoch().count();
-  // The reader keeps the channel alive until it has run on_close, so a callback may drop
-  // the owner's last reference without destroying the object under the running thread.
+  // Each thread keeps the channel alive until it is done (the reader until it has run
+  // on_close), so a callback may drop the owner's last reference without destroying the
+  // object under a running thread.
   reader_ = std::thread([self = self_.lock()] { self->read_loop(); });
+  heartbeat_ = std::thread([self = self_.lock(), heartbeats] { self->heartbeat_loop(heartbeats); });
 }
 
 ControlChannel::~ControlChannel() {
   close();
-  // The last reference was the reader's own (see start()): it is exiting; let it go.
-  if (reader_.joinable()) reader_.detach();
+  // The last reference was one of the channel's own threads (see start()): that one is
+  // exiting, let it go; the other has finished.
+  const auto self = std::this_thread::get_id();
+  for (std::thread* t : {&reader_, &heartbeat_}) {
+    if (!t->joinable()) continue;
+    if (t->get_id() == self) {
+      t->detach();
+    } else {
+      t->join();
+    }
+  }
 }
 
 Status ControlChannel::send(const ControlMessage& message, std::chrono::milliseconds timeout) {
@@ -50,7 +61,46 @@ Status ControlChannel::send(const ControlMessage& message, std::chrono::millisec
 
 void ControlChannel::close() {
   if (!closed_.exchange(true)) ::shutdown(fd_.get(), SHUT_RDWR);
-  if (reader_.joinable() && reader_.get_id() != std::this_thread::get_id()) reader_.join();
+  {
+    std::lock_guard lock(close_mu_);  // so the heartbeat thread cannot miss the wake-up
+  }
+  close_cv_.notify_all();
+  // The reader may call close() from on_close: it joins neither itself nor the heartbeat
+  // thread (the destructor does).
+  const auto self = std::this_thread::get_id();
+  if (reader_.joinable() && reader_.get_id() == self) return;
+  if (reader_.joinable()) reader_.join();
+  if (heartbeat_.joinable() && heartbeat_.get_id() != self) heartbeat_.join();
+}
+
+void ControlChannel::fail(Status reason) {
+  {
+    std::lock_guard lock(close_mu_);
+    if (failure_.ok()) failure_ = std::move(reason);
+  }
+  ::shutdown(fd_.get(), SHUT_RDWR);  // the reader wakes, ends and reports failure_
+}
+
+void ControlChannel::heartbeat_loop(const Heartbeats& heartbeats) {
+  const PdTimeouts& t = heartbeats.timeouts;
+  const auto silence = t.effective_heartbeat_timeout();
+  Clock::time_point next_beat = Clock::now();
+  uint64_t sequence = 0;
+  std::unique_lock lock(close_mu_);
+  while (!close_cv_.wait_for(lock, t.tick(), [this] { return closed_.load(); })) {
+    lock.unlock();
+    const auto now = Clock::now();
+    if (now - last_received() > silence) {
+      log().warn("control channel {}: silent for more than {} ms", peer_name_, silence.count());
+      fail(PeerDisconnected("silent for more than " + std::to_string(silence.count()) + " ms"));
+      return;
+    }
+    if (now >= next_beat) {
+      next_beat = now + t.heartbeat_interval;
+      send(Heartbeat{sequence++, heartbeats.incarnation}).ignore();
+    }
+    lock.lock();
+  }
 }
 
 Status ControlChannel::read_one(ControlMessage& out) {
@@ -75,11 +125,19 @@ void ControlChannel::read_loop() {
   if (reason.code() == StatusCode::kProtocolError) {
     log().warn("control channel {}: rejected frame: {}", peer_name_, reason.message());
   }
+  Status failure;
+  {
+    std::lock_guard lock(close_mu_);
+    failure = failure_;
+  }
   if (closed_.exchange(true)) {
     reason = Cancelled("control channel to " + peer_name_ + " closed locally");
   } else {
     ::shutdown(fd_.get(), SHUT_RDWR);
   }
+  if (!failure.ok()) reason = failure;  // fail() shut the socket: say why, not how it ended
+  { std::lock_guard lock(close_mu_); }
+  close_cv_.notify_all();
   on_close_(Status(reason.code(), "control channel to " + peer_name_ + ": " + reason.message()));
 }
 

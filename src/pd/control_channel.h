@@ -9,17 +9,26 @@
 // open() wraps the socket; start() starts the reader thread, which decodes frames and hands
 // each message to on_message; a malformed frame is logged and closes the channel
 // (ProtocolError). on_close runs exactly once, on the reader thread, with the reason (EOF,
-// reset, bad frame, or close()). The two steps let the owner publish the channel (store the
-// pointer its callbacks use) before the first callback can run.
+// reset, bad frame, silence, or close()). The two steps let the owner publish the channel
+// (store the pointer its callbacks use) before the first callback can run.
 //
-// Ownership: the channel owns its socket and reader thread. Callbacks must not outlive what
-// they capture: the owner calls close() before it goes away.
+// Heartbeats are the channel's own, the same on both sides (prefill and decode): start()
+// also starts a heartbeat thread that sends a Heartbeat every heartbeat interval and checks
+// every tick that some frame arrived within the heartbeat timeout. A silent peer (hung, or
+// its host gone) closes the channel, and on_close gets PeerDisconnected "silent for more
+// than N ms". Received Heartbeat messages are still handed to on_message (any frame counts
+// as a sign of life; the owner ignores them).
+//
+// Ownership: the channel owns its socket and both threads; each thread holds a reference to
+// the channel until it has finished. Callbacks must not outlive what they capture: the owner
+// calls close() before it goes away.
 // Thread-safety: send() and close() are safe from any thread (close() from the reader thread
 // does not join itself).
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -28,7 +37,9 @@
 
 #include "core/fd.h"
 #include "core/net.h"
+#include "kvferry/defaults.h"
 #include "kvferry/pd/control_message.h"
+#include "kvferry/pd/pd_options.h"
 
 namespace kvferry::pd {
 
@@ -40,15 +51,19 @@ class ControlChannel {
   // Takes the connected socket; nothing is read until start().
   static std::shared_ptr<ControlChannel> open(Fd fd, std::string peer_name, OnMessage on_message,
                                               OnClose on_close);
-  // Starts the reader thread. Call once, after the owner stored the channel.
-  void start();
+  struct Heartbeats {
+    PdTimeouts timeouts;       // interval, timeout and tick (pd_options.h)
+    uint64_t incarnation = 0;  // this side's engine incarnation, carried in each Heartbeat
+  };
+  // Starts the reader and heartbeat threads. Call once, after the owner stored the channel.
+  void start(const Heartbeats& heartbeats);
   ~ControlChannel();
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
 
   // Sends one message within `timeout`. PeerDisconnected once closed.
   Status send(const ControlMessage& message,
-              std::chrono::milliseconds timeout = std::chrono::milliseconds(2000));
+              std::chrono::milliseconds timeout = kDefaultHandshakeTimeout);
   // Shuts the socket down and (unless called on the reader thread) joins the reader.
   void close();
 
@@ -64,6 +79,9 @@ class ControlChannel {
       : fd_(std::move(fd)), peer_name_(std::move(peer_name)) {}
   void read_loop();
   Status read_one(ControlMessage& out);
+  void heartbeat_loop(const Heartbeats& heartbeats);
+  // Shuts the socket down so the reader ends with `reason` (unless it already ended).
+  void fail(Status reason);
 
   Fd fd_;
   std::string peer_name_;
@@ -71,9 +89,13 @@ class ControlChannel {
   OnClose on_close_;
   std::mutex send_mu_;
   std::atomic<bool> closed_{false};
+  std::mutex close_mu_;
+  std::condition_variable close_cv_;  // wakes the heartbeat thread once closed_
+  Status failure_;                    // why fail() closed the channel; guarded by close_mu_
   std::atomic<int64_t> last_received_ns_{0};
   std::weak_ptr<ControlChannel> self_;  // the reader thread's own reference comes from here
   std::thread reader_;
+  std::thread heartbeat_;
 };
 
 }  // namespace kvferry::pd

@@ -2,17 +2,17 @@
 
 #include <string>
 
-#include "pd/wire_codec.h"
+#include "core/byte_codec.h"
+#include "core/frame_header.h"
 
 namespace kvferry::pd {
 namespace {
 
-using wire::ByteReader;
-using wire::ByteWriter;
+static_assert(kFrameHeaderBytes == ::kvferry::kFrameHeaderBytes);
+constexpr FrameFormat kControlFormat{"control", kControlMagic, kControlVersion, kMaxMessageType};
 
 constexpr uint8_t kMaxRole = static_cast<uint8_t>(kv::KvRole::kOpaque);
 constexpr uint8_t kMaxPageOrder = static_cast<uint8_t>(kv::PageOrder::kPageMajor);
-constexpr uint8_t kMaxStatusCode = static_cast<uint8_t>(StatusCode::kInternal);
 constexpr size_t kEntryWireBytes = 8 * 4 + 4 + 1 + 1;
 constexpr size_t kRowBufferWireBytes = 8 * 3;
 
@@ -149,7 +149,7 @@ Result<ControlMessage> decode_register_layout(ByteReader& r) {
   return ControlMessage(std::move(m));
 }
 
-bool valid_code(uint8_t code) { return code <= kMaxStatusCode; }
+bool valid_code(uint8_t code) { return is_valid_status_code(code); }
 
 Result<ControlMessage> decode_payload(MessageType type, ByteReader& r) {
   switch (type) {
@@ -241,44 +241,20 @@ std::string_view message_type_name(MessageType type) {
 
 std::vector<std::byte> encode_control_message(const ControlMessage& message) {
   ByteWriter w;
-  w.put(kControlMagic);
-  w.put(kControlVersion);
-  w.put(static_cast<uint16_t>(message_type(message)));
-  w.put(uint32_t{0});  // payload length, patched below
+  w.bytes().resize(kFrameHeaderBytes);  // written below, once the payload length is known
   std::visit([&](const auto& m) { encode(w, m); }, message);
-  std::vector<std::byte>& out = w.bytes();
-  const uint32_t payload = static_cast<uint32_t>(out.size() - kFrameHeaderBytes);
-  for (size_t i = 0; i < 4; ++i) out[8 + i] = static_cast<std::byte>((payload >> (8 * i)) & 0xff);
-  return std::move(out);
+  const auto payload = static_cast<uint32_t>(w.size() - kFrameHeaderBytes);
+  encode_frame_header(
+      make_frame_header(kControlFormat, static_cast<uint16_t>(message_type(message)), payload),
+      std::span<std::byte, kFrameHeaderBytes>(w.bytes().data(), kFrameHeaderBytes));
+  return std::move(w).take();
 }
 
 Result<FrameHeader> decode_frame_header(std::span<const std::byte> header) {
-  if (header.size() < kFrameHeaderBytes) {
-    return ProtocolError("control frame header of " + std::to_string(header.size()) +
-                         " bytes (need " + std::to_string(kFrameHeaderBytes) + ")");
-  }
-  ByteReader r(header.first(kFrameHeaderBytes));
-  uint32_t magic = 0;
-  uint16_t version = 0;
-  uint16_t type = 0;
-  uint32_t length = 0;
-  r.get(magic);
-  r.get(version);
-  r.get(type);
-  r.get(length);
-  if (magic != kControlMagic) return ProtocolError("control frame magic " + std::to_string(magic));
-  if (version != kControlVersion) {
-    return ProtocolError("control protocol version " + std::to_string(version) +
-                         " (this build speaks " + std::to_string(kControlVersion) + ")");
-  }
-  if (type == 0 || type > kMaxMessageType) {
-    return ProtocolError("control message type " + std::to_string(type));
-  }
-  if (length > kMaxControlPayloadBytes) {
-    return ProtocolError("control payload of " + std::to_string(length) + " bytes (limit " +
-                         std::to_string(kMaxControlPayloadBytes) + ")");
-  }
-  return FrameHeader{static_cast<MessageType>(type), length};
+  KVF_ASSIGN_OR_RETURN(
+      ::kvferry::FrameHeader h,
+      ::kvferry::decode_frame_header(kControlFormat, header, kMaxControlPayloadBytes));
+  return FrameHeader{static_cast<MessageType>(h.type), h.payload_bytes};
 }
 
 Result<ControlMessage> decode_control_payload(MessageType type,

@@ -198,7 +198,7 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
         }
         if (auto i = weak_inst.lock()) on_link_lost(i, prefill_rank, reason);
       });
-  link->channel->start();
+  link->channel->start({options_.timeouts, engine_.incarnation()});
   KVF_RETURN_IF_ERROR(link->channel->send(registration()));
   std::unique_lock lock(link->mu);
   link->cv.wait_until(lock, deadline, [&] { return link->reply.has_value() || !link->alive; });
@@ -330,7 +330,6 @@ void DecodeClientImpl::check_health(const std::shared_ptr<PrefillInstance>& inst
 void DecodeClientImpl::monitor_loop() {
   const PdTimeouts& t = options_.timeouts;
   Clock::time_point next_beat = Clock::now();
-  uint64_t sequence = 0;
   while (!stopping_) {
     std::this_thread::sleep_for(t.tick());
     const auto now = Clock::now();
@@ -366,21 +365,14 @@ void DecodeClientImpl::monitor_loop() {
         }
       }
     }
+    // Heartbeats and the silence check on each control link are the channel's own
+    // (ControlChannel: a silent link closes, and on_link_lost fails the instance); what
+    // beats here is the bootstrap server's health report.
     const bool beat = now >= next_beat;
     if (beat) next_beat = now + t.heartbeat_interval;
-    for (auto& inst : ready) {
-      for (auto& [rank, link] : inst->links) {
-        if (now - link->channel->last_received() > t.effective_heartbeat_timeout()) {
-          kill_instance(inst, PeerDisconnected(
-                                  rank_name(*inst, rank) + " silent for more than " +
-                                  std::to_string(t.effective_heartbeat_timeout().count()) + " ms"));
-          break;
-        }
-        if (beat) link->channel->send(Heartbeat{sequence, engine_.incarnation()}).ignore();
-      }
-      if (beat) check_health(inst);
+    if (beat) {
+      for (auto& inst : ready) check_health(inst);
     }
-    ++sequence;
   }
 }
 

@@ -2,9 +2,6 @@
 // The send path is in kv_sender.cc.
 #include "kvferry/pd/prefill_server.h"
 
-#include <poll.h>
-#include <sys/socket.h>
-
 #include "core/logging.h"
 #include "kvferry/kv/tp_slice.h"
 #include "kvferry/pd/bootstrap.h"
@@ -12,9 +9,6 @@
 
 namespace kvferry::pd {
 namespace detail {
-namespace {
-constexpr auto kAcceptPoll = std::chrono::milliseconds(100);
-}  // namespace
 
 PrefillServerImpl::PrefillServerImpl(PrefillServerOptions options)
     : options_(std::move(options)), engine_(*options_.engine) {}
@@ -29,21 +23,20 @@ Status PrefillServerImpl::start() {
                            std::to_string(options_.worker_shards) + " (need > 0)");
   }
   KVF_ASSIGN_OR_RETURN(Endpoint listen, parse_endpoint(options_.control_listen, true));
-  Endpoint bound;
-  KVF_ASSIGN_OR_RETURN(listen_fd_, listen_tcp(listen, &bound));
-  control_endpoint_ = bound.to_string();
+  KVF_ASSIGN_OR_RETURN(acceptor_, Acceptor::bind(listen, Acceptor::Options::named("pd control")));
+  control_endpoint_ = acceptor_->endpoint().to_string();
   for (int i = 0; i < options_.worker_shards; ++i) {
     shards_.push_back(std::make_unique<ThreadPool>(1));
   }
   if (!options_.bootstrap_address.empty()) KVF_RETURN_IF_ERROR(register_with_bootstrap());
-  accept_thread_ = std::thread([this] { accept_loop(); });
+  acceptor_->start([this](Fd fd) { on_accepted(std::move(fd)); });
   monitor_thread_ = std::thread([this] { monitor_loop(); });
   return Status::Ok();
 }
 
 PrefillServerImpl::~PrefillServerImpl() {
   stopping_ = true;
-  if (accept_thread_.joinable()) accept_thread_.join();
+  if (acceptor_) acceptor_->stop();
   if (monitor_thread_.joinable()) monitor_thread_.join();
   std::vector<std::shared_ptr<DecodePeer>> peers;
   {
@@ -88,34 +81,28 @@ PrefillStats PrefillServerImpl::stats() const {
   return s;
 }
 
-void PrefillServerImpl::accept_loop() {
-  while (!stopping_) {
-    pollfd p{listen_fd_.get(), POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(kAcceptPoll.count())) <= 0) continue;
-    Fd fd(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!fd.valid()) continue;
-    std::shared_ptr<DecodePeer> peer;
-    {
-      std::lock_guard lock(mu_);
-      peer = std::make_shared<DecodePeer>(next_peer_id_++);
-    }
-    // Callbacks hold the peer weakly: the channel must not keep its own owner alive.
-    std::weak_ptr<DecodePeer> weak = peer;
-    peer->channel = ControlChannel::open(
-        std::move(fd), peer->name(),
-        [this, weak](ControlMessage&& m) {
-          if (auto self = weak.lock()) on_message(self, std::move(m));
-        },
-        [this, weak](const Status& reason) {
-          if (auto self = weak.lock()) on_close(self, reason);
-        });
-    // Published (channel set, peer listed) before the first callback can use either.
-    {
-      std::lock_guard lock(mu_);
-      peers_[peer->id] = peer;
-    }
-    peer->channel->start();
+void PrefillServerImpl::on_accepted(Fd fd) {
+  std::shared_ptr<DecodePeer> peer;
+  {
+    std::lock_guard lock(mu_);
+    peer = std::make_shared<DecodePeer>(next_peer_id_++);
   }
+  // Callbacks hold the peer weakly: the channel must not keep its own owner alive.
+  std::weak_ptr<DecodePeer> weak = peer;
+  peer->channel = ControlChannel::open(
+      std::move(fd), peer->name(),
+      [this, weak](ControlMessage&& m) {
+        if (auto self = weak.lock()) on_message(self, std::move(m));
+      },
+      [this, weak](const Status& reason) {
+        if (auto self = weak.lock()) on_close(self, reason);
+      });
+  // Published (channel set, peer listed) before the first callback can use either.
+  {
+    std::lock_guard lock(mu_);
+    peers_[peer->id] = peer;
+  }
+  peer->channel->start({options_.timeouts, engine_.incarnation()});
 }
 
 void PrefillServerImpl::on_message(const std::shared_ptr<DecodePeer>& peer,
@@ -259,15 +246,12 @@ void PrefillServerImpl::send_status(const std::shared_ptr<DecodePeer>& peer,
 void PrefillServerImpl::monitor_loop() {
   const PdTimeouts& t = options_.timeouts;
   Clock::time_point next_beat = Clock::now();
-  uint64_t sequence = 0;
   while (!stopping_) {
     std::this_thread::sleep_for(t.tick());
     const auto now = Clock::now();
-    std::vector<std::shared_ptr<DecodePeer>> peers;
     std::vector<std::shared_ptr<SenderState>> stale;
     {
       std::lock_guard lock(mu_);
-      for (auto& [id, peer] : peers_) peers.push_back(peer);
       for (auto& [room, s] : rooms_) {
         if (s->cell.state() == RequestState::kBootstrapping &&
             now - s->created > t.bootstrap_timeout) {
@@ -280,18 +264,10 @@ void PrefillServerImpl::monitor_loop() {
                       std::to_string(t.bootstrap_timeout.count()) + " ms"));
       finish_if_drained(s);
     }
+    // Heartbeats on the control connections are each channel's own (ControlChannel); what
+    // beats here is the registration with the bootstrap server.
     const bool beat = now >= next_beat;
     if (beat) next_beat = now + t.heartbeat_interval;
-    for (auto& peer : peers) {
-      if (now - peer->channel->last_received() > t.effective_heartbeat_timeout()) {
-        log().warn("prefill: {} silent for more than {} ms", peer->name(),
-                   t.effective_heartbeat_timeout().count());
-        peer->channel->close();
-      } else if (beat) {
-        peer->channel->send(Heartbeat{sequence, engine_.incarnation()}).ignore();
-      }
-    }
-    ++sequence;
     if (beat && !options_.bootstrap_address.empty()) {
       Status s = register_with_bootstrap();
       if (!s.ok()) log().debug("prefill: bootstrap heartbeat: {}", s.to_string());

@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/acceptor.h"
 #include "core/fd.h"
 #include "core/net.h"
 #include "core/thread_pool.h"
@@ -102,7 +103,7 @@ class PrefillServerImpl {
   void finish_if_drained(const std::shared_ptr<SenderState>& s);
 
  private:
-  void accept_loop();
+  void on_accepted(Fd fd);
   void monitor_loop();
   void on_message(const std::shared_ptr<DecodePeer>& peer, ControlMessage&& message);
   void on_close(const std::shared_ptr<DecodePeer>& peer, const Status& reason);
@@ -121,10 +122,9 @@ class PrefillServerImpl {
 
   PrefillServerOptions options_;
   TransferEngine& engine_;
-  Fd listen_fd_;
+  std::unique_ptr<Acceptor> acceptor_;  // the control listener
   std::string control_endpoint_;
   std::atomic<bool> stopping_{false};
-  std::thread accept_thread_;
   std::thread monitor_thread_;
   std::vector<std::unique_ptr<ThreadPool>> shards_;
 

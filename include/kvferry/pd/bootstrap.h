@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "kvferry/defaults.h"
 #include "kvferry/status.h"
 
 namespace kvferry::pd {
@@ -84,7 +85,7 @@ class BootstrapClient {
  public:
   // `address` is "host:port". `timeout` bounds connect, read and write of every call.
   explicit BootstrapClient(std::string address,
-                           std::chrono::milliseconds timeout = std::chrono::milliseconds(2000));
+                           std::chrono::milliseconds timeout = kDefaultHandshakeTimeout);
 
   // Errors: PeerUnreachable (no answer), InvalidArgument (400), OutOfRange (404, unknown
   // rank), FailedPrecondition (503, not every rank registered yet), ProtocolError (bad body).

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -12,6 +11,7 @@
 #include <cerrno>
 #include <deque>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 
 #include "core/logging.h"
@@ -241,7 +241,7 @@ struct TcpServer::IoThread {
 
   // Reads whatever is available and acts on complete frames. False: close the connection.
   bool on_readable(Conn& c) {
-    std::array<std::byte, 64 * 1024> scratch;
+    std::array<std::byte, kTcpScratchBytes> scratch;
     for (;;) {
       // Once refused, nothing that follows is acted on (not even another kAuth): the
       // refusal is flushed and the connection closed.
@@ -262,8 +262,8 @@ struct TcpServer::IoThread {
             continue;
           }
           into = c.target.ptr + (c.current.length - c.remaining);
-          // At most 1 MiB per recv, so the deadline is checked at least that often.
-          want = std::min<uint64_t>(c.remaining, 1 << 20);
+          // At most one piece per recv, so the deadline is checked at least that often.
+          want = std::min<uint64_t>(c.remaining, kTcpReceivePieceBytes);
           break;
         case InState::kDrain:
           into = scratch.data();
@@ -446,44 +446,32 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(const TcpServerOptions& opti
     return InvalidArgument("tcp io_threads " + std::to_string(options.io_threads) +
                            " out of range 1..64");
   }
-  Endpoint bound;
-  KVF_ASSIGN_OR_RETURN(Fd listener, listen_tcp(options.listen, &bound));
-  return std::unique_ptr<TcpServer>(
-      new TcpServer(options, std::move(regions), std::move(listener), bound));
+  KVF_ASSIGN_OR_RETURN(
+      std::unique_ptr<Acceptor> acceptor,
+      Acceptor::bind(options.listen, Acceptor::Options::named("tcp", SOCK_NONBLOCK)));
+  auto server =
+      std::unique_ptr<TcpServer>(new TcpServer(options, std::move(regions), std::move(acceptor)));
+  server->acceptor_->start([s = server.get()](Fd conn) {
+    int one = 1;
+    ::setsockopt(conn.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    s->io_[s->next_io_.fetch_add(1) % s->io_.size()]->adopt(std::move(conn));
+  });
+  return server;
 }
 
-TcpServer::TcpServer(const TcpServerOptions& options, RegionSource regions, Fd listener,
-                     Endpoint bound)
-    : options_(options),
-      regions_(std::move(regions)),
-      listener_(std::move(listener)),
-      wake_(::eventfd(0, EFD_CLOEXEC)),
-      bound_(std::move(bound)) {
+TcpServer::TcpServer(const TcpServerOptions& options, RegionSource regions,
+                     std::unique_ptr<Acceptor> acceptor)
+    : options_(options), regions_(std::move(regions)), acceptor_(std::move(acceptor)) {
   for (int i = 0; i < options_.io_threads; ++i) {
     io_.push_back(std::make_unique<IoThread>(options_, regions_));
   }
-  acceptor_ = std::thread([this] { accept_loop(); });
 }
 
 TcpServer::~TcpServer() {
-  uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
-  acceptor_.join();
+  acceptor_->stop();  // before the I/O threads go: the acceptor hands connections to them
   io_.clear();
 }
 
-void TcpServer::accept_loop() {
-  for (;;) {
-    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-    int rc = ::poll(fds, 2, -1);
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc < 0 || (fds[1].revents & POLLIN) != 0) return;
-    int conn = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (conn < 0) continue;
-    int one = 1;
-    ::setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    io_[next_io_.fetch_add(1) % io_.size()]->adopt(Fd(conn));
-  }
-}
+const Endpoint& TcpServer::endpoint() const { return acceptor_->endpoint(); }
 
 }  // namespace kvferry

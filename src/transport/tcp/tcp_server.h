@@ -18,9 +18,9 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "core/acceptor.h"
 #include "core/fd.h"
 #include "core/net.h"
 #include "transport/region_index.h"
@@ -44,21 +44,18 @@ class TcpServer {
   TcpServer(const TcpServer&) = delete;
   TcpServer& operator=(const TcpServer&) = delete;
 
-  const Endpoint& endpoint() const { return bound_; }
+  const Endpoint& endpoint() const;
 
  private:
   struct IoThread;
-  TcpServer(const TcpServerOptions& options, RegionSource regions, Fd listener, Endpoint bound);
-  void accept_loop();
+  TcpServer(const TcpServerOptions& options, RegionSource regions,
+            std::unique_ptr<Acceptor> acceptor);
 
   TcpServerOptions options_;
   RegionSource regions_;
-  Fd listener_;
-  Fd wake_;
-  Endpoint bound_;
+  std::unique_ptr<Acceptor> acceptor_;
   std::vector<std::unique_ptr<IoThread>> io_;
   std::atomic<size_t> next_io_{0};
-  std::thread acceptor_;
 };
 
 }  // namespace kvferry

@@ -1,26 +1,11 @@
 #include "transport/tcp/tcp_wire.h"
 
-#include <cstring>
+#include <span>
 #include <string>
 
+#include "core/byte_codec.h"
+
 namespace kvferry {
-namespace {
-
-template <typename T>
-void put(std::byte*& out, T value) {
-  std::memcpy(out, &value, sizeof(T));
-  out += sizeof(T);
-}
-
-template <typename T>
-T take(const std::byte*& in) {
-  T value;
-  std::memcpy(&value, in, sizeof(T));
-  in += sizeof(T);
-  return value;
-}
-
-}  // namespace
 
 bool tcp_frame_has_payload(TcpFrame type) {
   return type == TcpFrame::kWrite || type == TcpFrame::kReadData || type == TcpFrame::kAuth ||
@@ -28,39 +13,45 @@ bool tcp_frame_has_payload(TcpFrame type) {
 }
 
 void encode_tcp_header(const TcpHeader& h, std::byte* out) {
-  put<uint32_t>(out, kTcpMagic);
-  put<uint16_t>(out, kTcpVersion);
-  put<uint16_t>(out, static_cast<uint16_t>(h.type));
-  put<uint64_t>(out, h.request_id);
-  put<uint64_t>(out, h.addr);
-  put<uint64_t>(out, h.length);
-  put<int64_t>(out, h.deadline_ns);
-  put<uint32_t>(out, h.status);
-  put<uint32_t>(out, 0);
+  FixedByteWriter w({out, kTcpHeaderBytes});
+  w.put(kTcpMagic);
+  w.put(kTcpVersion);
+  w.put(static_cast<uint16_t>(h.type));
+  w.put(h.request_id);
+  w.put(h.addr);
+  w.put(h.length);
+  w.put(h.deadline_ns);
+  w.put(h.status);
+  w.put(uint32_t{0});  // reserved
 }
 
 Result<TcpHeader> decode_tcp_header(const std::byte* in) {
-  auto magic = take<uint32_t>(in);
+  // A whole header is always there (the caller passes kTcpHeaderBytes), so no get fails.
+  ByteReader r({in, kTcpHeaderBytes});
+  uint32_t magic = 0;
+  r.get(magic);
   if (magic != kTcpMagic) {
     return ProtocolError("tcp frame: bad magic " + std::to_string(magic) +
                          " (not a kvferry peer?)");
   }
-  auto version = take<uint16_t>(in);
+  uint16_t version = 0;
+  r.get(version);
   if (version != kTcpVersion) {
     return ProtocolError("tcp frame: unsupported version " + std::to_string(version));
   }
-  auto type = take<uint16_t>(in);
+  uint16_t type = 0;
+  r.get(type);
   if (type < static_cast<uint16_t>(TcpFrame::kHello) ||
       type > static_cast<uint16_t>(TcpFrame::kReadData)) {
     return ProtocolError("tcp frame: unknown type " + std::to_string(type));
   }
   TcpHeader h;
   h.type = static_cast<TcpFrame>(type);
-  h.request_id = take<uint64_t>(in);
-  h.addr = take<uint64_t>(in);
-  h.length = take<uint64_t>(in);
-  h.deadline_ns = take<int64_t>(in);
-  h.status = take<uint32_t>(in);
+  r.get(h.request_id);
+  r.get(h.addr);
+  r.get(h.length);
+  r.get(h.deadline_ns);
+  r.get(h.status);
   if ((tcp_frame_has_payload(h.type) || h.type == TcpFrame::kRead) &&
       h.length > kTcpMaxFrameBytes) {
     return ProtocolError("tcp frame: length " + std::to_string(h.length) +
@@ -69,7 +60,7 @@ Result<TcpHeader> decode_tcp_header(const std::byte* in) {
   if ((h.type == TcpFrame::kAuth || h.type == TcpFrame::kHelloAck) && h.length > kTcpNonceBytes) {
     return ProtocolError("tcp frame: handshake payload of " + std::to_string(h.length) + " bytes");
   }
-  if (h.status > static_cast<uint32_t>(StatusCode::kInternal)) {
+  if (!is_valid_status_code(h.status)) {
     return ProtocolError("tcp frame: unknown status code " + std::to_string(h.status));
   }
   if (h.addr + h.length < h.addr) {

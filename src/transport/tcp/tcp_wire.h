@@ -13,6 +13,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
@@ -28,6 +29,16 @@ inline constexpr uint64_t kTcpMaxFrameBytes = 64ull << 20;
 // Challenge and proof sizes of the optional shared-secret authentication.
 inline constexpr size_t kTcpNonceBytes = 32;
 inline constexpr size_t kTcpProofBytes = 32;
+
+// Once the first byte of a frame has arrived, the rest of it (header and payload) must
+// arrive within this long, or the connection is given up as stalled.
+inline constexpr std::chrono::seconds kTcpFrameRestTimeout{10};
+// Scratch buffer into which payload bytes that must not land (a refused or expired
+// kWrite, an unwanted kReadData) are drained.
+inline constexpr size_t kTcpScratchBytes = 64 * 1024;
+// Payload is received at most this much per recv(), so a request's deadline is checked at
+// least that often while its bytes stream in.
+inline constexpr uint64_t kTcpReceivePieceBytes = 1 << 20;
 
 enum class TcpFrame : uint16_t {
   kHello = 1,     // initiator -> receiver: deadline_ns = initiator's clock

@@ -42,6 +42,33 @@ TEST(Result, FromOkStatusIsAnInternalError) {
   EXPECT_EQ(r.status().code(), StatusCode::kInternal);
 }
 
+TEST(ResultDeathTest, ValueOfAnErrorPrintsTheStatusAndAborts) {
+  Result<int> r = InvalidArgument("odd value 3");
+  EXPECT_DEATH((void)r.value(), "value\\(\\) called on an error: InvalidArgument: odd value 3");
+  EXPECT_DEATH((void)*r, "InvalidArgument: odd value 3");
+  Result<std::string> s = NotRegistered("address 0x10");
+  EXPECT_DEATH((void)s->size(), "NotRegistered: address 0x10");
+  EXPECT_DEATH((void)std::move(s).value(), "NotRegistered: address 0x10");
+}
+
+TEST(StatusCode, NumbersAreFixedBecauseTheyTravelOnTheWire) {
+  EXPECT_EQ(static_cast<int>(StatusCode::kOk), 0);
+  EXPECT_EQ(static_cast<int>(StatusCode::kNotRegistered), 2);
+  EXPECT_EQ(static_cast<int>(StatusCode::kTimeout), 9);
+  EXPECT_EQ(static_cast<int>(StatusCode::kProtocolError), 12);
+  EXPECT_EQ(static_cast<int>(StatusCode::kInternal), 13);
+  EXPECT_EQ(kLastStatusCode, StatusCode::kInternal);
+}
+
+TEST(StatusCode, EveryNumberUpToTheLastCodeHasAName) {
+  for (int n = 0; n <= static_cast<int>(kLastStatusCode); ++n) {
+    EXPECT_TRUE(is_valid_status_code(n));
+    EXPECT_NE(status_code_name(static_cast<StatusCode>(n)), "Unknown") << n;
+  }
+  EXPECT_FALSE(is_valid_status_code(static_cast<uint64_t>(kLastStatusCode) + 1));
+  EXPECT_FALSE(is_valid_status_code(~uint64_t{0}));
+}
+
 TEST(TransportKind, ParsesEveryNameItPrints) {
   for (TransportKind kind : kAllTransportKinds) {
     auto parsed = parse_transport_kind(transport_kind_name(kind));

@@ -1,0 +1,140 @@
+#include "core/acceptor.h"
+
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "test_support.h"
+
+namespace kvferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+const Endpoint kAnyPort{"127.0.0.1", 0};
+
+// Collects accepted connections.
+struct Inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Fd> connections;
+
+  void add(Fd fd) {
+    std::lock_guard lock(mu);
+    connections.push_back(std::move(fd));
+    cv.notify_all();
+  }
+  bool wait_for(size_t n, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, timeout, [&] { return connections.size() >= n; });
+  }
+};
+
+Fd connect_to(const Acceptor& acceptor) {
+  return testing::must(connect_tcp(acceptor.endpoint(), Clock::now() + 5s));
+}
+
+TEST(Acceptor, HandsEveryConnectionToTheCallback) {
+  auto acceptor = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test")));
+  EXPECT_NE(acceptor->endpoint().port, 0);
+  Inbox inbox;
+  acceptor->start([&](Fd fd) { inbox.add(std::move(fd)); });
+  Fd a = connect_to(*acceptor);
+  Fd b = connect_to(*acceptor);
+  ASSERT_TRUE(inbox.wait_for(2, 5s));
+  EXPECT_TRUE(inbox.connections[0].valid());
+  EXPECT_TRUE(inbox.connections[1].valid());
+  EXPECT_EQ(acceptor->backoffs(), 0u);
+}
+
+TEST(Acceptor, StopEndsTheThreadPromptlyAndTheCallbackNeverRunsAfter) {
+  auto acceptor = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test")));
+  std::atomic<int> calls{0};
+  acceptor->start([&](Fd) { calls.fetch_add(1); });
+  const auto t0 = std::chrono::steady_clock::now();
+  acceptor->stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+  Fd late = testing::must(connect_tcp(acceptor->endpoint(), Clock::now() + 5s));  // backlog
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(calls.load(), 0);
+}
+
+// A pending connection keeps the listener readable; with accept failing for lack of
+// descriptors the thread must pause between attempts instead of spinning.
+TEST(Acceptor, BacksOffWhileOutOfDescriptorsAndRecoversAfter) {
+  std::atomic<int> attempts{0};
+  std::atomic<bool> out_of_fds{true};
+  Acceptor::Options options = Acceptor::Options::named("test");
+  options.backoff = 20ms;
+  options.accept_call = [&](int fd, int flags) {
+    attempts.fetch_add(1);
+    if (out_of_fds) {
+      errno = EMFILE;
+      return -1;
+    }
+    return ::accept4(fd, nullptr, nullptr, flags);
+  };
+  auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
+  Inbox inbox;
+  acceptor->start([&](Fd fd) { inbox.add(std::move(fd)); });
+  Fd client = connect_to(*acceptor);
+  std::this_thread::sleep_for(300ms);
+  const int during = attempts.load();
+  // 300 ms / 20 ms = 15 attempts when pausing; a spinning loop makes hundreds of thousands.
+  EXPECT_GE(during, 2);
+  EXPECT_LE(during, 30);
+  EXPECT_GE(acceptor->backoffs(), 2u);
+  {
+    std::lock_guard lock(inbox.mu);
+    EXPECT_TRUE(inbox.connections.empty());
+  }
+
+  out_of_fds = false;
+  ASSERT_TRUE(inbox.wait_for(1, 5s));
+  EXPECT_TRUE(inbox.connections[0].valid());
+}
+
+TEST(Acceptor, StopInterruptsABackOff) {
+  Acceptor::Options options = Acceptor::Options::named("test");
+  options.backoff = 10s;
+  options.accept_call = [](int, int) {
+    errno = ENFILE;
+    return -1;
+  };
+  auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
+  acceptor->start([](Fd) {});
+  Fd client = connect_to(*acceptor);
+  while (acceptor->backoffs() == 0) std::this_thread::sleep_for(1ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  acceptor->stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+}
+
+TEST(Acceptor, RetriesAtOnceWhenOnlyOneConnectionWasLost) {
+  std::atomic<int> aborted{0};
+  Acceptor::Options options = Acceptor::Options::named("test");
+  options.backoff = 10s;  // a back-off would outlast the test
+  options.accept_call = [&](int fd, int flags) {
+    if (aborted.fetch_add(1) == 0) {
+      errno = ECONNABORTED;  // the first peer reset before we took it
+      return -1;
+    }
+    return ::accept4(fd, nullptr, nullptr, flags);
+  };
+  auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
+  Inbox inbox;
+  acceptor->start([&](Fd fd) { inbox.add(std::move(fd)); });
+  Fd client = connect_to(*acceptor);
+  ASSERT_TRUE(inbox.wait_for(1, 2s));
+  EXPECT_EQ(acceptor->backoffs(), 0u);
+}
+
+}  // namespace
+}  // namespace kvferry
