@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "kvferry/defaults.h"
 #include "kvferry/status.h"
 #include "kvferry/transfer_types.h"
 #include "kvferry/transport_kind.h"
@@ -69,7 +70,7 @@ struct TransportEnv {
   std::string tcp_listen_address;  // EngineOptions::tcp_listen_address
   int tcp_lanes = 2;
   int tcp_io_threads = 2;
-  std::chrono::milliseconds connect_timeout{2000};
+  std::chrono::milliseconds connect_timeout = kDefaultHandshakeTimeout;
   std::optional<std::string> secret;
   uint64_t incarnation = 0;
   uint64_t inline_batch_bytes = 0;

@@ -11,7 +11,7 @@
 #include <cstdint>
 
 #include "kvferry/status.h"
-#include "kvferry/transfer_engine.h"
+#include "kvferry/transfer_types.h"
 #include "metadata/segment_descriptor.h"
 #include "transport/cuda_ipc/cuda_memory_api.h"
 

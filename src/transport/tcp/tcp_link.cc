@@ -294,7 +294,7 @@ class TcpLane {
       }
       if (rc < 0 && errno == EINTR) continue;
       // A frame has started: the rest follows promptly from a live peer.
-      Status s = recv_all(fd_.get(), raw, Clock::now() + std::chrono::seconds(10));
+      Status s = recv_all(fd_.get(), raw, Clock::now() + kTcpFrameRestTimeout);
       if (s.ok()) s = on_frame(raw.data());
       if (!s.ok()) {
         fail_all(s.code() == StatusCode::kProtocolError
@@ -358,23 +358,22 @@ class TcpLane {
   // Reads a READ's payload into local memory, in pieces; once the batch is stopped the
   // rest is drained, never written.
   Status receive_read_payload(TcpChunk& c) {
-    constexpr uint64_t kPiece = 1 << 20;
-    std::array<std::byte, 64 * 1024> scratch;
+    std::array<std::byte, kTcpScratchBytes> scratch;
     uint64_t done = 0;
     Status outcome;
     while (done < c.length) {
       BatchProgress& b = *c.batch;
       auto guard = b.copying();
       Status why = outcome.ok() ? b.stop_reason() : outcome;
-      uint64_t n = std::min(kPiece, c.length - done);
+      uint64_t n = std::min(kTcpReceivePieceBytes, c.length - done);
       Status s;
       if (why.ok()) {
         s = recv_all(fd_.get(), {reinterpret_cast<std::byte*>(c.local + done), n},
-                     std::min(Clock::now() + std::chrono::seconds(10), b.deadline()));
+                     std::min(Clock::now() + kTcpFrameRestTimeout, b.deadline()));
       } else {
         outcome = why;
         n = std::min<uint64_t>(n, scratch.size());
-        s = recv_all(fd_.get(), {scratch.data(), n}, Clock::now() + std::chrono::seconds(10));
+        s = recv_all(fd_.get(), {scratch.data(), n}, Clock::now() + kTcpFrameRestTimeout);
       }
       if (!s.ok()) return s;
       done += n;

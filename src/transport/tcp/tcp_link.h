@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/net.h"
+#include "kvferry/defaults.h"
 #include "transport/transport.h"
 
 namespace kvferry::detail {
@@ -36,7 +37,7 @@ struct TcpLinkOptions {
   std::string peer_name;
   uint64_t expected_incarnation = 0;
   int lanes = 2;
-  std::chrono::milliseconds connect_timeout{2000};
+  std::chrono::milliseconds connect_timeout = kDefaultHandshakeTimeout;
   std::optional<std::string> secret;
 };
 

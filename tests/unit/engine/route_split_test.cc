@@ -48,7 +48,8 @@ class TestTransport final : public Transport {
   }
   std::string why_not(RouteKey key, PeerPlace place, const SegmentDescriptor&) const override {
     if (place == PeerPlace::kOtherHost) return "the test transport stays on one host";
-    const bool touches_device = key.local == MemoryKind::kDevice || key.remote == MemoryKind::kDevice;
+    const bool touches_device =
+        key.local == MemoryKind::kDevice || key.remote == MemoryKind::kDevice;
     if (device_ != touches_device) return device_ ? "no device memory" : "host memory only";
     return "";
   }
@@ -130,10 +131,9 @@ class SplitBatch : public ::testing::Test {
     shared_ = must(decode_->allocate_shared(kBytes));
     std::memset(shared_.addr, 0, kBytes);
     device_memory_.assign(kBytes, std::byte{0});
-    ASSERT_TRUE(decode_
-                    ->register_memory(device_memory_.data(), kBytes,
-                                      {MemoryLocation::Kind::kCuda, 0})
-                    .ok());
+    ASSERT_TRUE(
+        decode_->register_memory(device_memory_.data(), kBytes, {MemoryLocation::Kind::kCuda, 0})
+            .ok());
     src_.resize(2 * kBytes);
     fill_pattern(src_, 41);
     ASSERT_TRUE(prefill_->register_memory(src_.data(), src_.size()).ok());
@@ -237,15 +237,15 @@ TEST(RoutePerOp, ADeviceOpNoTransportReachesIsRefusedBeforeAnyByteMoves) {
   Script device;
   auto decode = engine_with("decode", with_test_transport(TransportKind::kCudaIpc, true, device));
   // Prefill serves no device transport at all.
-  auto prefill = engine_with("prefill", built_transports(),
-                             TransportSet{TransportKind::kLocal, TransportKind::kShm,
-                                          TransportKind::kTcp});
+  auto prefill =
+      engine_with("prefill", built_transports(),
+                  TransportSet{TransportKind::kLocal, TransportKind::kShm, TransportKind::kTcp});
   constexpr size_t kBytes = 4096;
   SharedBuffer shared = must(decode->allocate_shared(kBytes));
   std::memset(shared.addr, 0, kBytes);
   std::vector<std::byte> device_memory(kBytes);
-  ASSERT_TRUE(decode->register_memory(device_memory.data(), kBytes, {MemoryLocation::Kind::kCuda, 0})
-                  .ok());
+  ASSERT_TRUE(
+      decode->register_memory(device_memory.data(), kBytes, {MemoryLocation::Kind::kCuda, 0}).ok());
   std::vector<std::byte> src(2 * kBytes);
   fill_pattern(src, 5);
   ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
@@ -269,10 +269,10 @@ TEST(RoutePerOp, ANewTransportKindPlugsInWithoutEngineChanges) {
   // Both engines serve only local and a test transport of a kind no built transport has.
   Script script;
   const TransportSet allowed{TransportKind::kLocal, TransportKind::kRdma};
-  auto decode = engine_with(
-      "decode", with_test_transport(TransportKind::kRdma, false, script), allowed);
-  auto prefill = engine_with(
-      "prefill", with_test_transport(TransportKind::kRdma, false, script), allowed);
+  auto decode =
+      engine_with("decode", with_test_transport(TransportKind::kRdma, false, script), allowed);
+  auto prefill =
+      engine_with("prefill", with_test_transport(TransportKind::kRdma, false, script), allowed);
   constexpr size_t kBytes = 1 << 20;
   std::vector<std::byte> src(kBytes), dst(kBytes);
   fill_pattern(src, 9);
