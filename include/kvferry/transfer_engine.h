@@ -39,8 +39,8 @@
 
 namespace kvferry {
 
+class BatchProgress;
 namespace detail {
-struct BatchRecord;
 struct PeerState;
 class EngineImpl;
 }  // namespace detail
@@ -128,8 +128,8 @@ class BatchHandle {
 
  private:
   friend class detail::EngineImpl;
-  explicit BatchHandle(std::shared_ptr<detail::BatchRecord> s) : state_(std::move(s)) {}
-  std::shared_ptr<detail::BatchRecord> state_;
+  explicit BatchHandle(std::shared_ptr<BatchProgress> s) : state_(std::move(s)) {}
+  std::shared_ptr<BatchProgress> state_;  // an engine's detail::BatchRecord
 };
 
 // Memory handed out by allocate_shared: shareable with same-host peers through shm.

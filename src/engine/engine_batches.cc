@@ -38,8 +38,10 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
   if (peer->is_disconnected()) {
     return PeerDisconnected("peer " + peer->name + " disconnected: " + peer->disconnect_reason());
   }
-  auto batch = std::make_shared<BatchRecord>(
+  // Owned as the BatchProgress the transports see, so handing it to them costs no copy.
+  std::shared_ptr<BatchProgress> owner = std::make_shared<BatchRecord>(
       peer->liveness, options.timeout.count() > 0 ? options.timeout : options_.batch_timeout);
+  BatchRecord* batch = static_cast<BatchRecord*>(owner.get());
   batch->local_snapshot = local_regions_.load();
   PeerRoutes routes(*peer, transports_);
   ResolveOutcome resolved;
@@ -47,26 +49,26 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
     if (!peer->is_self) batch->remote_snapshot = peer->segment.load();
     const RegionIndex& remote =
         peer->is_self ? *batch->local_snapshot : batch->remote_snapshot->regions;
-    resolved =
-        resolve_ops(ops, *batch->local_snapshot, remote, peer->name, options_.merge_ops, routes);
+    resolved = resolve_ops(ops, *batch->local_snapshot, remote, peer->name, options_.merge_ops,
+                           routes, batch->work);
     // A remote miss may be a region the peer registered after we cached its descriptor.
     if (!resolved.remote_miss || peer->is_self || attempt == 1) break;
+    batch->work = ResolvedBatch();
     KVF_RETURN_IF_ERROR(refresh_peer(*peer));
   }
   KVF_RETURN_IF_ERROR(resolved.status);
   if (options.after_cuda_event != nullptr) {
-    const bool device_part = std::any_of(
-        resolved.batch.parts.begin(), resolved.batch.parts.end(), [&](const ResolvedPart& p) {
+    const bool device_part =
+        std::any_of(batch->work.parts.begin(), batch->work.parts.end(), [&](const ResolvedPart& p) {
           return transport(p.transport)->capabilities().access == CopyAccess::kDevicePointers;
         });
     if (!device_part) {
       return InvalidArgument(fmt::format(
           "submit: after_cuda_event is honoured only by device copies, and this batch runs on {} "
           "(no op touches device memory)",
-          transport_kind_name(resolved.batch.parts.front().transport)));
+          transport_kind_name(batch->work.parts.front().transport)));
     }
   }
-  batch->work = std::move(resolved.batch);
   // Pin the local regions (see RegionUse for the protocol).
   std::vector<RegionUse*>& uses = batch->work.uses;
   for (size_t i = 0; i < uses.size(); ++i) {
@@ -76,27 +78,30 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
       return NotRegistered("a local region of this batch was unregistered while submitting");
     }
   }
-  batch->set_work(ops.size(), batch->work.span_count(), batch->work.bytes, uses);
-  KVF_RETURN_IF_ERROR(post_parts(batch, *peer, options.after_cuda_event));
-  return BatchHandle(std::move(batch));
+  batch->set_work(ops.size(), batch->work.span_count(), batch->work.bytes, std::move(uses));
+  KVF_RETURN_IF_ERROR(post_parts(owner, *peer, options.after_cuda_event));
+  return BatchHandle(std::move(owner));
 }
 
-Status EngineImpl::post_parts(const std::shared_ptr<BatchRecord>& batch, PeerState& peer,
+Status EngineImpl::post_parts(const std::shared_ptr<BatchProgress>& owner, PeerState& peer,
                               void* after_cuda_event) {
-  std::vector<ResolvedPart>& parts = batch->work.parts;
-  // Parts that may copy inside post() go last: a part whose post fails then stops the batch
-  // before this thread moved any byte of it.
-  std::stable_partition(parts.begin(), parts.end(), [&](const ResolvedPart& p) {
-    return !transport(p.transport)->capabilities().may_copy_in_post;
-  });
+  auto* batch = static_cast<BatchRecord*>(owner.get());
+  PartList& parts = batch->work.parts;
   // Split: the batch holds one task of its own until every part is posted, so a part that
   // ends at once cannot make it final while another is still to be posted.
   const bool split = parts.size() > 1;
-  if (split) batch->add_tasks(1);
+  if (split) {
+    // Parts that may copy inside post() go last: a part whose post fails then stops the
+    // batch before this thread moved any byte of it.
+    std::stable_partition(parts.begin(), parts.end(), [&](const ResolvedPart& p) {
+      return !transport(p.transport)->capabilities().may_copy_in_post;
+    });
+    batch->add_tasks(1);
+  }
   const RegionIndex* local = batch->local_snapshot.get();
   const RegionIndex* remote = peer.is_self ? local : &batch->remote_snapshot->regions;
   for (ResolvedPart& part : parts) {
-    BatchPart posted{batch,  part.spans,       part.bytes,      local,
+    BatchPart posted{owner,  part.spans,       part.bytes,      local,
                      remote, peer.incarnation, after_cuda_event};
     TransportLink* link = peer.link(part.transport);
     Status s = link != nullptr
@@ -125,7 +130,7 @@ BatchStatus EngineImpl::status(const BatchHandle& handle) const {
   if (!handle.valid()) {
     return BatchStatus{BatchState::kFailed, InvalidArgument("status: invalid batch handle"), {}};
   }
-  BatchRecord& b = *handle.state_;
+  auto& b = static_cast<BatchRecord&>(*handle.state_);
   BatchStatus s = b.snapshot();
   if (s.state != BatchState::kPending) return s;
   enforce_deadline(b);
@@ -136,7 +141,7 @@ BatchStatus EngineImpl::wait(const BatchHandle& handle, std::chrono::millisecond
   if (!handle.valid()) {
     return BatchStatus{BatchState::kFailed, InvalidArgument("wait: invalid batch handle"), {}};
   }
-  BatchRecord& b = *handle.state_;
+  auto& b = static_cast<BatchRecord&>(*handle.state_);
   // Saturating: wait(h, milliseconds::max()) must not overflow the clock.
   const auto now = Clock::now();
   const auto until = timeout >= b.deadline() - now ? b.deadline() : now + timeout;
@@ -148,7 +153,7 @@ BatchStatus EngineImpl::wait(const BatchHandle& handle, std::chrono::millisecond
 
 void EngineImpl::cancel(const BatchHandle& handle) {
   if (!handle.valid()) return;
-  handle.state_->stop(Cancelled("batch cancelled by the caller"));
+  static_cast<BatchRecord&>(*handle.state_).stop(Cancelled("batch cancelled by the caller"));
 }
 
 }  // namespace kvferry::detail

@@ -95,7 +95,7 @@ class EngineImpl {
   // Batches.
   static void enforce_deadline(BatchRecord& b);
   // Posts every part of the resolved batch; on an error, stops the batch with it.
-  Status post_parts(const std::shared_ptr<BatchRecord>& batch, PeerState& peer,
+  Status post_parts(const std::shared_ptr<BatchProgress>& batch, PeerState& peer,
                     void* after_cuda_event);
 
   EngineOptions options_;

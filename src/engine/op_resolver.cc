@@ -35,19 +35,18 @@ std::string unreachable(const RegionEntry& r, std::string_view side, CopyAccess 
 
 ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
                            const RegionIndex& remote, std::string_view peer_name, bool merge,
-                           RouteSource& routes) {
+                           RouteSource& routes, ResolvedBatch& batch) {
   ResolveOutcome out;
   if (ops.empty()) {
     out.status = InvalidArgument("empty batch: submit needs at least one op");
     return out;
   }
-  ResolvedBatch& batch = out.batch;
   // Per part: the region pair its last span lies in (merging continues only inside it).
   struct PartCursor {
     const RegionEntry* last_local = nullptr;
     const RegionEntry* last_remote = nullptr;
   };
-  std::vector<PartCursor> cursors;
+  std::array<PartCursor, PartList::kCapacity> cursors{};
   size_t local_hint = 0;
   size_t remote_hint = 0;
   const RegionEntry* last_local = nullptr;
@@ -99,9 +98,7 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
         if (batch.parts[p].transport == target->transport) part_index = p;
       }
       if (part_index == batch.parts.size()) {
-        batch.parts.push_back(ResolvedPart{target->transport, {}, 0, false});
-        batch.parts.back().spans.reserve(ops.size() - i);
-        cursors.emplace_back();
+        batch.parts.add(target->transport).spans.reserve(ops.size() - i);
       }
       ResolvedPart& part = batch.parts[part_index];
       part.touches_device = part.touches_device || is_device(*l) || is_device(*r);
@@ -138,9 +135,19 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
   return out;
 }
 
-ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
-                           const RegionIndex& remote, std::string_view peer_name, bool merge,
-                           CopyAccess access) {
+ResolvedOps resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
+                        const RegionIndex& remote, std::string_view peer_name, bool merge,
+                        RouteSource& routes) {
+  ResolvedOps out;
+  ResolveOutcome outcome = resolve_ops(ops, local, remote, peer_name, merge, routes, out.batch);
+  out.status = std::move(outcome.status);
+  out.remote_miss = outcome.remote_miss;
+  return out;
+}
+
+ResolvedOps resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
+                        const RegionIndex& remote, std::string_view peer_name, bool merge,
+                        CopyAccess access) {
   class OneRoute final : public RouteSource {
    public:
     explicit OneRoute(CopyAccess a) : access_(a) {}

@@ -10,6 +10,7 @@
 // Thread-safety: pure function over immutable inputs (the route source is the caller's).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -31,9 +32,34 @@ struct ResolvedPart {
   bool touches_device = false;  // some op reads or writes device memory (local or remote)
 };
 
+// At most one part per transport kind, held inline: a batch costs no allocation for them.
+class PartList {
+ public:
+  static constexpr size_t kCapacity = kAllTransportKinds.size();
+  size_t size() const { return count_; }
+  bool empty() const { return count_ == 0; }
+  ResolvedPart& operator[](size_t i) { return parts_[i]; }
+  const ResolvedPart& operator[](size_t i) const { return parts_[i]; }
+  ResolvedPart& front() { return parts_[0]; }
+  const ResolvedPart& front() const { return parts_[0]; }
+  ResolvedPart* begin() { return parts_.data(); }
+  ResolvedPart* end() { return parts_.data() + count_; }
+  const ResolvedPart* begin() const { return parts_.data(); }
+  const ResolvedPart* end() const { return parts_.data() + count_; }
+  ResolvedPart& add(TransportKind transport) {  // count_ < kCapacity: one part per kind
+    ResolvedPart& p = parts_[count_++];
+    p.transport = transport;
+    return p;
+  }
+
+ private:
+  std::array<ResolvedPart, kCapacity> parts_{};
+  size_t count_ = 0;
+};
+
 struct ResolvedBatch {
-  std::vector<ResolvedPart> parts;  // in the order their first op came
-  std::vector<RegionUse*> uses;     // local regions touched (consecutive duplicates removed)
+  PartList parts;                // in the order their first op came
+  std::vector<RegionUse*> uses;  // local regions touched (consecutive duplicates removed)
   uint64_t bytes = 0;
   size_t span_count() const {
     size_t n = 0;
@@ -60,17 +86,26 @@ struct ResolveOutcome {
   // The failure was a remote range outside the peer's regions: a refreshed descriptor
   // may know the region.
   bool remote_miss = false;
-  ResolvedBatch batch;
 };
 
+// Resolves into `out` (which must be empty): the batch record's own storage, so the data
+// path moves no part list around.
 ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
                            const RegionIndex& remote, std::string_view peer_name, bool merge,
-                           RouteSource& routes);
+                           RouteSource& routes, ResolvedBatch& out);
 
-// Every op to one transport that touches what `access` allows (tests, and callers that
-// know the route).
-ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
-                           const RegionIndex& remote, std::string_view peer_name, bool merge,
-                           CopyAccess access);
+// The outcome with the batch it resolved (tests).
+struct ResolvedOps {
+  Status status;
+  bool remote_miss = false;
+  ResolvedBatch batch;
+};
+ResolvedOps resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
+                        const RegionIndex& remote, std::string_view peer_name, bool merge,
+                        RouteSource& routes);
+// Every op to one transport that touches what `access` allows.
+ResolvedOps resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,
+                        const RegionIndex& remote, std::string_view peer_name, bool merge,
+                        CopyAccess access);
 
 }  // namespace kvferry

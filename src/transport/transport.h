@@ -90,8 +90,8 @@ struct PeerInfo {
 // A transport's share of one batch: the ops routed to it, already checked on both sides and
 // merged. Everything the pointers refer to is kept alive by `batch` until it ends.
 struct BatchPart {
-  std::shared_ptr<BatchProgress> batch;
-  std::span<ResolvedOp> spans;  // the transport may fill in ResolvedOp::remote
+  const std::shared_ptr<BatchProgress>& batch;  // copy it to keep the batch beyond post()
+  std::span<ResolvedOp> spans;                  // the transport may fill in ResolvedOp::remote
   uint64_t bytes = 0;
   const RegionIndex* local = nullptr;   // this engine's regions the batch was checked against
   const RegionIndex* remote = nullptr;  // the peer's (this engine's own for the self peer)

@@ -40,17 +40,17 @@ RegionIndex peer_regions() {
        {kPeerHostUnmapped, kBytes, nullptr, {}, std::nullopt, nullptr, std::nullopt}});
 }
 
-ResolveOutcome resolve(std::vector<TransferOp> ops, CopyAccess access) {
+ResolvedOps resolve(std::vector<TransferOp> ops, CopyAccess access) {
   static const RegionIndex local = local_regions();
   static const RegionIndex remote = peer_regions();
   return resolve_ops(ops, local, remote, "peer-x", true, access);
 }
 
 TEST(DeviceOpValidation, DeviceCopiesReachPeerDeviceMemoryByAddressAndMarkTheBatch) {
-  ResolveOutcome out = resolve({{OpKind::kWrite, kHostLocal, kPeerDevice, 64},
-                                {OpKind::kWrite, kHostLocal + 64, kPeerDevice + 64, 64},
-                                {OpKind::kRead, kDeviceLocal, kPeerDevice + 4096, 128}},
-                               CopyAccess::kDevicePointers);
+  ResolvedOps out = resolve({{OpKind::kWrite, kHostLocal, kPeerDevice, 64},
+                             {OpKind::kWrite, kHostLocal + 64, kPeerDevice + 64, 64},
+                             {OpKind::kRead, kDeviceLocal, kPeerDevice + 4096, 128}},
+                            CopyAccess::kDevicePointers);
   ASSERT_TRUE(out.status.ok()) << out.status.to_string();
   EXPECT_TRUE(out.batch.parts.front().touches_device);
   ASSERT_EQ(out.batch.parts.front().spans.size(), 2u);  // the first two merged
@@ -61,21 +61,21 @@ TEST(DeviceOpValidation, DeviceCopiesReachPeerDeviceMemoryByAddressAndMarkTheBat
 }
 
 TEST(DeviceOpValidation, DeviceCopiesBetweenHostRegionsDoNotTouchTheDevice) {
-  ResolveOutcome out =
+  ResolvedOps out =
       resolve({{OpKind::kWrite, kHostLocal, kPeerHostMapped, 64}}, CopyAccess::kDevicePointers);
   ASSERT_TRUE(out.status.ok());
   EXPECT_FALSE(out.batch.parts.front().touches_device);
 }
 
 TEST(DeviceOpValidation, HostMemcpyRefusesDeviceMemoryOnEitherSideNamingOpAndRegion) {
-  ResolveOutcome remote = resolve({{OpKind::kWrite, kHostLocal, kPeerHostMapped, 64},
-                                   {OpKind::kWrite, kHostLocal, kPeerDevice, 64}},
-                                  CopyAccess::kHostPointers);
+  ResolvedOps remote = resolve({{OpKind::kWrite, kHostLocal, kPeerHostMapped, 64},
+                                {OpKind::kWrite, kHostLocal, kPeerDevice, 64}},
+                               CopyAccess::kHostPointers);
   EXPECT_EQ(remote.status.code(), StatusCode::kNotSupported);
   EXPECT_TRUE(contains(remote.status.message(), "op 1: remote region at 0x900000 is cuda:1 memory"))
       << remote.status.message();
   EXPECT_TRUE(contains(remote.status.message(), "cuda_ipc"));
-  ResolveOutcome local =
+  ResolvedOps local =
       resolve({{OpKind::kWrite, kDeviceLocal, kPeerHostMapped, 64}}, CopyAccess::kHostPointers);
   EXPECT_EQ(local.status.code(), StatusCode::kNotSupported);
   EXPECT_TRUE(contains(local.status.message(), "op 0: local region at 0x200000 is cuda:0 memory"))
@@ -83,7 +83,7 @@ TEST(DeviceOpValidation, HostMemcpyRefusesDeviceMemoryOnEitherSideNamingOpAndReg
 }
 
 TEST(DeviceOpValidation, TcpRefusesDeviceMemory) {
-  ResolveOutcome out =
+  ResolvedOps out =
       resolve({{OpKind::kRead, kDeviceLocal, kPeerHostUnmapped, 64}}, CopyAccess::kRemoteAddress);
   EXPECT_EQ(out.status.code(), StatusCode::kNotSupported);
   EXPECT_TRUE(contains(out.status.message(), "a tcp copy cannot touch")) << out.status.message();
@@ -93,7 +93,7 @@ TEST(DeviceOpValidation, TcpRefusesDeviceMemory) {
 }
 
 TEST(DeviceOpValidation, DeviceCopiesStillNeedPeerHostMemoryToBeMapped) {
-  ResolveOutcome out =
+  ResolvedOps out =
       resolve({{OpKind::kWrite, kDeviceLocal, kPeerHostUnmapped, 64}}, CopyAccess::kDevicePointers);
   EXPECT_EQ(out.status.code(), StatusCode::kNotSupported);
   EXPECT_TRUE(contains(out.status.message(), "not shareable")) << out.status.message();
@@ -103,7 +103,7 @@ TEST(DeviceOpValidation, PeerDeviceMemoryWithoutAnIpcHandleIsRefused) {
   const RegionIndex local = local_regions();
   const RegionIndex remote(
       {{kPeerDevice, kBytes, nullptr, cuda(1), std::nullopt, nullptr, std::nullopt}});
-  ResolveOutcome out =
+  ResolvedOps out =
       resolve_ops(std::vector<TransferOp>{{OpKind::kWrite, kHostLocal, kPeerDevice, 64}}, local,
                   remote, "peer-x", true, CopyAccess::kDevicePointers);
   EXPECT_EQ(out.status.code(), StatusCode::kNotSupported);
