@@ -2,7 +2,8 @@
 # The whole test suite: installs what is missing, builds, checks formatting, runs every
 # unit and integration test, then builds the unit tests with AddressSanitizer and
 # UndefinedBehaviorSanitizer and runs them, then runs the libFuzzer targets for a bounded
-# time (scripts/fuzz.sh; FUZZ_SECONDS per target). Every test stops by itself.
+# time (scripts/fuzz.sh; FUZZ_SECONDS per target). clang-tidy checks src/ after the build
+# (scripts/tidy.sh). Every test stops by itself.
 #   --no-sanitizers   skip the ASan+UBSan pass
 #   --no-fuzz         skip the fuzzers
 set -euo pipefail
@@ -26,6 +27,8 @@ scripts/format.sh --check
 
 echo "== build (RelWithDebInfo, -Werror)"
 scripts/build.sh -DKVFERRY_BUILD_BENCH=ON
+echo "== clang-tidy (src/)"
+scripts/tidy.sh
 echo "== tests (with etcd and redis on loopback)"
 trap 'scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
 eval "$(scripts/services.sh start)"

@@ -145,7 +145,9 @@ class [[nodiscard]] Result {
 // `KVF_ASSIGN_OR_RETURN(auto x, make_x());` declares x from a Result or returns its error.
 #define KVF_ASSIGN_OR_RETURN(lhs, expr) \
   KVF_ASSIGN_OR_RETURN_IMPL(KVF_CONCAT(kvf_result_, __LINE__), lhs, expr)
+// NOLINTBEGIN(bugprone-macro-parentheses): `lhs` is a declaration ("auto x"), `tmp` a name.
 #define KVF_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
   auto tmp = (expr);                              \
   if (!tmp.ok()) return tmp.status();             \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)

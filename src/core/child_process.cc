@@ -32,6 +32,7 @@ Result<ChildProcess> ChildProcess::spawn(const std::vector<std::string>& argv) {
   posix_spawn_file_actions_adddup2(&actions, child_in.get(), STDIN_FILENO);
   posix_spawn_file_actions_adddup2(&actions, child_out.get(), STDOUT_FILENO);
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   ChildProcess child;

@@ -38,12 +38,12 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
 
 Result<std::unique_ptr<TransferEngine>> EngineImpl::create_engine(
     EngineOptions options, std::vector<BuiltTransport> transports) {
-  KVF_ASSIGN_OR_RETURN(auto impl, create(std::move(options), std::move(transports)));
+  KVF_ASSIGN_OR_RETURN(auto impl, create(std::move(options), transports));
   return std::unique_ptr<TransferEngine>(new TransferEngine(std::move(impl)));
 }
 
-Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options,
-                                                       std::vector<BuiltTransport> transports) {
+Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
+    EngineOptions options, const std::vector<BuiltTransport>& transports) {
   if (options.worker_threads < 0 || options.worker_threads > 256) {
     return InvalidArgument(
         fmt::format("worker_threads {} out of range 0..256", options.worker_threads));

@@ -61,7 +61,7 @@ class EngineImpl {
 
  private:
   static Result<std::unique_ptr<EngineImpl>> create(EngineOptions options,
-                                                    std::vector<BuiltTransport> transports);
+                                                    const std::vector<BuiltTransport>& transports);
   explicit EngineImpl(EngineOptions options);
   Transport* transport(TransportKind kind) const {
     return transports_[static_cast<size_t>(kind)].get();

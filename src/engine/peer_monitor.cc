@@ -32,9 +32,10 @@ PeerMonitor::~PeerMonitor() {
 Status PeerMonitor::watch(const std::shared_ptr<PeerState>& peer) {
   Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(peer->pid), 0)));
   if (!pidfd.valid()) {
-    if (errno == ESRCH)
+    if (errno == ESRCH) {
       return PeerDisconnected("peer " + peer->name + " (pid " + std::to_string(peer->pid) +
                               ") has exited");
+    }
     return ErrnoStatus(StatusCode::kInternal, "pidfd_open for peer " + peer->name, errno);
   }
   std::lock_guard lock(mu_);

@@ -89,7 +89,7 @@ Result<KvLayout> make_layout(std::string_view side, const std::vector<uint64_t>&
 }
 
 void append_number(std::string& out, uint64_t value) {
-  std::array<char, 24> buffer;
+  std::array<char, 24> buffer{};
   auto [end, ec] = std::to_chars(buffer.data(), buffer.data() + buffer.size(), value);
   out.append(buffer.data(), end);
 }

@@ -22,7 +22,7 @@ constexpr int kHttpBadRequest = 400;
 constexpr int kHttpNotFound = 404;
 constexpr int kHttpUnavailable = 503;
 // A registration is a few hundred bytes; anything far larger is refused (413) unread.
-constexpr size_t kMaxRequestBodyBytes = 64 * 1024;
+constexpr size_t kMaxRequestBodyBytes = size_t{64} << 10;
 constexpr auto kListenerStartTimeout = std::chrono::milliseconds(5000);
 
 using RankKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // dp, pp, cp, tp

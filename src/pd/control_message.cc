@@ -14,7 +14,7 @@ constexpr FrameFormat kControlFormat{"control", kControlMagic, kControlVersion, 
 constexpr uint8_t kMaxRole = static_cast<uint8_t>(kv::KvRole::kOpaque);
 constexpr uint8_t kMaxPageOrder = static_cast<uint8_t>(kv::PageOrder::kPageMajor);
 constexpr size_t kEntryWireBytes = 8 * 4 + 4 + 1 + 1;
-constexpr size_t kRowBufferWireBytes = 8 * 3;
+constexpr size_t kRowBufferWireBytes = sizeof(uint64_t) * 3;
 
 void put_rows(ByteWriter& w, const kv::RowBuffer& r) {
   w.put(r.base);

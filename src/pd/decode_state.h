@@ -84,8 +84,8 @@ class DecodeClientImpl {
   // --- Used by KvReceiver (kv_receiver.cc).
   Status init(const std::shared_ptr<ReceiverState>& r, std::vector<kv::PageIndex> pages,
               uint64_t aux_row, uint64_t state_slot);
-  void abort(const std::shared_ptr<ReceiverState>& r, Status reason);
-  void fail(const std::shared_ptr<ReceiverState>& r, Status reason);
+  void abort(const std::shared_ptr<ReceiverState>& r, const Status& reason);
+  void fail(const std::shared_ptr<ReceiverState>& r, const Status& reason);
 
  private:
   void connect_instance(const std::shared_ptr<PrefillInstance>& inst);

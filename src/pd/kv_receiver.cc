@@ -59,7 +59,7 @@ void DecodeClientImpl::dispatch(const std::shared_ptr<ReceiverState>& r) {
   }
 }
 
-void DecodeClientImpl::abort(const std::shared_ptr<ReceiverState>& r, Status reason) {
+void DecodeClientImpl::abort(const std::shared_ptr<ReceiverState>& r, const Status& reason) {
   std::vector<std::shared_ptr<PrefillLink>> tell;
   {
     std::lock_guard lock(r->mu);
@@ -86,7 +86,7 @@ void DecodeClientImpl::abort(const std::shared_ptr<ReceiverState>& r, Status rea
   settle(r);
 }
 
-void DecodeClientImpl::fail(const std::shared_ptr<ReceiverState>& r, Status reason) {
+void DecodeClientImpl::fail(const std::shared_ptr<ReceiverState>& r, const Status& reason) {
   if (r->cell.fail(reason)) {
     log().info("decode: room {} failed: {}", r->room, reason.to_string());
   }
@@ -136,7 +136,7 @@ Status KvReceiver::init(std::vector<kv::PageIndex> dst_pages, uint64_t aux_row,
   return state_->client->init(state_, std::move(dst_pages), aux_row, state_slot);
 }
 
-void KvReceiver::abort(std::string reason) {
+void KvReceiver::abort(const std::string& reason) {
   if (!state_) return;
   state_->client->abort(
       state_, Cancelled("room " + std::to_string(state_->room) + " aborted by decode: " + reason));

@@ -165,7 +165,7 @@ void PrefillServerImpl::run_plans(const std::shared_ptr<SenderState>& s,
   finish_if_drained(s);
 }
 
-void PrefillServerImpl::fail(const std::shared_ptr<SenderState>& s, Status reason) {
+void PrefillServerImpl::fail(const std::shared_ptr<SenderState>& s, const Status& reason) {
   if (s->cell.fail(reason)) {
     log().info("prefill: room {} failed: {}", s->room, reason.to_string());
   }
@@ -218,7 +218,7 @@ Status KvSender::send(std::span<const kv::PageIndex> pages, const LastChunkExtra
   return state_->server->send_chunk(state_, pages, last);
 }
 
-void KvSender::abort(std::string reason) {
+void KvSender::abort(const std::string& reason) {
   if (!state_) return;
   state_->server->fail(
       state_, Cancelled("room " + std::to_string(state_->room) + " aborted by prefill: " + reason));

@@ -98,7 +98,7 @@ class PrefillServerImpl {
   // --- Used by KvSender (kv_sender.cc).
   Status send_chunk(const std::shared_ptr<SenderState>& s, std::span<const kv::PageIndex> pages,
                     const LastChunkExtras* last);
-  void fail(const std::shared_ptr<SenderState>& s, Status reason);
+  void fail(const std::shared_ptr<SenderState>& s, const Status& reason);
   // Reports the final state to decode and owed abort acks once nothing is in flight.
   void finish_if_drained(const std::shared_ptr<SenderState>& s);
 

@@ -65,7 +65,7 @@ class KvReceiver {
   Status init(std::vector<kv::PageIndex> dst_pages, uint64_t aux_row = kNoSlot,
               uint64_t state_slot = kNoSlot);
   // Fails the request and asks prefill to stop writing it.
-  void abort(std::string reason);
+  void abort(const std::string& reason);
   // OK once every prefill rank that may still write acknowledged the abort or is gone;
   // Timeout otherwise.
   Status wait_abort_acked(std::chrono::milliseconds timeout) const;

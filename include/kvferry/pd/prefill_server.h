@@ -79,7 +79,7 @@ class KvSender {
   // value), or the request's failure.
   Status send(std::span<const kv::PageIndex> pages, const LastChunkExtras* last = nullptr);
   // Fails the request and tells decode (after in-flight writes drained).
-  void abort(std::string reason);
+  void abort(const std::string& reason);
 
  private:
   friend class detail::PrefillServerImpl;
