@@ -124,16 +124,19 @@ void EngineImpl::connect_links(PeerState& peer, const SegmentDescriptor& d) {
     }
   }
   // What routes depend on (served transports, endpoints, host) is fixed per incarnation, so
-  // the chooser keeps the descriptor as first seen.
-  peer.routes.set_chooser(
-      peer.name, [served, link_errors, d, place = peer.place, forced = peer.forced](RouteKey key) {
-        RouteChoiceInput input;
-        input.served = served;
-        input.link_errors = link_errors;
-        input.place = place;
-        input.forced = forced;
-        return choose_route(key, d, input);
-      });
+  // the chooser keeps the descriptor as first seen, without its regions (routes are chosen
+  // by memory kind; a link that needs the regions has them from connect()).
+  SegmentDescriptor identity = d;
+  identity.regions.clear();
+  peer.routes.set_chooser(peer.name, [served, link_errors, d = std::move(identity),
+                                      place = peer.place, forced = peer.forced](RouteKey key) {
+    RouteChoiceInput input;
+    input.served = served;
+    input.link_errors = link_errors;
+    input.place = place;
+    input.forced = forced;
+    return choose_route(key, d, input);
+  });
 }
 
 bool EngineImpl::maps_remote_host_memory(const PeerState& peer) const {

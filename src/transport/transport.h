@@ -125,7 +125,8 @@ class Transport {
   virtual Status prepare_region(RegionEntry& /*entry*/) { return Status::Ok(); }
 
   // Why this transport cannot carry ops of `key` to this peer, or "" when it can. Whether
-  // both engines serve it is the engine's check, not the transport's.
+  // both engines serve it is the engine's check, not the transport's. `peer` is the peer's
+  // descriptor without its regions (a route is chosen by memory kind, once per peer).
   virtual std::string why_not(RouteKey key, PeerPlace place,
                               const SegmentDescriptor& peer) const = 0;
   virtual Result<std::shared_ptr<TransportLink>> connect(const PeerInfo& peer) = 0;

@@ -45,4 +45,28 @@ class CopyLink final : public TransportLink {
   std::shared_ptr<CopyExecutor> copier_;
 };
 
+// What both memcpy transports share: host pointers on both sides, copies that may run on
+// the submitting thread, and a CopyLink per peer over one executor. They differ in reach
+// (why_not) and in whether the peer's memory must be mapped here.
+class CopyTransport : public Transport {
+ public:
+  CopyTransport(const TransportEnv& env, bool maps_remote_host_memory)
+      : copier_(std::make_shared<CopyExecutor>(*env.workers, env.inline_batch_bytes)),
+        maps_remote_host_memory_(maps_remote_host_memory) {}
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities caps;
+    caps.access = CopyAccess::kHostPointers;
+    caps.maps_remote_host_memory = maps_remote_host_memory_;
+    caps.may_copy_in_post = true;
+    return caps;
+  }
+  Result<std::shared_ptr<TransportLink>> connect(const PeerInfo&) override {
+    return std::shared_ptr<TransportLink>(std::make_shared<CopyLink>(copier_));
+  }
+
+ private:
+  std::shared_ptr<CopyExecutor> copier_;
+  bool maps_remote_host_memory_;
+};
+
 }  // namespace kvferry

@@ -5,18 +5,10 @@
 namespace kvferry {
 namespace {
 
-class LocalTransport final : public Transport {
+class LocalTransport final : public CopyTransport {
  public:
-  explicit LocalTransport(const TransportEnv& env)
-      : copier_(std::make_shared<CopyExecutor>(*env.workers, env.inline_batch_bytes)) {}
-
+  explicit LocalTransport(const TransportEnv& env) : CopyTransport(env, false) {}
   TransportKind kind() const override { return TransportKind::kLocal; }
-  TransportCapabilities capabilities() const override {
-    TransportCapabilities caps;
-    caps.access = CopyAccess::kHostPointers;
-    caps.may_copy_in_post = true;
-    return caps;
-  }
   std::string why_not(RouteKey key, PeerPlace place, const SegmentDescriptor&) const override {
     if (place != PeerPlace::kSelf) return "local only reaches this engine itself";
     if (key.local == MemoryKind::kDevice || key.remote == MemoryKind::kDevice) {
@@ -24,12 +16,6 @@ class LocalTransport final : public Transport {
     }
     return "";
   }
-  Result<std::shared_ptr<TransportLink>> connect(const PeerInfo&) override {
-    return std::shared_ptr<TransportLink>(std::make_shared<CopyLink>(copier_));
-  }
-
- private:
-  std::shared_ptr<CopyExecutor> copier_;
 };
 
 }  // namespace

@@ -5,19 +5,10 @@
 namespace kvferry {
 namespace {
 
-class ShmTransport final : public Transport {
+class ShmTransport final : public CopyTransport {
  public:
-  explicit ShmTransport(const TransportEnv& env)
-      : copier_(std::make_shared<CopyExecutor>(*env.workers, env.inline_batch_bytes)) {}
-
+  explicit ShmTransport(const TransportEnv& env) : CopyTransport(env, true) {}
   TransportKind kind() const override { return TransportKind::kShm; }
-  TransportCapabilities capabilities() const override {
-    TransportCapabilities caps;
-    caps.access = CopyAccess::kHostPointers;
-    caps.maps_remote_host_memory = true;
-    caps.may_copy_in_post = true;
-    return caps;
-  }
   std::string why_not(RouteKey key, PeerPlace place, const SegmentDescriptor& peer) const override {
     if (place == PeerPlace::kSelf) return "it would reach this engine itself (use local)";
     if (place == PeerPlace::kOtherHost) {
@@ -32,12 +23,6 @@ class ShmTransport final : public Transport {
     }
     return "";
   }
-  Result<std::shared_ptr<TransportLink>> connect(const PeerInfo&) override {
-    return std::shared_ptr<TransportLink>(std::make_shared<CopyLink>(copier_));
-  }
-
- private:
-  std::shared_ptr<CopyExecutor> copier_;
 };
 
 }  // namespace
