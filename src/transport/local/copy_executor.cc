@@ -63,7 +63,7 @@ Status copy_slice(BatchProgress& b, std::span<const ResolvedOp> spans, const Cop
         ++chunk_spans;
       }
     }
-    if (Status s = step.end_chunk(); !s.ok()) return s;
+    if (Status copied = step.end_chunk(); !copied.ok()) return copied;
   }
   return Status::Ok();
 }
