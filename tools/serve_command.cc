@@ -93,8 +93,8 @@ int serve(const ServeArgs& args) {
   Result<SharedBuffer> buffer = SharedBuffer{};
   if (args.memory == "host") {
     host.length = args.shared_bytes;
-    host.addr = ::mmap(nullptr, host.length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
+    host.addr =
+        ::mmap(nullptr, host.length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (host.addr == MAP_FAILED) {
       std::cerr << "kvferry serve: mmap of " << host.length << " bytes failed\n";
       return 1;

@@ -62,7 +62,8 @@ void EngineImpl::close_peer(const PeerHandle& handle) {
 
 Status EngineImpl::probe_peer(std::string_view name, std::chrono::milliseconds timeout) {
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(name));
-  KVF_ASSIGN_OR_RETURN(std::string json, store_->fetch(endpoint.to_string(), Clock::now() + timeout));
+  KVF_ASSIGN_OR_RETURN(std::string json,
+                       store_->fetch(endpoint.to_string(), Clock::now() + timeout));
   return parse_segment_descriptor(json).status();
 }
 

@@ -10,9 +10,9 @@
 //   tcp       any host, host memory
 // and the first that both engines serve and that can carry the route (Transport::why_not)
 // is chosen; a better candidate passed over because its link failed (cma's probe refused)
-// is named in the chosen route's reason. None: the route is refused, with why each candidate could not carry it; an
-// op on it is refused before anything moves (nothing moves silently through a slower
-// path). A forced transport is the only candidate.
+// is named in the chosen route's reason. None: the route is refused, with why each
+// candidate could not carry it; an op on it is refused before anything moves (nothing moves
+// silently through a slower path). A forced transport is the only candidate.
 //
 // Thread-safety: pure; each candidate's why_not may initialise CUDA (cuda_ipc asks last).
 #pragma once

@@ -250,8 +250,9 @@ TEST(CmaTwoProcess, APeerTheKernelRefusesFallsBackToTcpAndTheRouteSaysWhy) {
   int wstatus = 0;
   ::waitpid(child, &wstatus, 0);
   EXPECT_EQ(out.transport, "tcp") << out.transport << " / " << out.reason;
-  EXPECT_TRUE(contains(out.reason, "passed over cma: cma probe refused: the kernel refuses "
-                                   "cross-memory attach to pid"))
+  EXPECT_TRUE(contains(out.reason,
+                       "passed over cma: cma probe refused: the kernel refuses "
+                       "cross-memory attach to pid"))
       << out.reason;
   EXPECT_TRUE(contains(out.reason, "EPERM")) << out.reason;
   EXPECT_EQ(out.write_status, "ok");

@@ -23,7 +23,7 @@ std::string_view kind_verb(OpKind kind) {
 // partial transfers: the kernel stops at the first remote range it cannot touch and reports
 // the bytes it moved, and the next call then fails on that range with its errno.
 Status move_iovecs(pid_t pid, const std::string& peer_name, OpKind kind, iovec* local,
-                          iovec* remote, size_t n) {
+                   iovec* remote, size_t n) {
   while (n > 0) {
     const size_t count = std::min(n, kMaxIovecs);
     const ssize_t rc = kind == OpKind::kWrite
@@ -40,16 +40,16 @@ Status move_iovecs(pid_t pid, const std::string& peer_name, OpKind kind, iovec* 
           return PeerDisconnected(
               fmt::format("cma: {} of {}: the process has exited", kind_verb(kind), where));
         case EFAULT:
-          return NotRegistered(fmt::format(
-              "cma: {} of {}: not mapped in the peer (it advertised the range)", kind_verb(kind),
-              where));
+          return NotRegistered(
+              fmt::format("cma: {} of {}: not mapped in the peer (it advertised the range)",
+                          kind_verb(kind), where));
         case EPERM:
-          return PeerUnreachable(fmt::format(
-              "cma: {} of {}: the kernel refuses cross-memory attach (EPERM)", kind_verb(kind),
-              where));
+          return PeerUnreachable(
+              fmt::format("cma: {} of {}: the kernel refuses cross-memory attach (EPERM)",
+                          kind_verb(kind), where));
         default:
-          return Internal(fmt::format("cma: {} of {}: {}", kind_verb(kind), where,
-                                      std::strerror(err)));
+          return Internal(
+              fmt::format("cma: {} of {}: {}", kind_verb(kind), where, std::strerror(err)));
       }
     }
     if (rc == 0) {

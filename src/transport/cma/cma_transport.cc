@@ -54,8 +54,7 @@ class CmaTransport final : public Transport {
     }
     const auto pid = static_cast<pid_t>(peer.descriptor.pid);
     if (std::string why = probe_cma(pid, probe_address(peer.descriptor)); !why.empty()) {
-      log().warn("peer {}: cma refused: {}; its host memory takes the next route", peer.name,
-                 why);
+      log().warn("peer {}: cma refused: {}; its host memory takes the next route", peer.name, why);
       return PeerUnreachable("cma probe refused: " + why);
     }
     auto copier = std::make_shared<const CmaCopier>(pid, peer.name);

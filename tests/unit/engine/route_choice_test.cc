@@ -131,10 +131,10 @@ TEST(RouteChoice, CmaCarriesHostMemoryOnOneHostOnly) {
   expect_route(e.route(kHostToHost, d, PeerPlace::kOtherHost), TransportKind::kTcp);
   expect_route(e.route(kHostToHost, d, PeerPlace::kSelf, TransportKind::kCma), std::nullopt,
                "it would reach this engine itself");
-  expect_route(e.route(kHostToDevice, d, PeerPlace::kSameHost, TransportKind::kCma),
-               std::nullopt, "cma copies host memory only");
-  expect_route(e.route(kDeviceToHost, d, PeerPlace::kSameHost, TransportKind::kCma),
-               std::nullopt, "cma copies host memory only");
+  expect_route(e.route(kHostToDevice, d, PeerPlace::kSameHost, TransportKind::kCma), std::nullopt,
+               "cma copies host memory only");
+  expect_route(e.route(kDeviceToHost, d, PeerPlace::kSameHost, TransportKind::kCma), std::nullopt,
+               "cma copies host memory only");
   // Forced, it also carries shareable memory (it reaches any host memory).
   expect_route(e.route(kHostToShared, d, PeerPlace::kSameHost, TransportKind::kCma),
                TransportKind::kCma, "forced");

@@ -54,8 +54,8 @@ TEST(CmaCopier, EveryPieceOfAFullChunkOfScatteredSpansLands) {
   std::vector<ResolvedOp> spans;
   for (size_t i = 0; i < kPieces; ++i) {
     // Reversed destinations: nothing is contiguous.
-    spans.push_back(op(OpKind::kWrite, src.data() + i * 64, dst.data() + (kPieces - 1 - i) * 64,
-                       64));
+    spans.push_back(
+        op(OpKind::kWrite, src.data() + i * 64, dst.data() + (kPieces - 1 - i) * 64, 64));
   }
   std::vector<CopyPiece> pieces;
   for (const ResolvedOp& s : spans) pieces.push_back({&s, 0, 64});
