@@ -181,6 +181,7 @@ struct KvBenchArgs {
   uint32_t max_pages_per_call = 64;
   std::vector<std::string> transports = {"local", "shm"};
   std::vector<int> threads = {1, 2};
+  std::string cma_peer_memory = "host";  // the serve child's --memory for cma
   int min_time_ms = 200;
   double pool_slack = 2.0;
   double max_memory_gib = 12.0;
@@ -618,7 +619,7 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
         }
         if (transport != TransportKind::kLocal && !serve) {
           std::vector<std::string> extra;
-          if (host_memory) extra = {"--memory", "host"};
+          if (host_memory) extra = {"--memory", args.cma_peer_memory};
           KVF_ASSIGN_OR_RETURN(ServePeer peer,
                                start_serve_peer(self_executable(), request.pool_bytes, extra));
           serve = std::make_unique<ServePeer>(std::move(peer));
@@ -686,6 +687,9 @@ void add_bench_kv_command(CLI::App& bench) {
   cmd->add_option("--transport", args->transports, "local, shm, tcp, cma")->delimiter(',');
   cmd->add_option("--threads", args->threads, "engine worker threads (and memcpy threads)")
       ->delimiter(',');
+  cmd->add_option("--cma-peer-memory", args->cma_peer_memory,
+                  "the cma peer's pool: host (4 KiB pages) or host-thp (huge pages advised)")
+      ->check(CLI::IsMember({"host", "host-thp"}));
   cmd->add_option("--min-time-ms", args->min_time_ms, "measuring time per strategy");
   cmd->add_option("--pool-slack", args->pool_slack, "pool pages per request page (>= 1)");
   cmd->add_option("--max-memory-gib", args->max_memory_gib,
