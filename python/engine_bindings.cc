@@ -268,6 +268,36 @@ void bind_engine(py::module_& m) {
           py::arg("peer"), py::arg("kind"), py::arg("local"), py::arg("remote"), py::arg("lengths"),
           py::arg("timeout_ms") = 0, py::keep_alive<0, 1>())
       .def(
+          "probe",
+          [](PyEngine& e, const std::string& peer_name, int64_t timeout_ms) {
+            py::gil_scoped_release release;
+            throw_if_error(e.engine().probe_peer(peer_name, milliseconds(timeout_ms)));
+          },
+          py::arg("peer"), py::arg("timeout_ms"),
+          "A fresh handshake with the peer within timeout_ms (never the cache); raises if it "
+          "does not answer.")
+      .def(
+          "routes",
+          [](PyEngine& e, const std::string& peer_name) {
+            std::vector<Route> routes;
+            {
+              py::gil_scoped_release release;
+              routes = e.peer(peer_name).routes();
+            }
+            py::list out;
+            for (const Route& r : routes) {
+              py::object transport = py::none();
+              if (r.transport) transport = py::str(std::string(transport_kind_name(*r.transport)));
+              out.append(py::make_tuple(std::string(memory_kind_name(r.local)),
+                                        std::string(memory_kind_name(r.remote)), transport,
+                                        r.reason));
+            }
+            return out;
+          },
+          py::arg("peer"),
+          "The peer's routes: (local kind, remote kind, transport or None, reason) for each pair "
+          "of memory kinds ('host', 'shared_host', 'device').")
+      .def(
           "batch_status",
           [](PyEngine& e, const PyBatch& b) { return status_tuple(e.engine().status(b.handle)); },
           py::arg("batch"), "(state, code, message) now; never blocks.")

@@ -4,7 +4,8 @@
 // A cell is (preset, tokens, transport, threads). The source pool is local registered memory.
 // The destination pool is shared memory: allocated by a holder engine in this process for
 // transport local (and reused as the memcpy reference's destination, so engine and memcpy
-// write the same kind of pages), or by a `kvferry serve` child for transport shm. Pools hold
+// write the same kind of pages), or by a `kvferry serve` child for transports shm and tcp
+// (with `--memory host`, plain registered memory, for cma). Pools hold
 // pool_slack x the request's pages so random and run placements spread over a realistic
 // address range. Each strategy row reports the plan (calls, blocks after coalescing, build
 // time, bytes), the request latency, and two time ratios: against per_layer (the seed's
@@ -180,6 +181,7 @@ struct KvBenchArgs {
   uint32_t max_pages_per_call = 64;
   std::vector<std::string> transports = {"local", "shm"};
   std::vector<int> threads = {1, 2};
+  std::string cma_peer_memory = "host";  // the serve child's --memory for cma
   int min_time_ms = 200;
   double pool_slack = 2.0;
   double max_memory_gib = 12.0;
@@ -544,8 +546,9 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
   for (const std::string& name : args.transports) {
     KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(name));
     if (transport != TransportKind::kLocal && transport != TransportKind::kShm &&
-        transport != TransportKind::kTcp) {
-      return NotSupported("bench kv: transport " + name + " is not built (valid: local, shm, tcp)");
+        transport != TransportKind::kTcp && transport != TransportKind::kCma) {
+      return NotSupported("bench kv: transport " + name +
+                          " is not built (valid: local, shm, tcp, cma)");
     }
     any_shm = any_shm || transport != TransportKind::kLocal;
   }
@@ -603,13 +606,24 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
           }
         }
       }
+      // shm and tcp write into the child's allocate_shared pool; cma into a child whose pool
+      // is plain memory it registered (what serving stacks register), one child at a time.
       std::unique_ptr<ServePeer> serve;
+      bool serve_host_memory = false;
       for (const std::string& transport_name : args.transports) {
         KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
+        const bool host_memory = transport == TransportKind::kCma;
+        if (serve && serve_host_memory != host_memory) {
+          (void)serve->process.ask("quit", std::chrono::seconds(5));
+          serve.reset();
+        }
         if (transport != TransportKind::kLocal && !serve) {
+          std::vector<std::string> extra;
+          if (host_memory) extra = {"--memory", args.cma_peer_memory};
           KVF_ASSIGN_OR_RETURN(ServePeer peer,
-                               start_serve_peer(self_executable(), request.pool_bytes));
+                               start_serve_peer(self_executable(), request.pool_bytes, extra));
           serve = std::make_unique<ServePeer>(std::move(peer));
+          serve_host_memory = host_memory;
         }
         KVF_RETURN_IF_ERROR(
             run_transport(args, request, strategies, transport_name, src_pool, local_dst,
@@ -670,9 +684,12 @@ void add_bench_kv_command(CLI::App& bench) {
       ->delimiter(',');
   cmd->add_option("--max-pages-per-call", args->max_pages_per_call,
                   "pages per call for index_sharded");
-  cmd->add_option("--transport", args->transports, "local, shm, tcp")->delimiter(',');
+  cmd->add_option("--transport", args->transports, "local, shm, tcp, cma")->delimiter(',');
   cmd->add_option("--threads", args->threads, "engine worker threads (and memcpy threads)")
       ->delimiter(',');
+  cmd->add_option("--cma-peer-memory", args->cma_peer_memory,
+                  "the cma peer's pool: host (4 KiB pages) or host-thp (huge pages advised)")
+      ->check(CLI::IsMember({"host", "host-thp"}));
   cmd->add_option("--min-time-ms", args->min_time_ms, "measuring time per strategy");
   cmd->add_option("--pool-slack", args->pool_slack, "pool pages per request page (>= 1)");
   cmd->add_option("--max-memory-gib", args->max_memory_gib,

@@ -1,5 +1,9 @@
 // `kvferry serve`: a passive peer for tests, benchmarks and the demo. It creates an
-// engine, allocates one shared buffer, prints one JSON line
+// engine, allocates one buffer — shared memory from allocate_shared (`--memory shared`, the
+// default), or plain anonymous memory it maps itself and registers (`--memory host`, what
+// serving stacks register: reachable from the same host over cma, not shm; `host-thp` also
+// advises transparent huge pages, which cma copies 2-4x faster) — prints one
+// JSON line
 //   {"endpoint": "...", "addr": N, "bytes": N, "pid": N}
 // and then answers line commands on stdin, one reply line each:
 //   fill SEED OFFSET LEN     fill [addr+OFFSET, +LEN) with the test pattern  -> ok
@@ -13,6 +17,7 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,6 +43,16 @@ struct ServeArgs {
   int threads = 2;
   std::string metadata = "p2p";
   int metadata_ttl_s = 10;
+  std::string memory = "shared";  // shared | host | host-thp
+};
+
+// The buffer of `--memory host`: anonymous memory, unmapped when serve exits.
+struct HostMapping {
+  void* addr = MAP_FAILED;
+  size_t length = 0;
+  ~HostMapping() {
+    if (addr != MAP_FAILED) ::munmap(addr, length);
+  }
 };
 
 // A plain single-stream TCP receiver: what the tcp transport is measured against.
@@ -75,7 +90,26 @@ int serve(const ServeArgs& args) {
     std::cerr << "kvferry serve: " << engine.status().to_string() << "\n";
     return 1;
   }
-  auto buffer = (*engine)->allocate_shared(args.shared_bytes);
+  HostMapping host;
+  Result<SharedBuffer> buffer = SharedBuffer{};
+  if (args.memory == "host" || args.memory == "host-thp") {
+    host.length = args.shared_bytes;
+    host.addr =
+        ::mmap(nullptr, host.length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (host.addr == MAP_FAILED) {
+      std::cerr << "kvferry serve: mmap of " << host.length << " bytes failed\n";
+      return 1;
+    }
+    // Advice only: the kernel backs what it can with 2 MiB pages (cma pins fewer pages).
+    if (args.memory == "host-thp") (void)::madvise(host.addr, host.length, MADV_HUGEPAGE);
+    if (Status s = (*engine)->register_memory(host.addr, host.length); !s.ok()) {
+      std::cerr << "kvferry serve: " << s.to_string() << "\n";
+      return 1;
+    }
+    buffer = SharedBuffer{host.addr, host.length};
+  } else {
+    buffer = (*engine)->allocate_shared(args.shared_bytes);
+  }
   if (!buffer.ok()) {
     std::cerr << "kvferry serve: " << buffer.status().to_string() << "\n";
     return 1;
@@ -150,6 +184,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", args->threads, "worker threads");
   cmd->add_option("--metadata", args->metadata, "p2p | etcd://host:port[,...] | redis://host:port");
   cmd->add_option("--metadata-ttl", args->metadata_ttl_s, "seconds a record outlives its engine");
+  cmd->add_option("--memory", args->memory,
+                  "shared: allocate_shared memory (shm); host: mapped and registered (cma); "
+                  "host-thp: host with transparent huge pages advised")
+      ->check(CLI::IsMember({"shared", "host", "host-thp"}));
   cmd->callback([args] {
     int rc = serve(*args);
     if (rc != 0) throw CLI::RuntimeError(rc);

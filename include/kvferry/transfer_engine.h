@@ -174,6 +174,12 @@ class TransferEngine {
   // (a forced transport that cannot reach this peer, saying why).
   Result<PeerHandle> open_peer(std::string_view name, const PeerOptions& options = {});
 
+  // Asks the peer for its descriptor afresh (a real handshake, never the cache), waiting at
+  // most `timeout`: OK when it answered with a descriptor that parses. Opens nothing and
+  // changes no cached peer. Errors: InvalidArgument (malformed name), PeerUnreachable (no
+  // answer in time), ProtocolError (a reply that does not parse). Thread-safe.
+  Status probe_peer(std::string_view name, std::chrono::milliseconds timeout);
+
   // Forgets the peer: batches to it still running stop with PeerDisconnected, later
   // submissions through any handle to it fail with PeerDisconnected ("closed"), and its
   // mappings are released once nothing uses them. open_peer connects afresh.

@@ -127,8 +127,8 @@ class Engine(_kvferry.Engine):
 
     Engine(name="kvferry", listen_address="127.0.0.1:0", metadata_uri="p2p", transport=None,
     batch_timeout_ms=30000, handshake_timeout_ms=2000, worker_threads=2, secret=None).
-    ``transport`` None lets the engine choose per peer (shm same host, else tcp); "tcp", "shm"
-    or "local" forces one. Peers are named by their ``endpoint`` ("host:port").
+    ``transport`` None lets the engine route each op (shm or cma on the same host, else tcp);
+    "tcp", "shm", "cma" or "local" forces one. ``routes(peer)`` lists the routes chosen. Peers are named by their ``endpoint`` ("host:port").
     """
 
     @property

@@ -9,12 +9,14 @@ for the calling thread.
 
 Differences from Mooncake, on purpose:
 
-* ``protocol`` really selects the transport: "tcp", "shm" (same host; peers' memory must come
-  from allocate_managed_buffer), "local" (this process), "cuda_ipc" when built, or "auto"
-  (engine's choice per peer: shm on the same host, tcp otherwise). Any other value makes
-  ``initialize`` log an error naming it and return -1. "rdma" is accepted for Mooncake
-  callers such as sglang: this build has no RDMA transport, so it means "tcp" (the network
-  transport; any registered memory) and logs a warning once.
+* ``protocol``: "auto", "rdma" and "shm" let the engine route each op (cuda_ipc for device
+  memory on one host, shm for a same-host peer's allocate_managed_buffer memory, cma —
+  cross-memory attach — for its other registered host memory, tcp otherwise); "rdma" is what
+  sglang passes (this build has no RDMA transport: across hosts it means tcp), and "shm" no
+  longer requires managed buffers (cma reaches any registered host memory of a same-host
+  peer). "tcp", "cma", "local" and "cuda_ipc" (when built) force that transport. A Mooncake
+  protocol kvferry does not serve ("efa", "nvmeof", ...) or any other value makes
+  ``initialize`` log an error naming it and what kvferry offers, and return -1.
 * A sync call that times out returns only once no byte of it can land any more (the C++
   engine cancels a timed-out batch before reporting Timeout). ``get_batch_transfer_status``
   waits for every listed batch to end (not just until the first failure) for the same reason.
@@ -22,6 +24,9 @@ Differences from Mooncake, on purpose:
   endpoint. ``local_hostname`` may carry a port ("10.0.0.1:17000") to bind that port;
   without one a free port is picked.
 * ``device_name`` is accepted and ignored (no NIC selection in this build).
+* ``send_probe(session)`` is a fresh handshake with the peer (never the cache) within
+  PROBE_TIMEOUT_MS: 0 when it answers, negative otherwise. ``get_engine()`` returns the
+  underlying ``kvferry.Engine``.
 * The transfer timeout is MC_TRANSFER_TIMEOUT seconds when set (Mooncake's variable, minimum
   5), else 30 s; ``TransferEngine(transfer_timeout_ms=...)`` overrides it.
 """
@@ -37,9 +42,15 @@ from .errors import KvferryError, StatusCode
 
 logger = logging.getLogger("kvferry")
 
-_TRANSPORTS = ("tcp", "shm", "local", "cuda_ipc")
+# Protocols that force one transport, and those that let the engine route each op.
+_FORCED_TRANSPORTS = ("tcp", "cma", "local", "cuda_ipc")
 _AUTO = "auto"
 _RDMA = "rdma"
+_ROUTED = (_AUTO, _RDMA, "shm")
+# Mooncake transports kvferry does not serve (named in initialize's error).
+_MOONCAKE_ONLY = ("efa", "nvmeof", "nvlink", "nvlink_intra", "hip", "barex", "ascend", "cxl")
+_OFFERED = ", ".join(_ROUTED + _FORCED_TRANSPORTS)
+PROBE_TIMEOUT_MS = 1000
 _P2P_HANDSHAKE = "P2PHANDSHAKE"
 _DEFAULT_TIMEOUT_MS = 30_000
 _MIN_MOONCAKE_TIMEOUT_S = 5
@@ -131,16 +142,18 @@ class TransferEngine:
             return self._fail(InvalidArgumentError(
                 StatusCode.InvalidArgument, "initialize called twice"), "initialize")
         protocol = (protocol or _AUTO).lower()
-        if protocol == _RDMA:
-            if not TransferEngine._rdma_warned:
-                logger.warning("protocol 'rdma': kvferry has no RDMA transport in this build; "
-                               "using 'tcp'")
-                TransferEngine._rdma_warned = True
-            protocol = "tcp"
-        if protocol != _AUTO and protocol not in _TRANSPORTS:
+        if protocol == _RDMA and not TransferEngine._rdma_warned:
+            logger.warning("protocol 'rdma': kvferry has no RDMA transport in this build; the "
+                           "engine routes each op (cuda_ipc, shm or cma on one host, tcp across "
+                           "hosts)")
+            TransferEngine._rdma_warned = True
+        if protocol not in _ROUTED and protocol not in _FORCED_TRANSPORTS:
+            what = (f"protocol '{protocol}' is a Mooncake transport kvferry does not serve"
+                    if protocol in _MOONCAKE_ONLY else f"unknown protocol '{protocol}'")
             error = InvalidArgumentError(
                 StatusCode.InvalidArgument,
-                f"unknown protocol '{protocol}' (valid: {', '.join(_TRANSPORTS)}, auto, rdma)")
+                f"{what} (kvferry offers: {_OFFERED}; auto, rdma and shm route each op to the "
+                f"best transport)")
             logger.error("kvferry.TransferEngine.initialize: %s", error.message)
             return self._fail(error, "initialize")
         try:
@@ -149,7 +162,7 @@ class TransferEngine:
                 name=f"kvferry-py-{os.getpid()}",
                 listen_address=f"{host}:{port}",
                 metadata_uri=_metadata_uri(metadata_server, metadata_type),
-                transport=None if protocol == _AUTO else protocol,
+                transport=None if protocol in _ROUTED else protocol,
                 batch_timeout_ms=_timeout_ms(self._timeout_ms),
             )
         except (KvferryError, ValueError) as error:
@@ -159,6 +172,16 @@ class TransferEngine:
             logger.error("kvferry.TransferEngine.initialize: %s", error)
             return self._fail(error, "initialize")
         return 0
+
+    def get_engine(self):
+        """The underlying kvferry.Engine (None before initialize succeeded)."""
+        return self._engine
+
+    def send_probe(self, target_hostname):
+        """0 when the peer answers a fresh handshake within PROBE_TIMEOUT_MS, else the negative
+        code (-7 PeerUnreachable for a dead peer). sglang un-blacklists a session on 0."""
+        return self._call("send_probe",
+                          lambda: self._engine.probe(target_hostname, PROBE_TIMEOUT_MS))
 
     def get_rpc_port(self):
         if self._engine is None:

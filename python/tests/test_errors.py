@@ -28,11 +28,22 @@ def test_unknown_protocol_returns_minus_one_and_logs_its_name(caplog):
     assert engine.get_rpc_port() == -int(StatusCode.FailedPrecondition)
 
 
-def test_rdma_protocol_is_accepted_as_tcp(caplog):
+def test_rdma_protocol_is_accepted_and_routes_each_op(caplog):
     engine = TransferEngine()
     with caplog.at_level(logging.WARNING, logger="kvferry"):
         assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == 0
     assert engine.get_rpc_port() > 0
+
+
+def test_a_mooncake_protocol_kvferry_does_not_serve_fails_naming_it_and_the_offer(caplog):
+    engine = TransferEngine()
+    with caplog.at_level(logging.ERROR, logger="kvferry"):
+        assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "efa", "") == -1
+    message = engine.get_last_error().message
+    assert "protocol 'efa' is a Mooncake transport kvferry does not serve" in message
+    assert "kvferry offers: auto, rdma, shm, tcp, cma" in message
+    assert "protocol 'efa'" in caplog.text
+    assert engine.get_engine() is None
 
 
 def test_bad_metadata_server_fails_initialize():

@@ -48,6 +48,7 @@ class EngineImpl {
   Result<PeerHandle> open_peer(std::string_view name, const PeerOptions& options);
 
   void close_peer(const PeerHandle& peer);
+  Status probe_peer(std::string_view name, std::chrono::milliseconds timeout);
 
   Result<BatchHandle> submit(const PeerHandle& peer, std::span<const TransferOp> ops,
                              const SubmitOptions& options);

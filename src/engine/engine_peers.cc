@@ -60,6 +60,13 @@ void EngineImpl::close_peer(const PeerHandle& handle) {
   forget_incarnation(handle.state_->incarnation);
 }
 
+Status EngineImpl::probe_peer(std::string_view name, std::chrono::milliseconds timeout) {
+  KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(name));
+  KVF_ASSIGN_OR_RETURN(std::string json,
+                       store_->fetch(endpoint.to_string(), Clock::now() + timeout));
+  return parse_segment_descriptor(json).status();
+}
+
 Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& name,
                                                             const PeerOptions& options) {
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(name));

@@ -48,6 +48,7 @@ Route choose_route(RouteKey key, const SegmentDescriptor& peer, const RouteChoic
     return route;
   }
   std::string reasons;
+  std::string link_refusals;  // better candidates whose link failed: the chosen route says so
   for (TransportKind kind : kRoutePreference) {
     const auto i = static_cast<size_t>(kind);
     if (i >= input.served.size()) continue;
@@ -56,7 +57,12 @@ Route choose_route(RouteKey key, const SegmentDescriptor& peer, const RouteChoic
       route.transport = kind;
       route.reason =
           fmt::format("{}, both serve {}", place_name(input.place), transport_kind_name(kind));
+      if (!link_refusals.empty()) route.reason += "; passed over " + link_refusals;
       return route;
+    }
+    if (i < input.link_errors.size() && !input.link_errors[i].empty()) {
+      link_refusals += fmt::format("{}{}: {}", link_refusals.empty() ? "" : "; ",
+                                   transport_kind_name(kind), reason);
     }
     // Transports this build lacks are not candidates worth listing.
     if (input.served[i] == nullptr && !peer.transports.contains(kind)) continue;

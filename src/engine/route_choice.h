@@ -5,11 +5,14 @@
 //   local     this engine itself, host memory
 //   cuda_ipc  same host (or self), device memory on either side
 //   shm       same host, the peer's allocate_shared memory
+//   cma       same host (and pid namespace), any of the peer's host memory, when the kernel
+//             lets this process attach to the peer (probed once per peer in connect)
 //   tcp       any host, host memory
 // and the first that both engines serve and that can carry the route (Transport::why_not)
-// is chosen. None: the route is refused, with why each candidate could not carry it; an
-// op on it is refused before anything moves (nothing moves silently through a slower
-// path). A forced transport is the only candidate.
+// is chosen; a better candidate passed over because its link failed (cma's probe refused)
+// is named in the chosen route's reason. None: the route is refused, with why each
+// candidate could not carry it; an op on it is refused before anything moves (nothing moves
+// silently through a slower path). A forced transport is the only candidate.
 //
 // Thread-safety: pure; each candidate's why_not may initialise CUDA (cuda_ipc asks last).
 #pragma once
@@ -25,9 +28,9 @@
 
 namespace kvferry::detail {
 
-inline constexpr std::array<TransportKind, 5> kRoutePreference = {
-    TransportKind::kLocal, TransportKind::kCudaIpc, TransportKind::kShm, TransportKind::kTcp,
-    TransportKind::kRdma};
+inline constexpr std::array<TransportKind, 6> kRoutePreference = {
+    TransportKind::kLocal, TransportKind::kCudaIpc, TransportKind::kShm,
+    TransportKind::kCma,   TransportKind::kTcp,     TransportKind::kRdma};
 
 struct RouteCandidate {
   const Transport* transport = nullptr;  // served by this engine, with a link to the peer

@@ -48,6 +48,10 @@ Result<PeerHandle> TransferEngine::open_peer(std::string_view name, const PeerOp
 
 void TransferEngine::close_peer(const PeerHandle& peer) { impl_->close_peer(peer); }
 
+Status TransferEngine::probe_peer(std::string_view name, std::chrono::milliseconds timeout) {
+  return impl_->probe_peer(name, timeout);
+}
+
 Result<BatchHandle> TransferEngine::submit(const PeerHandle& peer, std::span<const TransferOp> ops,
                                            const SubmitOptions& options) {
   return impl_->submit(peer, ops, options);

@@ -1,5 +1,6 @@
 #include "transport/built_transports.h"
 
+#include "transport/cma/cma_transport.h"
 #include "transport/local/local_transport.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
@@ -14,6 +15,7 @@ std::vector<BuiltTransport> built_transports() {
       {TransportKind::kLocal, make_local_transport},
       {TransportKind::kShm, make_shm_transport},
       {TransportKind::kTcp, make_tcp_transport},
+      {TransportKind::kCma, make_cma_transport},
   };
 #ifdef KVFERRY_WITH_CUDA
   built.push_back({TransportKind::kCudaIpc, make_cuda_ipc_transport});

@@ -1,6 +1,7 @@
 #include "transport/local/copy_executor.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -15,8 +16,34 @@ struct CopySlice {
   uint64_t last_end = 0;      // end offset within last_span
 };
 
+// The copy step of copy_slice: memmove, or a ChunkCopier handed each chunk's pieces.
+struct MemmoveStep {
+  void piece(const ResolvedOp& span, uint64_t offset, uint64_t n) {
+    // memmove: a self-peer op may overlap its own source; as fast as memcpy otherwise.
+    std::memmove(span.dst() + offset, span.src() + offset, n);
+  }
+  Status end_chunk() { return Status::Ok(); }
+};
+
+struct PluggedStep {
+  explicit PluggedStep(const ChunkCopier& c) : copier(c) {}
+  void piece(const ResolvedOp& span, uint64_t offset, uint64_t n) {
+    pieces[count++] = CopyPiece{&span, offset, n};
+  }
+  Status end_chunk() {
+    Status s = copier.copy_chunk({pieces.data(), count});
+    count = 0;
+    return s;
+  }
+  const ChunkCopier& copier;
+  std::array<CopyPiece, kMaxChunkPieces> pieces{};
+  size_t count = 0;
+};
+
 // Copies one slice chunk by chunk.
-Status copy_slice(BatchProgress& b, std::span<const ResolvedOp> spans, const CopySlice& s) {
+template <typename Step>
+Status copy_slice(BatchProgress& b, std::span<const ResolvedOp> spans, const CopySlice& s,
+                  Step& step) {
   size_t span = s.first_span;
   uint64_t offset = s.first_offset;
   while (span <= s.last_span) {
@@ -27,8 +54,7 @@ Status copy_slice(BatchProgress& b, std::span<const ResolvedOp> spans, const Cop
     while (span <= s.last_span && chunk_bytes < kCopyChunkBytes && chunk_spans < kCopyChunkSpans) {
       uint64_t end = span == s.last_span ? s.last_end : spans[span].length;
       uint64_t n = std::min(end - offset, kCopyChunkBytes - chunk_bytes);
-      // memmove: a self-peer op may overlap its own source; as fast as memcpy otherwise.
-      std::memmove(spans[span].dst() + offset, spans[span].src() + offset, n);
+      step.piece(spans[span], offset, n);
       chunk_bytes += n;
       offset += n;
       if (offset == end) {
@@ -37,8 +63,19 @@ Status copy_slice(BatchProgress& b, std::span<const ResolvedOp> spans, const Cop
         ++chunk_spans;
       }
     }
+    if (Status copied = step.end_chunk(); !copied.ok()) return copied;
   }
   return Status::Ok();
+}
+
+Status copy_slice(const ChunkCopier* copier, BatchProgress& b, std::span<const ResolvedOp> spans,
+                  const CopySlice& s) {
+  if (copier == nullptr) {
+    MemmoveStep step;
+    return copy_slice(b, spans, s, step);
+  }
+  auto step = std::make_unique<PluggedStep>(*copier);  // ~12 KiB: not on a worker's stack
+  return copy_slice(b, spans, s, *step);
 }
 
 // Cuts the spans into `parts` slices of about equal bytes.
@@ -71,8 +108,10 @@ std::vector<CopySlice> balance(std::span<const ResolvedOp> spans, uint64_t total
 // without owning it, so the two never keep each other alive.
 class SlicedCopy final : public BatchHelper {
  public:
-  SlicedCopy(BatchProgress& batch, std::span<const ResolvedOp> spans, std::vector<CopySlice> slices)
-      : batch_(batch),
+  SlicedCopy(BatchProgress& batch, std::span<const ResolvedOp> spans, std::vector<CopySlice> slices,
+             std::shared_ptr<const ChunkCopier> copier)
+      : copier_(std::move(copier)),
+        batch_(batch),
         spans_(spans),
         slices_(std::move(slices)),
         claimed_(std::make_unique<std::atomic<bool>[]>(slices_.size())) {}
@@ -84,11 +123,12 @@ class SlicedCopy final : public BatchHelper {
   // Claims slice i and copies it; false if someone else had claimed it.
   bool run_slice(size_t i) {
     if (claimed_[i].exchange(true)) return false;
-    batch_.finish_task(copy_slice(batch_, spans_, slices_[i]));
+    batch_.finish_task(copy_slice(copier_.get(), batch_, spans_, slices_[i]));
     return true;
   }
 
  private:
+  std::shared_ptr<const ChunkCopier> copier_;
   BatchProgress& batch_;
   std::span<const ResolvedOp> spans_;
   std::vector<CopySlice> slices_;
@@ -104,13 +144,13 @@ void CopyExecutor::run(const BatchPart& part) {
   if (part.bytes <= inline_bytes_ || parts == 0) {
     batch.add_tasks(1);
     batch.mark_posted();
-    batch.finish_task(
-        copy_slice(batch, spans, CopySlice{0, 0, spans.size() - 1, spans.back().length}));
+    batch.finish_task(copy_slice(copier_.get(), batch, spans,
+                                 CopySlice{0, 0, spans.size() - 1, spans.back().length}));
     return;
   }
   parts = static_cast<int>(std::min<uint64_t>(
       parts, std::max<uint64_t>(1, part.bytes / std::max<uint64_t>(1, inline_bytes_))));
-  auto job = std::make_shared<SlicedCopy>(batch, spans, balance(spans, part.bytes, parts));
+  auto job = std::make_shared<SlicedCopy>(batch, spans, balance(spans, part.bytes, parts), copier_);
   const size_t n = job->size();
   batch.add_tasks(static_cast<int>(n));
   batch.add_helper(job);

@@ -7,11 +7,15 @@
 //
 // CopyLink: the TransportLink of both memcpy transports (the peer's memory is mapped here).
 //
+// ChunkCopier: the copy step of a transport that moves the same chunks another way (cma:
+// process_vm_writev/readv). Without one, a chunk is copied with memmove, exactly as before.
+//
 // Thread-safety: run() may be called concurrently; the pool is shared.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "core/thread_pool.h"
 #include "transport/transport.h"
@@ -21,16 +25,36 @@ namespace kvferry {
 inline constexpr uint64_t kCopyChunkBytes = 4u << 20;
 inline constexpr size_t kCopyChunkSpans = 512;
 
+// Bytes [offset, offset + length) of one span: a piece of a chunk.
+struct CopyPiece {
+  const ResolvedOp* span = nullptr;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+// The most pieces one chunk has: kCopyChunkSpans whole spans and a partial one.
+inline constexpr size_t kMaxChunkPieces = kCopyChunkSpans + 1;
+
+class ChunkCopier {
+ public:
+  virtual ~ChunkCopier() = default;
+  // Copies every piece of one chunk (called with the batch's CopyGuard held, after its
+  // stop_reason() was OK), or says why not. Called concurrently, one chunk per thread.
+  virtual Status copy_chunk(std::span<const CopyPiece> pieces) const = 0;
+};
+
 class CopyExecutor {
  public:
-  CopyExecutor(ThreadPool& pool, uint64_t inline_bytes)
-      : pool_(pool), inline_bytes_(inline_bytes) {}
+  // `copier` null: memmove.
+  CopyExecutor(ThreadPool& pool, uint64_t inline_bytes,
+               std::shared_ptr<const ChunkCopier> copier = nullptr)
+      : pool_(pool), inline_bytes_(inline_bytes), copier_(std::move(copier)) {}
   // Takes the part from posted to finished (inline) or hands it to workers.
   void run(const BatchPart& part);
 
  private:
   ThreadPool& pool_;
   uint64_t inline_bytes_;
+  std::shared_ptr<const ChunkCopier> copier_;
 };
 
 class CopyLink final : public TransportLink {

@@ -5,6 +5,7 @@
 
 #include "core/thread_pool.h"
 #include "test_support.h"
+#include "transport/cma/cma_transport.h"
 #include "transport/local/local_transport.h"
 #include "transport/shm/shm_transport.h"
 #include "transport/tcp/tcp_transport.h"
@@ -19,7 +20,7 @@ namespace {
 using kvferry::testing::contains;
 
 constexpr TransportSet kAll{TransportKind::kLocal, TransportKind::kShm, TransportKind::kTcp,
-                            TransportKind::kCudaIpc};
+                            TransportKind::kCudaIpc, TransportKind::kCma};
 constexpr RouteKey kHostToHost{MemoryKind::kHost, MemoryKind::kHost};
 constexpr RouteKey kHostToShared{MemoryKind::kHost, MemoryKind::kSharedHost};
 constexpr RouteKey kHostToDevice{MemoryKind::kHost, MemoryKind::kDevice};
@@ -30,6 +31,7 @@ SegmentDescriptor peer(TransportSet serves = kAll) {
   d.endpoint = "127.0.0.1:9000";
   d.tcp_endpoint = "127.0.0.1:9001";
   d.host_id = "other-boot";
+  d.pid = 4242;
   d.transports = serves;
   return d;
 }
@@ -49,6 +51,7 @@ struct Engine {
     add(TransportKind::kLocal, make_local_transport(env));
     add(TransportKind::kShm, make_shm_transport(env));
     add(TransportKind::kTcp, make_tcp_transport(env));
+    add(TransportKind::kCma, make_cma_transport(env));
 #ifdef KVFERRY_WITH_CUDA
     add(TransportKind::kCudaIpc,
         cuda_ipc::make_cuda_ipc_transport(
@@ -67,6 +70,7 @@ struct Engine {
               std::optional<TransportKind> forced = std::nullopt) const {
     RouteChoiceInput input;
     input.served = served;
+    input.link_errors = link_errors;
     input.place = place;
     input.forced = forced;
     return choose_route(key, d, input);
@@ -75,6 +79,7 @@ struct Engine {
   ThreadPool pool{0};
   std::array<std::unique_ptr<Transport>, kAllTransportKinds.size()> owned;
   std::array<const Transport*, kAllTransportKinds.size()> served{};
+  std::array<std::string, kAllTransportKinds.size()> link_errors;  // as connect() reported
   int device_opens = 0;
 };
 
@@ -88,16 +93,58 @@ void expect_route(const Route& r, std::optional<TransportKind> expected, const c
   EXPECT_TRUE(contains(r.reason, reason)) << r.reason;
 }
 
-TEST(RouteChoice, SameHostHostMemoryGoesOverShmWhenShareableElseTcp) {
+TEST(RouteChoice, SameHostHostMemoryGoesOverShmWhenShareableElseCma) {
   Engine e;
   SegmentDescriptor d = peer();
   expect_route(e.route(kHostToShared, d, PeerPlace::kSameHost), TransportKind::kShm);
-  expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost), TransportKind::kTcp);
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost), TransportKind::kCma,
+               "same host, both serve cma");
+  EXPECT_EQ(e.device_opens, 0);  // host routes never initialise CUDA
+}
+
+TEST(RouteChoice, CmaRefusedByTheKernelFallsBackToTcpAndTheRouteSaysWhy) {
+  Engine e;
+  SegmentDescriptor d = peer();
+  e.link_errors[static_cast<size_t>(TransportKind::kCma)] =
+      "cma probe refused: the kernel refuses cross-memory attach to pid 4242 (EPERM)";
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost), TransportKind::kTcp,
+               "same host, both serve tcp; passed over cma: cma probe refused: the kernel "
+               "refuses cross-memory attach to pid 4242 (EPERM)");
+  // Shareable memory is still shm's; nothing is passed over on its way.
+  const Route shared = e.route(kHostToShared, d, PeerPlace::kSameHost);
+  expect_route(shared, TransportKind::kShm);
+  EXPECT_FALSE(contains(shared.reason, "passed over")) << shared.reason;
   d.tcp_endpoint.clear();
   expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost), std::nullopt,
                "shm: the peer's memory is not shareable (shm reaches only memory it allocated with "
-               "allocate_shared); tcp: the peer advertises no tcp endpoint");
-  EXPECT_EQ(e.device_opens, 0);  // host routes never initialise CUDA
+               "allocate_shared); cma: cma probe refused: the kernel refuses cross-memory attach "
+               "to pid 4242 (EPERM); tcp: the peer advertises no tcp endpoint");
+}
+
+TEST(RouteChoice, CmaCarriesHostMemoryOnOneHostOnly) {
+  Engine e;
+  SegmentDescriptor d = peer();
+  // Another host (or pid namespace: the host id encodes it), the engine itself, device
+  // memory, a peer without a pid: never cma.
+  expect_route(e.route(kHostToHost, d, PeerPlace::kOtherHost, TransportKind::kCma), std::nullopt,
+               "the peer is on another host or pid namespace (host id other-boot)");
+  expect_route(e.route(kHostToHost, d, PeerPlace::kOtherHost), TransportKind::kTcp);
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSelf, TransportKind::kCma), std::nullopt,
+               "it would reach this engine itself");
+  expect_route(e.route(kHostToDevice, d, PeerPlace::kSameHost, TransportKind::kCma), std::nullopt,
+               "cma copies host memory only");
+  expect_route(e.route(kDeviceToHost, d, PeerPlace::kSameHost, TransportKind::kCma), std::nullopt,
+               "cma copies host memory only");
+  // Forced, it also carries shareable memory (it reaches any host memory).
+  expect_route(e.route(kHostToShared, d, PeerPlace::kSameHost, TransportKind::kCma),
+               TransportKind::kCma, "forced");
+  d.pid = 0;
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost), TransportKind::kTcp);
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost, TransportKind::kCma), std::nullopt,
+               "the peer advertises no usable pid (0)");
+  // A peer that does not serve cma: tcp.
+  const SegmentDescriptor old = peer(TransportSet{TransportKind::kShm, TransportKind::kTcp});
+  expect_route(e.route(kHostToHost, old, PeerPlace::kSameHost), TransportKind::kTcp);
 }
 
 TEST(RouteChoice, AnotherHostIsReachedOverTcpForHostMemoryOnly) {
@@ -133,8 +180,8 @@ TEST(RouteChoice, ForcedTransportIsTheOnlyCandidate) {
 TEST(RouteChoice, NothingReachesListsWhyForEachTransport) {
   Engine e(true, TransportSet{TransportKind::kShm, TransportKind::kCudaIpc});
   expect_route(e.route(kHostToShared, peer(), PeerPlace::kOtherHost), std::nullopt,
-               "shm: the peer is on another host (host id other-boot); tcp: this engine does not "
-               "serve it");
+               "shm: the peer is on another host (host id other-boot); cma: this engine does not "
+               "serve it; tcp: this engine does not serve it");
 }
 
 TEST(RouteChoice, APeerThatDoesNotServeATransportIsNotRoutedOverIt) {

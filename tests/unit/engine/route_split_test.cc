@@ -189,7 +189,7 @@ TEST_F(SplitBatch, EachRouteIsChosenOnceAndCanBeQueried) {
   };
   EXPECT_EQ(find(MemoryKind::kHost, MemoryKind::kDevice).transport, TransportKind::kCudaIpc);
   EXPECT_EQ(find(MemoryKind::kHost, MemoryKind::kSharedHost).transport, TransportKind::kShm);
-  EXPECT_EQ(find(MemoryKind::kHost, MemoryKind::kHost).transport, TransportKind::kTcp);
+  EXPECT_EQ(find(MemoryKind::kHost, MemoryKind::kHost).transport, TransportKind::kCma);
   EXPECT_EQ(peer_.transport(), TransportKind::kCudaIpc);  // it advertises device memory
 }
 

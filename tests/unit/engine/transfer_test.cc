@@ -203,14 +203,14 @@ TEST(ShmTransfer, RegionRegisteredAfterOpenIsFoundByRefreshingTheDescriptor) {
   EXPECT_FALSE(find_pattern_mismatch({static_cast<std::byte*>(late.addr), 4096}, 5));
 }
 
-TEST(TransportChoice, SameHostPeerWithPrivateMemoryIsReachedOverTcp) {
+TEST(TransportChoice, SameHostPeerWithPrivateMemoryIsReachedOverCma) {
   auto prefill = make_engine("prefill");
   auto decode = make_engine("decode");
   std::vector<std::byte> src = patterned(4096, 12), private_dst(4096);
   ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
   ASSERT_TRUE(decode->register_memory(private_dst.data(), private_dst.size()).ok());
   PeerHandle peer = must(prefill->open_peer(decode->endpoint()));
-  EXPECT_EQ(peer.transport(), TransportKind::kTcp);
+  EXPECT_EQ(peer.transport(), TransportKind::kCma);
   TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(private_dst.data()), 4096};
   ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
   EXPECT_FALSE(find_pattern_mismatch(private_dst, 12));

@@ -1,0 +1,270 @@
+// The cma transport between two real processes: this test process (initiator) and a
+// `kvferry serve --memory host` child (target) whose buffer is plain anonymous memory it
+// registered itself — what shm cannot reach. The child verifies what arrived on its own, from
+// the pattern seed, so the check does not trust the initiator's view of the target memory.
+#include <fmt/format.h>
+#include <grp.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "core/net.h"
+#include "core/pattern.h"
+#include "serve_client.h"
+#include "test_support.h"
+
+namespace kvferry {
+namespace {
+
+using cli::ServePeer;
+using cli::start_serve_peer;
+using testing::contains;
+using testing::make_engine;
+using testing::must;
+
+constexpr auto kReply = std::chrono::seconds(60);
+const std::vector<std::string> kHostMemory = {"--memory", "host"};
+
+std::string ask(ServePeer& peer, const std::string& line) {
+  auto reply = peer.process.ask(line, kReply);
+  return reply.ok() ? *reply : reply.status().to_string();
+}
+
+Route host_route(const PeerHandle& handle) {
+  for (const Route& r : handle.routes()) {
+    if (r.local == MemoryKind::kHost && r.remote == MemoryKind::kHost) return r;
+  }
+  return Route{};
+}
+
+TEST(CmaTwoProcess, HostMemoryOfASameHostPeerGoesOverCma) {
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, 1 << 20, kHostMemory));
+  auto engine = make_engine("initiator");
+  PeerHandle handle = must(engine->open_peer(peer.endpoint));
+  EXPECT_EQ(handle.transport(), TransportKind::kCma);
+  const Route r = host_route(handle);
+  ASSERT_TRUE(r.transport.has_value()) << r.reason;
+  EXPECT_EQ(*r.transport, TransportKind::kCma) << r.reason;
+}
+
+TEST(CmaTwoProcess, TenThousandScatteredWritesAndReadsArriveIntact) {
+  constexpr uint64_t kOps = 10'000;
+  constexpr uint64_t kOpBytes = 512;
+  constexpr uint64_t kTarget = kOps * kOpBytes * 2;
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kTarget, kHostMemory));
+  auto engine = make_engine("initiator");
+  PeerHandle handle = must(engine->open_peer(peer.endpoint));
+  ASSERT_EQ(handle.transport(), TransportKind::kCma);
+
+  // Op i writes slot perm[i] (every other 512-byte slot), in random order: nothing merges.
+  std::vector<uint64_t> perm(kOps);
+  for (uint64_t i = 0; i < kOps; ++i) perm[i] = i * 2;
+  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(42));
+  std::vector<std::byte> src(kOps * kOpBytes);
+  std::vector<TransferOp> ops;
+  for (uint64_t i = 0; i < kOps; ++i) {
+    const uint64_t dst_off = perm[i] * kOpBytes;
+    fill_pattern({src.data() + i * kOpBytes, kOpBytes}, 11, dst_off);
+    ops.push_back({OpKind::kWrite, reinterpret_cast<uint64_t>(src.data() + i * kOpBytes),
+                   peer.addr + dst_off, kOpBytes});
+  }
+  ASSERT_TRUE(engine->register_memory(src.data(), src.size()).ok());
+  BatchHandle batch = must(engine->submit(handle, ops));
+  BatchStatus s = engine->wait(batch, std::chrono::seconds(30));
+  ASSERT_EQ(s.state, BatchState::kCompleted) << s.status.to_string();
+  EXPECT_EQ(s.telemetry.ops_posted, kOps);
+  EXPECT_EQ(s.telemetry.bytes, kOps * kOpBytes);
+  // The child changes a few odd slots (seed 12) that no op touches; then 10,000 READs
+  // bring the written slots back.
+  for (uint64_t slot = 1; slot < 2 * kOps; slot += 2000) {
+    ASSERT_EQ(ask(peer, fmt::format("fill 12 {} {}", slot * kOpBytes, kOpBytes)), "ok");
+  }
+  std::vector<std::byte> back(kOps * kOpBytes);
+  ASSERT_TRUE(engine->register_memory(back.data(), back.size()).ok());
+  std::vector<TransferOp> reads;
+  for (uint64_t i = 0; i < kOps; ++i) {
+    reads.push_back({OpKind::kRead, reinterpret_cast<uint64_t>(back.data() + i * kOpBytes),
+                     peer.addr + perm[i] * kOpBytes, kOpBytes});
+  }
+  ASSERT_TRUE(engine->transfer_sync(handle, reads).ok());
+  for (uint64_t i = 0; i < kOps; ++i) {
+    ASSERT_FALSE(
+        find_pattern_mismatch({back.data() + i * kOpBytes, kOpBytes}, 11, perm[i] * kOpBytes))
+        << "read-back op " << i;
+  }
+  // Every byte of the target, checked by the child: written slots, its own odd slots, and
+  // zeros in the odd slots nobody wrote.
+  std::vector<std::byte> expected(kTarget);
+  for (uint64_t i = 0; i < kOps; ++i) {
+    fill_pattern({expected.data() + perm[i] * kOpBytes, kOpBytes}, 11, perm[i] * kOpBytes);
+  }
+  for (uint64_t slot = 1; slot < 2 * kOps; slot += 2000) {
+    fill_pattern({expected.data() + slot * kOpBytes, kOpBytes}, 12, slot * kOpBytes);
+  }
+  EXPECT_EQ(ask(peer, fmt::format("checksum 0 {}", kTarget)),
+            fmt::format("{:016x}", checksum(expected)));
+}
+
+TEST(CmaTwoProcess, OneGibibyteWriteAndReadArriveIntact) {
+  constexpr uint64_t kBytes = 1ull << 30;
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kBytes, kHostMemory));
+  auto engine = make_engine("initiator");
+  PeerHandle handle = must(engine->open_peer(peer.endpoint));
+  ASSERT_EQ(handle.transport(), TransportKind::kCma);
+  std::vector<std::byte> src(kBytes);
+  fill_pattern(src, 21);
+  ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
+  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes};
+  ASSERT_TRUE(engine->transfer_sync(handle, {&op, 1}).ok());
+  EXPECT_EQ(ask(peer, fmt::format("verify 21 0 {}", kBytes)), "ok");
+  // The child overwrites with another seed; one READ brings all of it back.
+  ASSERT_EQ(ask(peer, fmt::format("fill 22 0 {}", kBytes)), "ok");
+  op.kind = OpKind::kRead;
+  ASSERT_TRUE(engine->transfer_sync(handle, {&op, 1}).ok());
+  EXPECT_FALSE(find_pattern_mismatch(src, 22));
+}
+
+TEST(CmaTwoProcess, KilledPeerEndsEveryBatchAndLaterSubmitsFailWithPeerDisconnected) {
+  constexpr uint64_t kBytes = 256ull << 20;
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kBytes, kHostMemory));
+  auto engine = make_engine("initiator", 1);
+  PeerHandle handle = must(engine->open_peer(peer.endpoint));
+  ASSERT_EQ(handle.transport(), TransportKind::kCma);
+  std::vector<std::byte> src(kBytes, std::byte{7});
+  ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
+  // 16 batches of 256 MiB on one worker: seconds of queued and running work.
+  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes};
+  SubmitOptions options;
+  options.timeout = std::chrono::seconds(20);
+  std::vector<BatchHandle> batches;
+  for (int i = 0; i < 16; ++i) batches.push_back(must(engine->submit(handle, {&op, 1}, options)));
+  peer.process.kill_now();
+  auto t0 = Clock::now();
+  int disconnected = 0;
+  for (const BatchHandle& b : batches) {
+    // No helping (timeout 0 polls): the engine must end them on its own.
+    BatchStatus s;
+    while ((s = engine->status(b)).state == BatchState::kPending) {
+      ASSERT_LT(Clock::now() - t0, std::chrono::seconds(20)) << "a batch outlived its timeout";
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    if (s.state == BatchState::kFailed) {
+      EXPECT_EQ(s.status.code(), StatusCode::kPeerDisconnected) << s.status.to_string();
+      ++disconnected;
+    }
+  }
+  EXPECT_GT(disconnected, 0) << "every batch finished before the kill was noticed";
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));  // well before the 20 s timeout
+  // A later batch fails with PeerDisconnected: at submit once the pidfd monitor marked the
+  // peer, or, if the copier saw the exit (ESRCH) first, in the batch itself.
+  auto later = engine->submit(handle, {&op, 1});
+  if (later.ok()) {
+    const BatchStatus s = engine->wait(*later, std::chrono::seconds(20));
+    EXPECT_EQ(s.state, BatchState::kFailed);
+    EXPECT_EQ(s.status.code(), StatusCode::kPeerDisconnected) << s.status.to_string();
+  } else {
+    EXPECT_EQ(later.status().code(), StatusCode::kPeerDisconnected) << later.status().to_string();
+  }
+}
+
+// What the unprivileged initiator (a forked child) saw, sent back over a pipe.
+struct RefusedOutcome {
+  std::string transport;
+  std::string reason;
+  std::string write_status;
+};
+
+// Runs in the forked child: drops to uid/gid 65534, opens the root-owned peer, reports the
+// host-memory route and the outcome of one 64 KiB WRITE.
+[[noreturn]] void run_unprivileged_initiator(int out_fd, const ServePeer& peer) {
+  auto report = [&](const std::string& text) {
+    std::string line = text + "\n";
+    (void)!::write(out_fd, line.data(), line.size());
+  };
+  if (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
+      ::setresuid(65534, 65534, 65534) != 0) {
+    report("error: cannot drop privileges");
+    ::_exit(1);
+  }
+  EngineOptions options;
+  options.name = "unprivileged";
+  auto engine = TransferEngine::create(options);
+  if (!engine.ok()) {
+    report("error: " + engine.status().to_string());
+    ::_exit(1);
+  }
+  auto handle = (*engine)->open_peer(peer.endpoint);
+  if (!handle.ok()) {
+    report("error: " + handle.status().to_string());
+    ::_exit(1);
+  }
+  const Route r = host_route(*handle);
+  report(r.transport ? std::string(transport_kind_name(*r.transport)) : "none");
+  report(r.reason);
+  std::vector<std::byte> src(64 << 10);
+  fill_pattern(src, 41);
+  Status s = (*engine)->register_memory(src.data(), src.size());
+  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, src.size()};
+  if (s.ok()) s = (*engine)->transfer_sync(*handle, {&op, 1});
+  report(s.ok() ? "ok" : s.to_string());
+  ::_exit(0);
+}
+
+// Reads the child's three lines, waiting at most `limit` in all.
+RefusedOutcome read_outcome(int fd, std::chrono::seconds limit) {
+  std::string text;
+  const auto until = Clock::now() + limit;
+  char buf[4096];
+  while (std::count(text.begin(), text.end(), '\n') < 3 && Clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    lines.push_back(text.substr(start, nl - start));
+  }
+  lines.resize(3);
+  return {lines[0], lines[1], lines[2]};
+}
+
+TEST(CmaTwoProcess, APeerTheKernelRefusesFallsBackToTcpAndTheRouteSaysWhy) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run an initiator as another uid";
+  // The peer runs as root; the initiator as uid 65534: the kernel's ptrace check refuses.
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, 1 << 20, kHostMemory));
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(fds[0]);
+    run_unprivileged_initiator(fds[1], peer);
+  }
+  ::close(fds[1]);
+  const RefusedOutcome out = read_outcome(fds[0], std::chrono::seconds(60));
+  ::close(fds[0]);
+  ::kill(child, SIGKILL);  // a no-op when it already exited
+  int wstatus = 0;
+  ::waitpid(child, &wstatus, 0);
+  EXPECT_EQ(out.transport, "tcp") << out.transport << " / " << out.reason;
+  EXPECT_TRUE(contains(out.reason,
+                       "passed over cma: cma probe refused: the kernel refuses "
+                       "cross-memory attach to pid"))
+      << out.reason;
+  EXPECT_TRUE(contains(out.reason, "EPERM")) << out.reason;
+  EXPECT_EQ(out.write_status, "ok");
+  EXPECT_EQ(ask(peer, fmt::format("verify 41 0 {}", 64 << 10)), "ok");
+}
+
+}  // namespace
+}  // namespace kvferry
