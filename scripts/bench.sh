@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the benchmarks whose figures docs/PERFORMANCE.md records, into bench-results/.
 # Every ratio is against a reference measured in the same run. Takes a few minutes.
+# Run it alone (kvf-bench scripts/bench.sh on the shared VM).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null
@@ -8,14 +9,36 @@ scripts/build.sh -DKVFERRY_BUILD_BENCH=ON >/dev/null
 out=bench-results
 mkdir -p "$out"
 export KVFERRY_LOG_LEVEL=warn
+iperf_port=${KVFERRY_IPERF_PORT:-9160}
 
-echo "== engine: local and shm vs memcpy, tcp vs a plain TCP stream"
+echo "== iperf3: one TCP stream on loopback (the external reference for tcp)"
+iperf3 -s -1 -p "$iperf_port" >/dev/null 2>&1 &
+iperf_server=$!
+sleep 0.5
+iperf3 -c 127.0.0.1 -p "$iperf_port" -t 5 -J >"$out/iperf3.json"
+wait "$iperf_server" || true
+python3 - "$out/iperf3.json" <<'PY' | tee "$out/iperf3.txt"
+import json, sys
+r = json.load(open(sys.argv[1]))
+end = r["end"]
+recv = end["sum_received"]
+cpu = end["cpu_utilization_percent"]
+gbps = recv["bytes"] / recv["seconds"] / 1e9
+# host_total/remote_total: CPU time of each process over wall time, in percent.
+cpu_s = (cpu["host_total"] + cpu["remote_total"]) / 100 * recv["seconds"]
+print(f"iperf3 single stream: {gbps:.2f} GB/s  cpu {cpu_s / (recv['bytes'] / 1e9):.2f} s/GB "
+      f"(sender {cpu['host_total']:.0f}%, receiver {cpu['remote_total']:.0f}%)")
+PY
+
+echo "== engine: local and shm vs memcpy"
 build/kvferry bench engine --transports local,shm --threads 1,2 \
-  --block-bytes 64,4096,65536,1048576,4194304,67108864 --ops 1,128,1024 \
-  --min-time-ms 300 --json "$out/engine.json" | tee "$out/engine.txt"
-build/kvferry bench engine --transports tcp --threads 2 \
-  --block-bytes 65536,1048576,4194304 --ops 1,16,128 \
-  --min-time-ms 500 --json "$out/engine-tcp.json" | tee "$out/engine-tcp.txt"
+  --block-bytes 64,4096,65536,1048576,4194304,67108864 --ops 1,16,128,1024 \
+  --min-time-ms 200 --json "$out/engine.json" | tee "$out/engine.txt"
+
+echo "== engine: tcp vs the plain socket stream (ops=1: the plain round trip)"
+build/kvferry bench engine --transports tcp --op write,read --threads 2 \
+  --block-bytes 4096,65536,73728,1048576,4194304 --ops 1,16,128 \
+  --min-time-ms 400 --json "$out/engine-tcp.json" | tee "$out/engine-tcp.txt"
 
 echo "== KV: deepseek-v3, random pages"
 build/kvferry bench kv --preset deepseek-v3 --pages random --tokens 128,1024,4096,16384 \

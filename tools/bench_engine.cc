@@ -1,14 +1,24 @@
-// `kvferry bench engine`: batch throughput and latency of the engine against a memcpy of
-// the same bytes on the same number of threads, measured in the same run.
+// `kvferry bench engine`: batch throughput and latency of the engine against a reference
+// moving the same bytes on the same number of threads, measured in the same run.
 //
-// Grid: transport (local; shm and tcp to a `kvferry serve` child process) x worker threads x
-// block size x ops per batch. The reference is a memcpy of the same blocks for local and
-// shm, and a plain single-stream TCP socket sending the same bytes to the same child
-// process (its `sink`) for tcp. Destinations are laid out in reverse block order so ops never
-// merge: the figures measure per-op cost, not the merger.
+// Grid: transport (local; the others to a `kvferry serve` child process) x op (write, read) x
+// worker threads x block size x ops per batch. The reference is a memcpy of the same blocks
+// for the memcpy transports, and for tcp the strongest plain TCP stream between the same two
+// processes (the child's `sink`): the whole batch in as few sendmsg calls as the kernel
+// allows, one 1-byte acknowledgement per batch (a READ asks with 8 bytes and receives the
+// batch straight into its blocks). With one op per batch that reference is the plain
+// round trip of one block. For tcp the bench also reports CPU-seconds per GB and voluntary
+// context switches (wake-ups) per batch, of both processes together, for both contestants.
+// Destinations are laid out in reverse block order so ops never merge: the figures measure
+// per-op cost, not the merger. Cells above --max-batch-bytes are listed as skipped.
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -26,16 +36,54 @@
 #include "core/thread_pool.h"
 #include "kvferry/transfer_engine.h"
 #include "serve_client.h"
+#include "transport/built_transports.h"
 
 namespace kvferry::cli {
 namespace {
 
+// How the bench drives a transport: whether it needs the serve child, and what it is
+// measured against. A transport added to the engine gets one line here.
+enum class Reference { kMemcpy, kSocket };
+struct BenchedTransport {
+  TransportKind kind;
+  bool remote;  // to the serve child (else: this engine's own memory)
+  Reference reference;
+};
+constexpr BenchedTransport kBenchedTransports[] = {
+    {TransportKind::kLocal, false, Reference::kMemcpy},
+    {TransportKind::kShm, true, Reference::kMemcpy},
+    {TransportKind::kTcp, true, Reference::kSocket},
+    {TransportKind::kCma, true, Reference::kMemcpy},
+};
+
+// The transports this build has and the bench can drive (host memory: cuda_ipc is not here).
+std::vector<BenchedTransport> benchable_transports() {
+  std::vector<BenchedTransport> out;
+  for (const BuiltTransport& built : built_transports()) {
+    for (const BenchedTransport& b : kBenchedTransports) {
+      if (b.kind == built.kind) out.push_back(b);
+    }
+  }
+  return out;
+}
+
+std::string benchable_names() {
+  std::string names;
+  for (const BenchedTransport& b : benchable_transports()) {
+    if (!names.empty()) names += ", ";
+    names += transport_kind_name(b.kind);
+  }
+  return names;
+}
+
 struct EngineBenchArgs {
   std::vector<std::string> transports = {"local", "shm", "tcp"};
+  std::vector<std::string> op_names = {"write"};
   std::vector<int> threads = {1, 2};
   std::vector<uint64_t> block_bytes = {64, 4096, 65536, 1 << 20, 4 << 20, 64 << 20};
-  std::vector<int> ops_per_batch = {1, 16, 256, 1024};
-  uint64_t max_batch_bytes = 256ull << 20;
+  std::vector<int> ops_per_batch = {1, 16, 128, 1024};
+  // 4 MiB x 128 fits; larger cells are printed as skipped.
+  uint64_t max_batch_bytes = 512ull << 20;
   int min_time_ms = 150;
   uint64_t inline_bytes = EngineOptions{}.inline_batch_bytes;
   std::string json_path;
@@ -43,17 +91,23 @@ struct EngineBenchArgs {
 
 struct Row {
   std::string transport;
+  std::string op;
   uint64_t block_bytes;
   int ops;
   int threads;
-  double gbps, p50_us, p99_us, ref_gbps, ratio, mops;
+  double gbps = 0, p50_us = 0, p99_us = 0, ref_gbps = 0, ref_p50_us = 0, ratio = 0, p50_ratio = 0,
+         mops = 0;
+  // tcp only (0 elsewhere): both processes together, per GB moved and per batch.
+  double cpu_s_per_gb = 0, ref_cpu_s_per_gb = 0, switches_per_batch = 0, ref_switches_per_batch = 0;
 };
+
+using CopyList = std::vector<std::pair<char*, const char*>>;
 
 // memcpy of the same copy list on `threads` threads (the caller plus a pool).
 class ReferenceCopier {
  public:
   explicit ReferenceCopier(int threads) : threads_(threads), pool_(threads - 1) {}
-  void run(const std::vector<std::pair<char*, const char*>>& copies, uint64_t block) {
+  void run(const CopyList& copies, uint64_t block) {
     if (threads_ == 1) {
       for (const auto& [dst, src] : copies) std::memcpy(dst, src, block);
       return;
@@ -83,30 +137,72 @@ class ReferenceCopier {
   ThreadPool pool_;
 };
 
-// The tcp reference: one plain TCP stream into the serve child's sink, which receives a
-// length-prefixed message into its buffer and answers one byte.
+// The tcp reference: one plain blocking TCP stream to the serve child's sink. A batch is one
+// request word and its blocks as one iovec list (sendmsg as few times as IOV_MAX allows),
+// answered with one byte; a READ batch is one request word answered with the bytes, received
+// straight into the blocks with recvmsg.
 class SocketStream {
  public:
   static Result<SocketStream> connect(const std::string& host, uint16_t port) {
     KVF_ASSIGN_OR_RETURN(Fd fd, connect_tcp({host, port}, Clock::now() + std::chrono::seconds(5)));
+    const int flags = ::fcntl(fd.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+      return ErrnoStatus(StatusCode::kInternal, "fcntl on the reference socket", errno);
+    }
     return SocketStream(std::move(fd));
   }
-  Status send_blocks(const std::vector<std::pair<char*, const char*>>& copies, uint64_t block) {
-    auto deadline = Clock::now() + std::chrono::seconds(60);
-    uint64_t total = block * copies.size();
-    KVF_RETURN_IF_ERROR(
-        send_all(fd_.get(), {reinterpret_cast<std::byte*>(&total), sizeof(total)}, deadline));
-    for (const auto& copy : copies) {
-      KVF_RETURN_IF_ERROR(
-          send_all(fd_.get(), {reinterpret_cast<const std::byte*>(copy.second), block}, deadline));
-    }
-    std::byte ack;
-    return recv_all(fd_.get(), {&ack, 1}, deadline);
+
+  // copies: (destination offset holder, source) pairs; only the sources are sent.
+  Status write_batch(const CopyList& copies, uint64_t block) {
+    uint64_t word = block * copies.size();
+    iov_.clear();
+    iov_.push_back({&word, sizeof(word)});
+    for (const auto& copy : copies) iov_.push_back({const_cast<char*>(copy.second), block});
+    KVF_RETURN_IF_ERROR(transfer(true));
+    char ack = 0;
+    ssize_t n;
+    do {
+      n = ::recv(fd_.get(), &ack, 1, MSG_WAITALL);
+    } while (n < 0 && errno == EINTR);
+    return n == 1 ? Status::Ok() : PeerDisconnected("reference sink closed the stream");
+  }
+
+  // Receives the batch's bytes into the copies' destinations.
+  Status read_batch(const CopyList& copies, uint64_t block) {
+    uint64_t word = (block * copies.size()) | kSinkReadFlag;
+    iov_.clear();
+    iov_.push_back({&word, sizeof(word)});
+    KVF_RETURN_IF_ERROR(transfer(true));
+    iov_.clear();
+    for (const auto& copy : copies) iov_.push_back({copy.first, block});
+    return transfer(false);
   }
 
  private:
   explicit SocketStream(Fd fd) : fd_(std::move(fd)) {}
+
+  Status transfer(bool send) {
+    size_t first = 0;
+    while (first < iov_.size()) {
+      msghdr msg{};
+      msg.msg_iov = iov_.data() + first;
+      msg.msg_iovlen = std::min<size_t>(iov_.size() - first, IOV_MAX);
+      ssize_t n =
+          send ? ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL) : ::recvmsg(fd_.get(), &msg, MSG_WAITALL);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return PeerDisconnected("reference stream broke");
+      auto done = static_cast<size_t>(n);
+      while (first < iov_.size() && done >= iov_[first].iov_len) done -= iov_[first++].iov_len;
+      if (first < iov_.size()) {
+        iov_[first].iov_base = static_cast<char*>(iov_[first].iov_base) + done;
+        iov_[first].iov_len -= done;
+      }
+    }
+    return Status::Ok();
+  }
+
   Fd fd_;
+  std::vector<iovec> iov_;
 };
 
 Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
@@ -117,21 +213,33 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   fill_pattern({reinterpret_cast<std::byte*>(src.data()), src.size()}, 1);
   std::memset(local_dst.data(), 0, local_dst.size());
   std::memset(ref_dst.data(), 0, ref_dst.size());
+  std::vector<OpKind> op_kinds;
+  for (const std::string& name : args.op_names) {
+    if (name == "write") {
+      op_kinds.push_back(OpKind::kWrite);
+    } else if (name == "read") {
+      op_kinds.push_back(OpKind::kRead);
+    } else {
+      return InvalidArgument("bench engine: --op " + name + " (valid: write, read)");
+    }
+  }
   std::unique_ptr<ServePeer> serve;
+  const std::vector<BenchedTransport> benchable = benchable_transports();
   for (const std::string& transport_name : args.transports) {
     KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
-    if (transport != TransportKind::kLocal && transport != TransportKind::kShm &&
-        transport != TransportKind::kTcp && transport != TransportKind::kCma) {
+    auto how = std::find_if(benchable.begin(), benchable.end(),
+                            [&](const BenchedTransport& b) { return b.kind == transport; });
+    if (how == benchable.end()) {
       return NotSupported("bench engine: transport " + transport_name +
-                          " is not built (valid: local, shm, tcp, cma)");
+                          " is not built or not benchable here (valid: " + benchable_names() + ")");
     }
-    const bool remote = transport != TransportKind::kLocal;
+    const bool remote = how->remote;
     if (remote && !serve) {
       KVF_ASSIGN_OR_RETURN(ServePeer peer, start_serve_peer(self_executable(), buffer_bytes));
       serve = std::make_unique<ServePeer>(std::move(peer));
     }
     std::optional<SocketStream> stream;
-    if (transport == TransportKind::kTcp) {
+    if (how->reference == Reference::kSocket) {
       KVF_ASSIGN_OR_RETURN(std::string reply, serve->process.ask("sink", std::chrono::seconds(5)));
       unsigned port = 0;
       if (std::sscanf(reply.c_str(), "ok %u", &port) != 1) {
@@ -142,6 +250,7 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
                            SocketStream::connect(serve_endpoint.host, static_cast<uint16_t>(port)));
       stream.emplace(std::move(s));
     }
+    CpuMeter meter(::getpid(), serve ? serve->process.pid() : -1);
     for (int threads : args.threads) {
       EngineOptions options;
       options.name = "bench";
@@ -154,82 +263,117 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
       PeerOptions peer_options;
       peer_options.transport = transport;
       KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(peer_name, peer_options));
-      const uint64_t dst_base = remote ? serve->addr : reinterpret_cast<uint64_t>(local_dst.data());
+      const uint64_t remote_base = remote ? serve->addr : reinterpret_cast<uint64_t>(src.data());
       ReferenceCopier reference(threads);
-      for (uint64_t block : args.block_bytes) {
-        for (int n : args.ops_per_batch) {
-          if (block * n > buffer_bytes) continue;
-          std::vector<TransferOp> ops;
-          std::vector<std::pair<char*, const char*>> copies;
-          for (int i = 0; i < n; ++i) {
-            uint64_t dst_off = block * (n - 1 - i);  // reversed: nothing merges
-            ops.push_back({OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()) + block * i,
-                           dst_base + dst_off, block});
-            copies.emplace_back(ref_dst.data() + dst_off, src.data() + block * i);
-          }
-          LatencySampler engine_lat, ref_lat;
-          Status failure;
-          engine_lat.run(args.min_time_ms, [&] {
-            auto b = engine->submit(peer, ops);
-            if (!b.ok()) {
-              failure = b.status();
-              return false;
+      for (OpKind op_kind : op_kinds) {
+        const std::string op_name = op_kind == OpKind::kWrite ? "write" : "read";
+        for (uint64_t block : args.block_bytes) {
+          for (int n : args.ops_per_batch) {
+            if (block * n > buffer_bytes) {
+              std::cout << fmt::format(
+                  "{:>5} {:>5} thr={} block={:>9} ops={:>4}  skipped: {} per batch is more than "
+                  "--max-batch-bytes {}\n",
+                  transport_name, op_name, threads, format_bytes(block), n, format_bytes(block * n),
+                  format_bytes(buffer_bytes));
+              continue;
             }
-            BatchStatus s = engine->wait(*b, std::chrono::seconds(60));
-            if (s.state != BatchState::kCompleted) failure = s.status;
-            return s.state == BatchState::kCompleted;
-          });
-          KVF_RETURN_IF_ERROR(failure);
-          // The reference is the faster of one thread and `threads` threads: nobody
-          // splits a 64-byte copy across threads, and we do not want a weak baseline.
-          LatencySampler ref_parallel;
-          if (stream) {
-            ref_lat.run(args.min_time_ms, [&] {
-              failure = stream->send_blocks(copies, block);
-              return failure.ok();
+            std::vector<TransferOp> ops;
+            CopyList copies;
+            for (int i = 0; i < n; ++i) {
+              const uint64_t far_off = block * (n - 1 - i);  // reversed: nothing merges
+              if (op_kind == OpKind::kWrite) {
+                ops.push_back(
+                    {OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()) + block * i,
+                     (remote ? remote_base : reinterpret_cast<uint64_t>(local_dst.data())) +
+                         far_off,
+                     block});
+              } else {
+                ops.push_back({OpKind::kRead,
+                               reinterpret_cast<uint64_t>(local_dst.data()) + far_off,
+                               remote_base + block * i, block});
+              }
+              copies.emplace_back(ref_dst.data() + far_off, src.data() + block * i);
+            }
+            LatencySampler engine_lat, ref_lat;
+            Status failure;
+            const bool measure_cpu = stream.has_value();
+            if (measure_cpu) meter.start();
+            engine_lat.run(args.min_time_ms, [&] {
+              auto b = engine->submit(peer, ops);
+              if (!b.ok()) {
+                failure = b.status();
+                return false;
+              }
+              BatchStatus s = engine->wait(*b, std::chrono::seconds(60));
+              if (s.state != BatchState::kCompleted) failure = s.status;
+              return s.state == BatchState::kCompleted;
             });
             KVF_RETURN_IF_ERROR(failure);
-          } else {
-            ref_lat.run(args.min_time_ms / 2, [&] {
-              for (const auto& [dst, src_ptr] : copies) std::memcpy(dst, src_ptr, block);
-              return true;
-            });
+            const double bytes = static_cast<double>(block) * n;
+            // +1: the sampler's unmeasured warm-up ran inside the meter too.
+            const double engine_batches = static_cast<double>(engine_lat.count() + 1);
+            Row row{transport_name, op_name, block, n, threads};
+            if (measure_cpu) {
+              meter.stop();
+              row.cpu_s_per_gb = meter.cpu_s() / (engine_batches * bytes / 1e9);
+              row.switches_per_batch = static_cast<double>(meter.switches()) / engine_batches;
+              meter.start();
+            }
+            // The memcpy reference is the faster of one thread and `threads` threads: nobody
+            // splits a 64-byte copy across threads, and we do not want a weak baseline.
+            LatencySampler ref_parallel;
+            if (stream) {
+              ref_lat.run(args.min_time_ms, [&] {
+                failure = op_kind == OpKind::kWrite ? stream->write_batch(copies, block)
+                                                    : stream->read_batch(copies, block);
+                return failure.ok();
+              });
+              KVF_RETURN_IF_ERROR(failure);
+              meter.stop();
+              const double ref_batches = static_cast<double>(ref_lat.count() + 1);
+              row.ref_cpu_s_per_gb = meter.cpu_s() / (ref_batches * bytes / 1e9);
+              row.ref_switches_per_batch = static_cast<double>(meter.switches()) / ref_batches;
+            } else {
+              ref_lat.run(args.min_time_ms / 2, [&] {
+                for (const auto& [dst, src_ptr] : copies) std::memcpy(dst, src_ptr, block);
+                return true;
+              });
+              if (threads > 1) {
+                ref_parallel.run(args.min_time_ms / 2, [&] {
+                  reference.run(copies, block);
+                  return true;
+                });
+                if (ref_parallel.mean_ns() < ref_lat.mean_ns()) ref_lat = ref_parallel;
+              }
+            }
+            row.gbps = bytes / engine_lat.mean_ns();
+            row.p50_us = engine_lat.percentile_us(50);
+            row.p99_us = engine_lat.percentile_us(99);
+            row.ref_gbps = bytes / ref_lat.mean_ns();
+            row.ref_p50_us = ref_lat.percentile_us(50);
+            row.ratio = row.gbps / row.ref_gbps;
+            row.p50_ratio = row.p50_us / row.ref_p50_us;
+            row.mops = n / engine_lat.mean_ns() * 1e3;
+            rows.push_back(row);
+            std::string line = fmt::format(
+                "{:>5} {:>5} thr={} block={:>9} ops={:>4}  {:8.2f} GB/s  p50 {:9.1f} us  "
+                "p99 {:9.1f} us  {:>6} {:8.2f} GB/s p50 {:9.1f} us  ratio {:5.2f}  p50/ref "
+                "{:5.2f}  {:7.2f} Mops/s",
+                row.transport, op_name, threads, format_bytes(block), n, row.gbps, row.p50_us,
+                row.p99_us, stream ? "socket" : "memcpy", row.ref_gbps, row.ref_p50_us, row.ratio,
+                row.p50_ratio, row.mops);
+            if (measure_cpu) {
+              line += fmt::format("  cpu {:.2f} s/GB (socket {:.2f})  wakes/batch {:.1f} ({:.1f})",
+                                  row.cpu_s_per_gb, row.ref_cpu_s_per_gb, row.switches_per_batch,
+                                  row.ref_switches_per_batch);
+            }
+            std::cout << line << "\n" << std::flush;
           }
-          if (threads > 1 && !stream) {
-            ref_parallel.run(args.min_time_ms / 2, [&] {
-              reference.run(copies, block);
-              return true;
-            });
-            if (ref_parallel.mean_ns() < ref_lat.mean_ns()) ref_lat = ref_parallel;
-          }
-          const double bytes = static_cast<double>(block) * n;
-          Row row{transport_name,
-                  block,
-                  n,
-                  threads,
-                  bytes / engine_lat.mean_ns(),
-                  engine_lat.percentile_us(50),
-                  engine_lat.percentile_us(99),
-                  bytes / ref_lat.mean_ns(),
-                  0,
-                  n / engine_lat.mean_ns() * 1e3};
-          row.ratio = row.gbps / row.ref_gbps;
-          rows.push_back(row);
-          std::cout << fmt::format(
-                           "{:>5} thr={} block={:>9} ops={:>4}  {:8.2f} GB/s  p50 {:9.1f} us  "
-                           "p99 {:9.1f} us  {:>6} {:8.2f} GB/s  ratio {:5.2f}  {:7.2f} Mops/s\n",
-                           row.transport, threads, format_bytes(block), n, row.gbps, row.p50_us,
-                           row.p99_us, stream ? "socket" : "memcpy", row.ref_gbps, row.ratio,
-                           row.mops)
-                    << std::flush;
         }
       }
     }
   }
-  if (serve) {
-    // Spot-check that the last shm batch really landed in the other process.
-    (void)serve->process.ask("quit", std::chrono::seconds(5));
-  }
+  if (serve) (void)serve->process.ask("quit", std::chrono::seconds(5));
   return Status::Ok();
 }
 
@@ -237,12 +381,15 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
 
 void add_bench_engine_command(CLI::App& bench) {
   auto args = std::make_shared<EngineBenchArgs>();
-  CLI::App* cmd = bench.add_subcommand("engine", "engine batch throughput vs memcpy");
-  cmd->add_option("--transports", args->transports, "local, shm, tcp, cma")->delimiter(',');
+  CLI::App* cmd = bench.add_subcommand("engine", "engine batch throughput vs memcpy / a socket");
+  cmd->add_option("--transports", args->transports, "built here: " + benchable_names())
+      ->delimiter(',');
+  cmd->add_option("--op", args->op_names, "write, read (default write)")->delimiter(',');
   cmd->add_option("--threads", args->threads, "worker thread counts")->delimiter(',');
   cmd->add_option("--block-bytes", args->block_bytes, "block sizes in bytes")->delimiter(',');
   cmd->add_option("--ops", args->ops_per_batch, "ops per batch")->delimiter(',');
-  cmd->add_option("--max-batch-bytes", args->max_batch_bytes, "skip cells above this many bytes");
+  cmd->add_option("--max-batch-bytes", args->max_batch_bytes,
+                  "buffer size; larger cells are listed as skipped");
   cmd->add_option("--min-time-ms", args->min_time_ms, "measuring time per cell");
   cmd->add_option("--inline-bytes", args->inline_bytes, "engine inline_batch_bytes");
   cmd->add_option("--json", args->json_path, "write rows as JSON to this file ('-' = stdout)");
@@ -257,6 +404,7 @@ void add_bench_engine_command(CLI::App& bench) {
       nlohmann::json out = nlohmann::json::array();
       for (const Row& r : rows) {
         out.push_back({{"transport", r.transport},
+                       {"op", r.op},
                        {"block_bytes", r.block_bytes},
                        {"ops_per_batch", r.ops},
                        {"threads", r.threads},
@@ -264,8 +412,14 @@ void add_bench_engine_command(CLI::App& bench) {
                        {"p50_us", r.p50_us},
                        {"p99_us", r.p99_us},
                        {"ref_gbps", r.ref_gbps},
+                       {"ref_p50_us", r.ref_p50_us},
                        {"ratio", r.ratio},
-                       {"mops", r.mops}});
+                       {"p50_ratio", r.p50_ratio},
+                       {"mops", r.mops},
+                       {"cpu_s_per_gb", r.cpu_s_per_gb},
+                       {"ref_cpu_s_per_gb", r.ref_cpu_s_per_gb},
+                       {"switches_per_batch", r.switches_per_batch},
+                       {"ref_switches_per_batch", r.ref_switches_per_batch}});
       }
       write_json(args->json_path, out);
     }

@@ -2,14 +2,17 @@
 #pragma once
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -77,6 +80,71 @@ inline std::vector<LatencySampler> run_interleaved(
   for (auto& s : out) s.finish();
   return out;
 }
+
+// CPU time and voluntary context switches (sleeps: each one is a wake-up later) of a whole
+// process, every thread included, read from /proc. CPU time has the kernel's tick
+// resolution (10 ms at 100 Hz): measure over hundreds of milliseconds.
+struct ProcessCpu {
+  double cpu_s = 0;
+  uint64_t voluntary_switches = 0;
+};
+
+inline ProcessCpu read_process_cpu(int pid) {
+  ProcessCpu out;
+  const std::string dir = "/proc/" + std::to_string(pid);
+  {
+    std::ifstream stat(dir + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    // Fields after the parenthesised name: state is field 3, utime 14, stime 15.
+    const size_t close = text.rfind(')');
+    if (close != std::string::npos) {
+      std::istringstream fields(text.substr(close + 2));
+      std::string field;
+      double utime = 0, stime = 0;
+      for (int i = 3; i <= 15 && fields >> field; ++i) {
+        if (i == 14) utime = std::stod(field);
+        if (i == 15) stime = std::stod(field);
+      }
+      out.cpu_s = (utime + stime) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+    }
+  }
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(dir + "/task", ec)) {
+    std::ifstream status(task.path() / "status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind("voluntary_ctxt_switches:", 0) == 0) {
+        out.voluntary_switches += std::stoull(line.substr(line.find(':') + 1));
+      }
+    }
+  }
+  return out;
+}
+
+// CPU and wake-ups of the two processes of a measurement, between start() and stop().
+class CpuMeter {
+ public:
+  CpuMeter(int self_pid, int peer_pid) : self_(self_pid), peer_(peer_pid) {}
+  void start() {
+    self_start_ = read_process_cpu(self_);
+    if (peer_ > 0) peer_start_ = read_process_cpu(peer_);
+  }
+  void stop() {
+    ProcessCpu self_end = read_process_cpu(self_);
+    ProcessCpu peer_end = peer_ > 0 ? read_process_cpu(peer_) : ProcessCpu{};
+    cpu_s_ = self_end.cpu_s - self_start_.cpu_s + peer_end.cpu_s - peer_start_.cpu_s;
+    switches_ = self_end.voluntary_switches - self_start_.voluntary_switches +
+                peer_end.voluntary_switches - peer_start_.voluntary_switches;
+  }
+  double cpu_s() const { return cpu_s_; }
+  uint64_t switches() const { return switches_; }
+
+ private:
+  int self_, peer_;
+  ProcessCpu self_start_, peer_start_;
+  double cpu_s_ = 0;
+  uint64_t switches_ = 0;
+};
 
 inline std::string format_bytes(uint64_t b) {
   if (b >= (1u << 20) && b % (1u << 20) == 0) return fmt::format("{}MiB", b >> 20);

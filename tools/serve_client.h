@@ -12,6 +12,10 @@
 
 namespace kvferry::cli {
 
+// The serve child's plain TCP sink (`sink`): a request word with this bit set asks for
+// (word & ~kSinkReadFlag) bytes back instead of sending them.
+inline constexpr uint64_t kSinkReadFlag = 1ull << 63;
+
 struct ServePeer {
   ChildProcess process;
   std::string endpoint;

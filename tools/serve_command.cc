@@ -12,7 +12,8 @@
 //   verify-pages SEED PAGE_BYTES  check every whole page of the buffer          -> ok PAGES CORRUPT
 //   sink                     start a plain TCP sink (the benchmarks' reference): each
 //                            message is a u64 length then that many bytes, received into
-//                            the shared buffer, answered with one byte      -> ok PORT
+//                            the shared buffer, answered with one byte; a length
+//                            with kSinkReadFlag is answered with that many bytes -> ok PORT
 //   quit                     (or end of input) exits
 #include <fmt/format.h>
 #include <netinet/in.h>
@@ -21,6 +22,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -32,6 +34,7 @@
 #include "core/net.h"
 #include "core/pattern.h"
 #include "kvferry/transfer_engine.h"
+#include "serve_client.h"
 
 namespace kvferry::cli {
 namespace {
@@ -55,7 +58,33 @@ struct HostMapping {
   }
 };
 
-// A plain single-stream TCP receiver: what the tcp transport is measured against.
+// Blocking whole-buffer socket calls for the sink: the reference must be the strongest plain
+// stream, so it sleeps in recv(MSG_WAITALL) instead of polling.
+bool sink_recv(int fd, std::byte* data, uint64_t length) {
+  while (length > 0) {
+    ssize_t n = ::recv(fd, data, length, MSG_WAITALL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    length -= static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
+bool sink_send(int fd, const std::byte* data, uint64_t length) {
+  while (length > 0) {
+    ssize_t n = ::send(fd, data, length, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    length -= static_cast<uint64_t>(n);
+  }
+  return true;
+}
+
+// A plain single-stream TCP peer: what the tcp transport is measured against. Each request
+// is a u64: a length (receive that many bytes into the buffer, answer one byte), or a length
+// with kSinkReadFlag (send that many bytes of the buffer back).
 void run_sink(Fd listener, std::byte* base, uint64_t capacity) {
   for (;;) {
     int c = ::accept(listener.get(), nullptr, nullptr);
@@ -64,16 +93,18 @@ void run_sink(Fd listener, std::byte* base, uint64_t capacity) {
     int one = 1;
     ::setsockopt(conn.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     for (;;) {
-      uint64_t length = 0;
-      auto forever = Clock::now() + std::chrono::hours(24);
-      if (!recv_all(conn.get(), {reinterpret_cast<std::byte*>(&length), sizeof(length)}, forever)
-               .ok()) {
-        break;
-      }
+      uint64_t word = 0;
+      if (!sink_recv(conn.get(), reinterpret_cast<std::byte*>(&word), sizeof(word))) break;
+      const bool read = (word & kSinkReadFlag) != 0;
+      const uint64_t length = word & ~kSinkReadFlag;
       if (length > capacity) break;
-      if (!recv_all(conn.get(), {base, length}, forever).ok()) break;
+      if (read) {
+        if (!sink_send(conn.get(), base, length)) break;
+        continue;
+      }
+      if (!sink_recv(conn.get(), base, length)) break;
       std::byte ack{1};
-      if (!send_all(conn.get(), {&ack, 1}, forever).ok()) break;
+      if (!sink_send(conn.get(), &ack, 1)) break;
     }
   }
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -103,28 +104,24 @@ std::vector<CopySlice> balance(std::span<const ResolvedOp> spans, uint64_t total
   return slices;
 }
 
-// A part split over workers: who copies slice i first claims it (a worker or a waiter).
-// Owned by the batch (as its helper) and by the worker tasks; it points at the batch
-// without owning it, so the two never keep each other alive.
+// A part split over workers: slices are claimed in order from one counter by whoever is
+// free (a worker, or a thread waiting for the batch), so a worker that wakes late finds
+// only what is left and the waiter never waits for a slice nobody is copying. Owned by the
+// batch (as its helper) and by the worker tasks; it points at the batch without owning it,
+// so the two never keep each other alive.
 class SlicedCopy final : public BatchHelper {
  public:
   SlicedCopy(BatchProgress& batch, std::span<const ResolvedOp> spans, std::vector<CopySlice> slices,
              std::shared_ptr<const ChunkCopier> copier)
-      : copier_(std::move(copier)),
-        batch_(batch),
-        spans_(spans),
-        slices_(std::move(slices)),
-        claimed_(std::make_unique<std::atomic<bool>[]>(slices_.size())) {}
+      : copier_(std::move(copier)), batch_(batch), spans_(spans), slices_(std::move(slices)) {}
 
   size_t size() const { return slices_.size(); }
-  void help() override {
-    for (size_t i = 0; i < slices_.size(); ++i) run_slice(i);
-  }
-  // Claims slice i and copies it; false if someone else had claimed it.
-  bool run_slice(size_t i) {
-    if (claimed_[i].exchange(true)) return false;
-    batch_.finish_task(copy_slice(copier_.get(), batch_, spans_, slices_[i]));
-    return true;
+  void help() override { run_some(); }
+  // Claims and copies slices until none is left.
+  void run_some() {
+    for (size_t i = next_.fetch_add(1); i < slices_.size(); i = next_.fetch_add(1)) {
+      batch_.finish_task(copy_slice(copier_.get(), batch_, spans_, slices_[i]));
+    }
   }
 
  private:
@@ -132,7 +129,7 @@ class SlicedCopy final : public BatchHelper {
   BatchProgress& batch_;
   std::span<const ResolvedOp> spans_;
   std::vector<CopySlice> slices_;
-  std::unique_ptr<std::atomic<bool>[]> claimed_;
+  std::atomic<size_t> next_{0};
 };
 
 }  // namespace
@@ -148,14 +145,18 @@ void CopyExecutor::run(const BatchPart& part) {
                                  CopySlice{0, 0, spans.size() - 1, spans.back().length}));
     return;
   }
-  parts = static_cast<int>(std::min<uint64_t>(
-      parts, std::max<uint64_t>(1, part.bytes / std::max<uint64_t>(1, inline_bytes_))));
-  auto job = std::make_shared<SlicedCopy>(batch, spans, balance(spans, part.bytes, parts), copier_);
+  // Slices of at least inline_bytes_ / 2, about four per worker: small enough that a late
+  // worker costs at most one slice's time, large enough that a slice is not a call's cost.
+  const uint64_t min_slice = std::max<uint64_t>(1, inline_bytes_ / 2);
+  const uint64_t slices = std::min<uint64_t>(4 * static_cast<uint64_t>(parts),
+                                             std::max<uint64_t>(1, part.bytes / min_slice));
+  auto job = std::make_shared<SlicedCopy>(batch, spans,
+                                          balance(spans, part.bytes, static_cast<int>(slices)), copier_);
   const size_t n = job->size();
   batch.add_tasks(static_cast<int>(n));
   batch.add_helper(job);
-  for (size_t i = 0; i < n; ++i) {
-    pool_.post([keep = part.batch, job, i] { job->run_slice(i); });
+  for (size_t i = 0; i < std::min<size_t>(n, static_cast<size_t>(parts)); ++i) {
+    pool_.post([keep = part.batch, job] { job->run_some(); });
   }
   batch.mark_posted();
 }

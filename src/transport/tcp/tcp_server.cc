@@ -6,9 +6,11 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <array>
 #include <cerrno>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -23,6 +25,17 @@ namespace {
 
 // How long a refused connection is kept half-closed, discarding input, before it is closed.
 constexpr int64_t kRefusedDrainNs = 1'000'000'000;
+// Input is received into a per-connection buffer of this size, so one recv() brings in many
+// small frames (headers, acks, small payloads) at once; payload bytes found there are copied
+// to their target. A payload with at least kDirectReceiveBytes still to come is received
+// straight into its target instead, together with whatever follows it into the buffer.
+constexpr size_t kInputBufferBytes = 64 * 1024;
+constexpr uint64_t kDirectReceiveBytes = 16 * 1024;
+// Output pieces gathered into one sendmsg(); acknowledgements are flushed once at least this
+// many are queued while input keeps coming, and always when input runs dry (a lone request
+// is never kept waiting for company).
+constexpr size_t kMaxOutPieces = 256;
+constexpr size_t kAckFlushPieces = 32;
 
 int64_t monotonic_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
@@ -92,6 +105,10 @@ struct Conn {
   AuthNonce nonce{};
   std::array<std::byte, kTcpProofBytes> proof{};
   size_t proof_have = 0;
+  // Received but not yet consumed: [in_pos, in_end) of input.
+  std::unique_ptr<std::byte[]> input = std::make_unique<std::byte[]>(kInputBufferBytes);
+  size_t in_pos = 0;
+  size_t in_end = 0;
 
   ~Conn() {
     target.release();
@@ -274,14 +291,45 @@ struct TcpServer::IoThread {
           want = c.current.length - c.proof_have;
           break;
       }
-      ssize_t n = want == 0 ? 0 : ::recv(c.fd.get(), into, want, MSG_DONTWAIT);
-      if (want != 0 && n == 0) return false;  // peer closed
+      if (want == 0) {
+        if (!advance(c, 0)) return false;
+        continue;
+      }
+      // Bytes already buffered first.
+      if (c.in_pos < c.in_end) {
+        const size_t n = std::min<size_t>(want, c.in_end - c.in_pos);
+        if (c.in != InState::kDrain) std::memcpy(into, c.input.get() + c.in_pos, n);
+        c.in_pos += n;
+        if (!advance(c, n)) return false;
+        if (c.out.size() >= kAckFlushPieces && !flush(c)) return false;
+        continue;
+      }
+      c.in_pos = c.in_end = 0;
+      // A large payload goes straight into its target; what follows it lands in the buffer.
+      // Everything else is received into the buffer in one go.
+      const bool direct = c.in == InState::kPayload && want >= kDirectReceiveBytes;
+      iovec iov[2];
+      size_t iov_count = 0;
+      if (direct) iov[iov_count++] = {into, want};
+      iov[iov_count++] = {c.input.get(), kInputBufferBytes};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = iov_count;
+      ssize_t n = ::recvmsg(c.fd.get(), &msg, MSG_DONTWAIT);
+      if (n == 0) return false;  // peer closed
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return flush(c);
         if (errno == EINTR) continue;
         return false;
       }
-      if (!advance(c, static_cast<size_t>(n))) return false;
+      auto received = static_cast<size_t>(n);
+      if (direct) {
+        const size_t into_target = std::min(received, want);
+        c.in_end = received - into_target;
+        if (!advance(c, into_target)) return false;
+      } else {
+        c.in_end = received;
+      }
     }
   }
 
@@ -394,36 +442,50 @@ struct TcpServer::IoThread {
     }
   }
 
-  // Sends queued output until the socket would block. False: close.
+  // Sends queued output, many pieces per sendmsg(), until the socket would block. False: close.
   static bool flush(Conn& c) {
+    std::array<iovec, 2 * kMaxOutPieces> iov;
     while (!c.out.empty()) {
-      OutPiece& p = c.out.front();
-      const std::byte* data;
-      size_t left;
-      if (p.header_sent < kTcpHeaderBytes) {
-        data = p.header.data() + p.header_sent;
-        left = kTcpHeaderBytes - p.header_sent;
-      } else if (!p.owned.empty() && p.payload_sent < p.owned.size()) {
-        data = p.owned.data() + p.payload_sent;
-        left = p.owned.size() - p.payload_sent;
-      } else if (p.payload != nullptr && p.payload_sent < p.payload_len) {
-        data = reinterpret_cast<const std::byte*>(p.payload) + p.payload_sent;
-        left = p.payload_len - p.payload_sent;
-      } else {
+      size_t count = 0;
+      for (size_t i = 0; i < c.out.size() && i < kMaxOutPieces; ++i) {
+        OutPiece& p = c.out[i];
+        if (p.header_sent < kTcpHeaderBytes) {
+          iov[count++] = {p.header.data() + p.header_sent, kTcpHeaderBytes - p.header_sent};
+        }
+        const std::byte* payload =
+            p.owned.empty() ? reinterpret_cast<const std::byte*>(p.payload) : p.owned.data();
+        const uint64_t payload_len = p.owned.empty() ? p.payload_len : p.owned.size();
+        if (payload != nullptr && p.payload_sent < payload_len) {
+          iov[count++] = {const_cast<std::byte*>(payload) + p.payload_sent,
+                          payload_len - p.payload_sent};
+        }
+      }
+      ssize_t n = 0;
+      if (count != 0) {
+        msghdr msg{};
+        msg.msg_iov = iov.data();
+        msg.msg_iovlen = count;
+        n = ::sendmsg(c.fd.get(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+          if (errno == EINTR) continue;
+          return false;
+        }
+      }
+      // Retire what was sent, piece by piece.
+      auto sent = static_cast<uint64_t>(n);
+      while (!c.out.empty()) {
+        OutPiece& p = c.out.front();
+        const uint64_t header_take = std::min<uint64_t>(sent, kTcpHeaderBytes - p.header_sent);
+        p.header_sent += header_take;
+        sent -= header_take;
+        const uint64_t payload_len = p.owned.empty() ? p.payload_len : p.owned.size();
+        const uint64_t payload_take = std::min(sent, payload_len - p.payload_sent);
+        p.payload_sent += payload_take;
+        sent -= payload_take;
+        if (p.header_sent < kTcpHeaderBytes || p.payload_sent < payload_len) break;
         p.pin.release();
         c.out.pop_front();
-        continue;
-      }
-      ssize_t n = ::send(c.fd.get(), data, left, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-        if (errno == EINTR) continue;
-        return false;
-      }
-      if (p.header_sent < kTcpHeaderBytes) {
-        p.header_sent += static_cast<size_t>(n);
-      } else {
-        p.payload_sent += static_cast<uint64_t>(n);
       }
     }
     return true;
