@@ -12,6 +12,7 @@ packages=(
   etcd-server etcd-client redis-server nftables iproute2
   clang-format clang-tidy clang libclang-rt-14-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
+  libucx-dev ucx-utils
 )
 
 missing=()

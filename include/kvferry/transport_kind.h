@@ -18,13 +18,14 @@ enum class TransportKind : uint8_t {
   kTcp,        // another host over TCP
   kCudaIpc,    // same host GPU memory through CUDA IPC handles
   kRdma,       // planned
+  kUcx,        // another host (or this one) through UCX: RDMA verbs where present
 };
 
-inline constexpr std::array<TransportKind, 5> kAllTransportKinds = {
-    TransportKind::kLocal, TransportKind::kShm, TransportKind::kTcp, TransportKind::kCudaIpc,
-    TransportKind::kRdma};
+inline constexpr std::array<TransportKind, 6> kAllTransportKinds = {
+    TransportKind::kLocal, TransportKind::kShm,  TransportKind::kTcp,
+    TransportKind::kCudaIpc, TransportKind::kRdma, TransportKind::kUcx};
 
-// "local", "shm", "tcp", "cuda_ipc", "rdma".
+// "local", "shm", "tcp", "cuda_ipc", "rdma", "ucx".
 std::string_view transport_kind_name(TransportKind kind);
 
 // Parses one of the names above; the error names the bad value and lists the valid ones.

@@ -13,6 +13,7 @@ std::string_view transport_kind_name(TransportKind kind) {
     case TransportKind::kTcp: return "tcp";
     case TransportKind::kCudaIpc: return "cuda_ipc";
     case TransportKind::kRdma: return "rdma";
+    case TransportKind::kUcx: return "ucx";
   }
   return "unknown";
 }

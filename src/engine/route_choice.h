@@ -5,6 +5,8 @@
 //   local     this engine itself, host memory
 //   cuda_ipc  same host (or self), device memory on either side
 //   shm       same host, the peer's allocate_shared memory
+//   ucx       any host, host memory, only where UCX has hardware RMA (verbs) on both sides
+//             (Transport::why_not_preferred); forced, wherever UCX connects
 //   tcp       any host, host memory
 // and the first that both engines serve and that can carry the route (Transport::why_not)
 // is chosen. None: the route is refused, with why each candidate could not carry it; an
@@ -25,9 +27,9 @@
 
 namespace kvferry::detail {
 
-inline constexpr std::array<TransportKind, 5> kRoutePreference = {
-    TransportKind::kLocal, TransportKind::kCudaIpc, TransportKind::kShm, TransportKind::kTcp,
-    TransportKind::kRdma};
+inline constexpr std::array<TransportKind, 6> kRoutePreference = {
+    TransportKind::kLocal, TransportKind::kCudaIpc, TransportKind::kShm,
+    TransportKind::kUcx,   TransportKind::kTcp,     TransportKind::kRdma};
 
 struct RouteCandidate {
   const Transport* transport = nullptr;  // served by this engine, with a link to the peer

@@ -38,6 +38,7 @@ SendStrategy default_send_strategy(TransportKind transport) {
     case TransportKind::kTcp: return SendStrategy::kAllLayers;
     case TransportKind::kCudaIpc: return SendStrategy::kAllLayers;
     case TransportKind::kRdma: return SendStrategy::kAllLayers;
+    case TransportKind::kUcx: return SendStrategy::kAllLayers;
   }
   return SendStrategy::kAllLayers;
 }
