@@ -22,7 +22,7 @@ enum class TransportKind : uint8_t {
 };
 
 inline constexpr std::array<TransportKind, 6> kAllTransportKinds = {
-    TransportKind::kLocal, TransportKind::kShm,  TransportKind::kTcp,
+    TransportKind::kLocal,   TransportKind::kShm,  TransportKind::kTcp,
     TransportKind::kCudaIpc, TransportKind::kRdma, TransportKind::kUcx};
 
 // "local", "shm", "tcp", "cuda_ipc", "rdma", "ucx".

@@ -165,8 +165,8 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
     // Overlap against everything registered so far, including earlier entries of this call.
     for (const RegionEntry& e : entries) {
       if (addr < e.end() && e.addr < addr + r.length) {
-        unregister_regions({entries.begin() + static_cast<ptrdiff_t>(current->entries().size()),
-                            entries.end()});
+        unregister_regions(
+            {entries.begin() + static_cast<ptrdiff_t>(current->entries().size()), entries.end()});
         return AlreadyExists(
             fmt::format("region {} [{:#x}, +{}) overlaps registered region [{:#x}, +{})", i, addr,
                         r.length, e.addr, e.length));
@@ -178,8 +178,8 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
     }
     if (prepared.ok()) prepared = register_region_everywhere(entry, i);
     if (!prepared.ok()) {
-      unregister_regions({entries.begin() + static_cast<ptrdiff_t>(current->entries().size()),
-                          entries.end()});
+      unregister_regions(
+          {entries.begin() + static_cast<ptrdiff_t>(current->entries().size()), entries.end()});
       return prepared;
     }
     entries.push_back(std::move(entry));
@@ -204,8 +204,7 @@ Status EngineImpl::publish_locked() {
     if (t) t->describe(d);
   }
   for (const RegionEntry& e : local_regions_.load()->entries()) {
-    d.regions.push_back(
-        RegionDescriptor{e.addr, e.length, e.location, e.shm, e.cuda, e.ucx_rkey});
+    d.regions.push_back(RegionDescriptor{e.addr, e.length, e.location, e.shm, e.cuda, e.ucx_rkey});
   }
   auto json = std::make_shared<const std::string>(serialize_segment_descriptor(d));
   descriptor_json_.store(json);

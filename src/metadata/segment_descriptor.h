@@ -65,7 +65,7 @@ struct RegionDescriptor {
   MemoryLocation location{};
   std::optional<ShmBacking> shm;
   std::optional<CudaIpcBacking> cuda;  // only with a cuda location
-  std::string ucx_rkey;                // packed UCX rkey (binary; hex in JSON), or empty
+  std::string ucx_rkey{};              // packed UCX rkey (binary; hex in JSON), or empty
   MemoryKind kind() const { return memory_kind_of(location, shm.has_value()); }
 };
 

@@ -40,10 +40,10 @@ void UcxChannel::abandon() { shut(Cancelled("the engine is shutting down")); }
 
 Status UcxChannel::request_failure(ucs_status_t status, std::string_view what) const {
   if (ep_broken_ || liveness_->is_disconnected()) {
-    std::string why = liveness_->is_disconnected() ? liveness_->disconnect_reason()
-                                                   : ucx_status_text(ep_error_);
-    return PeerDisconnected(fmt::format("ucx {} to {} failed: peer gone ({})", what, peer_name_,
-                                        why));
+    std::string why =
+        liveness_->is_disconnected() ? liveness_->disconnect_reason() : ucx_status_text(ep_error_);
+    return PeerDisconnected(
+        fmt::format("ucx {} to {} failed: peer gone ({})", what, peer_name_, why));
   }
   if (status == UCS_ERR_CANCELED) {
     return Cancelled(fmt::format("ucx {} to {} was cancelled", what, peer_name_));
@@ -92,6 +92,7 @@ void UcxChannel::close_endpoint() {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  log().debug("peer {}: ucx endpoint force-closed", peer_name_);
   ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &param);
   ep_ = nullptr;
   ep_broken_ = false;
@@ -173,8 +174,8 @@ bool UcxChannel::post_chunks(UcxJob& job) {
                                    : ucp_get_nbx(ep_, local, bytes, remote, *rkey, &param);
     posted = true;
     if (UCS_PTR_IS_ERR(request)) {
-      job.error = request_failure(UCS_PTR_STATUS(request),
-                                  op.kind == OpKind::kWrite ? "put" : "get");
+      job.error =
+          request_failure(UCS_PTR_STATUS(request), op.kind == OpKind::kWrite ? "put" : "get");
       return posted;
     }
     if (request != nullptr) ++job.outstanding;
@@ -219,7 +220,9 @@ UcxPumped::Outcome UcxChannel::pump(Clock::time_point now, Clock::time_point& wa
       if (Status why = job.batch->stop_reason(); !why.ok()) job.error = why;
     }
     if (job.error.ok() && job.request_error != UCS_OK) {
-      job.error = request_failure(job.request_error, !job.ops.empty() && job.ops.front().kind == OpKind::kRead ? "get" : "put");
+      job.error = request_failure(
+          job.request_error,
+          !job.ops.empty() && job.ops.front().kind == OpKind::kRead ? "get" : "put");
     }
     if (!job.error.ok()) {
       if (job.outstanding > 0 || job.flushing) {
@@ -237,8 +240,7 @@ UcxPumped::Outcome UcxChannel::pump(Clock::time_point now, Clock::time_point& wa
     }
     if (post_chunks(job)) out.progressed = true;
     if (!job.error.ok()) continue;
-    if (job.next_op == job.ops.size() && job.outstanding == 0 && !job.flushing &&
-        !job.flushed) {
+    if (job.next_op == job.ops.size() && job.outstanding == 0 && !job.flushing && !job.flushed) {
       start_flush(job);
       out.progressed = true;
       if (!job.error.ok()) continue;

@@ -47,8 +47,8 @@ struct UcxOp {
   char* local = nullptr;
   uint64_t remote_addr = 0;
   uint64_t length = 0;
-  uint64_t region_addr = 0;             // the peer's region holding the remote range
-  const std::string* rkey = nullptr;    // its packed rkey (kept alive by the batch)
+  uint64_t region_addr = 0;           // the peer's region holding the remote range
+  const std::string* rkey = nullptr;  // its packed rkey (kept alive by the batch)
 };
 
 struct UcxJob {
@@ -60,7 +60,7 @@ struct UcxJob {
   bool started = false;
   bool flushing = false;
   bool flushed = false;
-  Status error;                        // the first failure
+  Status error;                         // the first failure
   ucs_status_t request_error = UCS_OK;  // the first failed request's status (callbacks)
   BatchProgress::WireGuard wire;
 };

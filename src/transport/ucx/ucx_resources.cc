@@ -45,8 +45,8 @@ bool is_hardware_rma_transport(std::string_view transport) {
   }
   for (std::string_view prefix : kHardwareRmaPrefixes) {
     // "rc", "rc_x", "dc_mlx5": the prefix alone or followed by '_'.
-    if (name == prefix || (name.starts_with(prefix) && name.size() > prefix.size() &&
-                           name[prefix.size()] == '_')) {
+    if (name == prefix ||
+        (name.starts_with(prefix) && name.size() > prefix.size() && name[prefix.size()] == '_')) {
       return true;
     }
   }

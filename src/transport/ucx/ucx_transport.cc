@@ -23,13 +23,17 @@ constexpr std::string_view kAllowHint =
     "trusted hosts";
 
 // The initiating side for one peer incarnation: checks and hands parts to the progress
-// thread. Its channel outlives it until the endpoint is closed.
+// thread. Its channel outlives it until the endpoint is closed; it keeps the worker alive
+// (the engine destroys its transports before its peers).
 class UcxLink final : public TransportLink {
  public:
-  UcxLink(UcxWorker& worker, std::shared_ptr<UcxChannel> channel, std::string peer_name)
-      : worker_(worker), channel_(std::move(channel)), peer_name_(std::move(peer_name)) {}
+  UcxLink(std::shared_ptr<UcxWorker> worker, std::shared_ptr<UcxChannel> channel,
+          std::string peer_name)
+      : worker_(std::move(worker)),
+        channel_(std::move(channel)),
+        peer_name_(std::move(peer_name)) {}
   ~UcxLink() override {
-    worker_.post([channel = channel_] { channel->shut(PeerDisconnected("the link was closed")); });
+    worker_->post([channel = channel_] { channel->shut(PeerDisconnected("the link was closed")); });
   }
 
   Status post(const BatchPart& part) override {
@@ -45,33 +49,34 @@ class UcxLink final : public TransportLink {
                                          op.remote_addr, op.length, peer_name_));
       }
       if (region->ucx_rkey.empty()) {
-        return FailedPrecondition(fmt::format(
-            "ucx: {}'s region [{:#x}, +{}) holding {:#x} carries no ucx rkey", peer_name_,
-            region->addr, region->length, op.remote_addr));
+        return FailedPrecondition(
+            fmt::format("ucx: {}'s region [{:#x}, +{}) holding {:#x} carries no ucx rkey",
+                        peer_name_, region->addr, region->length, op.remote_addr));
       }
       job->ops.push_back(
           UcxOp{op.kind, op.local, op.remote_addr, op.length, region->addr, &region->ucx_rkey});
     }
     part.batch->add_tasks(1);
-    worker_.post([channel = channel_, job = std::shared_ptr<UcxJob>(std::move(job))]() mutable {
+    worker_->post([channel = channel_, job = std::shared_ptr<UcxJob>(std::move(job))]() mutable {
       channel->enqueue(std::make_unique<UcxJob>(std::move(*job)));
     });
     return Status::Ok();
   }
 
   void shutdown() override {
-    worker_.post([channel = channel_] { channel->shut(PeerDisconnected("closed by this engine")); });
+    worker_->post(
+        [channel = channel_] { channel->shut(PeerDisconnected("closed by this engine")); });
   }
 
  private:
-  UcxWorker& worker_;
+  std::shared_ptr<UcxWorker> worker_;
   std::shared_ptr<UcxChannel> channel_;
   std::string peer_name_;
 };
 
 class UcxTransport final : public Transport {
  public:
-  UcxTransport(const TransportEnv& env, std::unique_ptr<UcxWorker> worker,
+  UcxTransport(const TransportEnv& env, std::shared_ptr<UcxWorker> worker,
                detail::UcxResources resources, std::string inert_reason)
       : env_(env),
         worker_(std::move(worker)),
@@ -80,7 +85,8 @@ class UcxTransport final : public Transport {
 
   ~UcxTransport() override {
     if (!worker_) return;
-    worker_->call([this] {
+    worker_
+        ->call([this] {
           for (auto& [addr, memh] : memory_) ucp_mem_unmap(worker_->context(), memh);
           memory_.clear();
           return Status::Ok();
@@ -132,9 +138,10 @@ class UcxTransport final : public Transport {
       ucp_rkey_buffer_release(buffer);
       if (packed.size() > kMaxUcxRkeyBytes) {
         ucp_mem_unmap(worker_->context(), memh);
-        return Internal(fmt::format("packed rkey of [{:#x}, +{}) has {} bytes, over the "
-                                    "descriptor's limit of {}",
-                                    entry.addr, entry.length, packed.size(), kMaxUcxRkeyBytes));
+        return Internal(
+            fmt::format("packed rkey of [{:#x}, +{}) has {} bytes, over the "
+                        "descriptor's limit of {}",
+                        entry.addr, entry.length, packed.size(), kMaxUcxRkeyBytes));
       }
       memory_[entry.addr] = memh;
       return Status::Ok();
@@ -192,15 +199,14 @@ class UcxTransport final : public Transport {
       return NotSupported(fmt::format("peer {} advertises no ucx worker", peer.name));
     }
     auto channel = std::make_shared<UcxChannel>(*worker_, peer.name,
-                                                peer.descriptor.ucx->worker_address,
-                                                peer.liveness);
+                                                peer.descriptor.ucx->worker_address, peer.liveness);
     return std::shared_ptr<TransportLink>(
-        std::make_shared<UcxLink>(*worker_, std::move(channel), peer.name));
+        std::make_shared<UcxLink>(worker_, std::move(channel), peer.name));
   }
 
  private:
   TransportEnv env_;
-  std::unique_ptr<UcxWorker> worker_;  // null: inert (inert_reason_ says why)
+  std::shared_ptr<UcxWorker> worker_;  // null: inert (inert_reason_ says why)
   detail::UcxResources resources_;
   std::string inert_reason_;
   std::map<uint64_t, ucp_mem_h> memory_;  // by region address; progress thread only
@@ -222,13 +228,11 @@ Result<std::unique_ptr<Transport>> make_ucx_transport(const TransportEnv& env) {
                     "authenticate; {}",
                     detail::join_transports(resources->transports), kAllowHint)));
   }
-  KVF_ASSIGN_OR_RETURN(auto worker, UcxWorker::create(env.engine_name));
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<UcxWorker> worker, UcxWorker::create(env.engine_name));
   detail::UcxResources used = worker->resources();
   log().info("ucx: worker up ({}; hardware RMA: {}{})", detail::join_transports(used.transports),
-             used.hardware_rma ? "yes" : "no",
-             used.hardware_rma ? "" : ", emulation allowed");
-  return std::unique_ptr<Transport>(
-      new UcxTransport(env, std::move(worker), std::move(used), ""));
+             used.hardware_rma ? "yes" : "no", used.hardware_rma ? "" : ", emulation allowed");
+  return std::unique_ptr<Transport>(new UcxTransport(env, std::move(worker), std::move(used), ""));
 }
 
 }  // namespace kvferry

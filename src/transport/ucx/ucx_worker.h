@@ -81,8 +81,8 @@ class UcxWorker {
   Fd wake_fd_;         // eventfd: post() writes it
 
   std::mutex mu_;
-  std::vector<std::function<void()>> tasks_;  // guarded by mu_
-  bool stopping_ = false;                     // guarded by mu_
+  std::vector<std::function<void()>> tasks_;        // guarded by mu_
+  bool stopping_ = false;                           // guarded by mu_
   std::vector<std::shared_ptr<UcxPumped>> active_;  // progress thread only
   std::thread thread_;
 };
