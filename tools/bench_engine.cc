@@ -121,10 +121,16 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   for (const std::string& transport_name : args.transports) {
     KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
     if (transport != TransportKind::kLocal && transport != TransportKind::kShm &&
-        transport != TransportKind::kTcp) {
+        transport != TransportKind::kTcp && transport != TransportKind::kUcx) {
       return NotSupported("bench engine: transport " + transport_name +
-                          " is not built (valid: local, shm, tcp)");
+                          " is not benchmarked (valid: local, shm, tcp, ucx)");
     }
+#ifndef KVFERRY_WITH_UCX
+    if (transport == TransportKind::kUcx) {
+      return NotSupported("bench engine: transport ucx is not built (configure with UCX: "
+                          "libucx-dev, pkg-config ucx)");
+    }
+#endif
     const bool remote = transport != TransportKind::kLocal;
     if (remote && !serve) {
       KVF_ASSIGN_OR_RETURN(ServePeer peer, start_serve_peer(self_executable(), buffer_bytes));
@@ -238,7 +244,7 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
 void add_bench_engine_command(CLI::App& bench) {
   auto args = std::make_shared<EngineBenchArgs>();
   CLI::App* cmd = bench.add_subcommand("engine", "engine batch throughput vs memcpy");
-  cmd->add_option("--transports", args->transports, "local, shm")->delimiter(',');
+  cmd->add_option("--transports", args->transports, "local, shm, tcp, ucx")->delimiter(',');
   cmd->add_option("--threads", args->threads, "worker thread counts")->delimiter(',');
   cmd->add_option("--block-bytes", args->block_bytes, "block sizes in bytes")->delimiter(',');
   cmd->add_option("--ops", args->ops_per_batch, "ops per batch")->delimiter(',');
