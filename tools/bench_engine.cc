@@ -127,8 +127,9 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
     }
 #ifndef KVFERRY_WITH_UCX
     if (transport == TransportKind::kUcx) {
-      return NotSupported("bench engine: transport ucx is not built (configure with UCX: "
-                          "libucx-dev, pkg-config ucx)");
+      return NotSupported(
+          "bench engine: transport ucx is not built (configure with UCX: "
+          "libucx-dev, pkg-config ucx)");
     }
 #endif
     const bool remote = transport != TransportKind::kLocal;

@@ -135,8 +135,7 @@ TEST_F(UcxTwoProcess, OpsOutsideThePeersRegionsAreRefusedBeforePostingNamingTheA
   // Just past the end of the peer's buffer, and straddling its end.
   const uint64_t past = peer.addr + peer.bytes;
   TransferOp outside{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), past, 4096};
-  TransferOp straddling{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), past - 2048,
-                        4096};
+  TransferOp straddling{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), past - 2048, 4096};
   for (const TransferOp& op : {outside, straddling}) {
     auto batch = engine->submit(handle, {&op, 1});
     ASSERT_FALSE(batch.ok());

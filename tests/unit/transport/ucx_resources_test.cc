@@ -15,9 +15,9 @@ TEST(UcxResources, ParsesTheResourceLinesOfUcpContextPrintInfo) {
       "#      resource 1  :  md 1  dev 1  flags -- tcp/lo\n"
       "#      resource 2  :  md 2  dev 2  flags -- rc_mlx5/mlx5_0:1\n"
       "#      resource 3  :  md 2  dev 2  flags -- dc_mlx5/mlx5_0:1\n#\n";
-  EXPECT_EQ(parse_ucx_resource_lines(printed),
-            (std::vector<std::string>{"self/memory0", "tcp/lo", "rc_mlx5/mlx5_0:1",
-                                      "dc_mlx5/mlx5_0:1"}));
+  EXPECT_EQ(
+      parse_ucx_resource_lines(printed),
+      (std::vector<std::string>{"self/memory0", "tcp/lo", "rc_mlx5/mlx5_0:1", "dc_mlx5/mlx5_0:1"}));
   EXPECT_TRUE(parse_ucx_resource_lines("").empty());
   EXPECT_TRUE(parse_ucx_resource_lines("resource 0 : md 0 flags -- tcp/lo\n").empty())
       << "only the '#'-prefixed lines of print_info are read";
