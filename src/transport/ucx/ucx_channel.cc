@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "core/logging.h"
 
@@ -92,10 +93,12 @@ void UcxChannel::close_endpoint() {
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-  log().debug("peer {}: ucx endpoint force-closed", peer_name_);
-  ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &param);
-  ep_ = nullptr;
+  // Forget the endpoint first: an error callback for it during the close is ours, not the
+  // peer's, and must not mark the peer disconnected.
+  ucp_ep_h ep = std::exchange(ep_, nullptr);
   ep_broken_ = false;
+  log().debug("peer {}: ucx endpoint force-closed", peer_name_);
+  ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
   if (UCS_PTR_IS_PTR(request)) closing.request = request;
   closing_.push_back(std::move(closing));
 }
