@@ -40,6 +40,26 @@ build/kvferry bench engine --transports tcp --op write,read --threads 2 \
   --block-bytes 4096,65536,73728,1048576,4194304 --ops 1,16,128 \
   --min-time-ms 400 --json "$out/engine-tcp.json" | tee "$out/engine-tcp.txt"
 
+if grep -q '^KVFERRY_UCX:BOOL=ON' build/CMakeCache.txt; then
+  # ucx over UCX's tcp transport (all these machines have; emulation allowed for the run),
+  # against ucx_perftest's put bandwidth on the same transport and kvferry's tcp, same run.
+  echo "== engine: ucx vs ucx_perftest ucp_put_bw (UCX_TLS=tcp) and vs kvferry tcp"
+  port=${KVFERRY_UCX_PERFTEST_PORT:-13337}
+  : > "$out/ucx-perftest.txt"
+  for size in 1048576 4194304; do
+    UCX_TLS=tcp ucx_perftest -p "$port" > /dev/null 2>&1 &
+    server=$!
+    sleep 1
+    echo "size $size" >> "$out/ucx-perftest.txt"
+    UCX_TLS=tcp ucx_perftest 127.0.0.1 -p "$port" -t ucp_put_bw -s "$size" -n 2000 -w 100 -f \
+      | tee -a "$out/ucx-perftest.txt"
+    wait "$server" || true
+  done
+  UCX_TLS=tcp KVFERRY_UCX_ALLOW_EMULATED=1 build/kvferry bench engine --transports ucx,tcp \
+    --threads 2 --block-bytes 1048576,4194304 --ops 1,16 --min-time-ms 500 \
+    --json "$out/engine-ucx.json" | tee "$out/engine-ucx.txt"
+fi
+
 echo "== KV: deepseek-v3, random pages"
 build/kvferry bench kv --preset deepseek-v3 --pages random --tokens 128,1024,4096,16384 \
   --transport local,shm --threads 1,2 --min-time-ms 500 --json "$out/kv.json" | tee "$out/kv.txt"

@@ -13,6 +13,7 @@ packages=(
   clang-format clang-tidy clang libclang-rt-14-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
   iperf3
+  libucx-dev ucx-utils
 )
 
 missing=()

@@ -54,6 +54,7 @@ constexpr BenchedTransport kBenchedTransports[] = {
     {TransportKind::kShm, true, Reference::kMemcpy},
     {TransportKind::kTcp, true, Reference::kSocket},
     {TransportKind::kCma, true, Reference::kMemcpy},
+    {TransportKind::kUcx, true, Reference::kSocket},
 };
 
 // The transports this build has and the bench can drive (host memory: cuda_ipc is not here).

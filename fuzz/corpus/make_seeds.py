@@ -42,6 +42,11 @@ with_regions = dict(base, tcp_endpoint="10.0.0.1:41001", regions=[
      "shm": {"fd": 17, "offset": 0, "file_bytes": 1 << 21, "inode": 991}},
     {"addr": 140000000000 + (2 << 20), "length": 4096, "device": 0}])
 write("segment_descriptor", "two_regions", json.dumps(with_regions))
+with_ucx = dict(base, transports=["tcp", "ucx"], tcp_endpoint="10.0.0.1:41001",
+                ucx={"worker_address": "0a1b2c3d4e5f", "hardware_rma": True},
+                regions=[{"addr": 140000000000, "length": 1 << 20, "device": -1,
+                          "ucx_rkey": "00ff10203040"}])
+write("segment_descriptor", "ucx_worker_and_rkey", json.dumps(with_ucx))
 write("segment_descriptor", "unknown_transport",
       json.dumps(dict(base, transports=["rdma-v9", "tcp"])))
 

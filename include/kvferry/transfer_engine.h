@@ -82,6 +82,12 @@ struct EngineOptions {
   // connection must prove knowledge of it (HMAC-SHA256 challenge-response), and this
   // engine proves it to peers that require it.
   std::optional<std::string> secret;
+  // ucx transport: use UCX paths that emulate put/get in the target's software (UCX's tcp
+  // and shared-memory transports) — also when KVFERRY_UCX_ALLOW_EMULATED=1 is set. Such
+  // paths neither bounds-check a put against the target's registration nor authenticate
+  // the peer: a hostile peer could write anywhere in this process (docs/TRANSPORTS.md).
+  // Off: ucx is used only where UCX has a hardware RMA transport, whose NIC checks rkeys.
+  bool ucx_allow_emulated = false;
 };
 
 struct PeerOptions {

@@ -19,13 +19,14 @@ enum class TransportKind : uint8_t {
   kCudaIpc,    // same host GPU memory through CUDA IPC handles
   kRdma,       // planned
   kCma,        // same host, any host memory: cross-memory attach (process_vm_writev/readv)
+  kUcx,        // another host (or this one) through UCX: RDMA verbs where present
 };
 
-inline constexpr std::array<TransportKind, 6> kAllTransportKinds = {
+inline constexpr std::array<TransportKind, 7> kAllTransportKinds = {
     TransportKind::kLocal,   TransportKind::kShm,  TransportKind::kTcp,
-    TransportKind::kCudaIpc, TransportKind::kRdma, TransportKind::kCma};
+    TransportKind::kCudaIpc, TransportKind::kRdma, TransportKind::kCma, TransportKind::kUcx};
 
-// "local", "shm", "tcp", "cuda_ipc", "rdma", "cma".
+// "local", "shm", "tcp", "cuda_ipc", "rdma", "cma", "ucx".
 std::string_view transport_kind_name(TransportKind kind);
 
 // Parses one of the names above; the error names the bad value and lists the valid ones.

@@ -14,6 +14,7 @@ std::string_view transport_kind_name(TransportKind kind) {
     case TransportKind::kCudaIpc: return "cuda_ipc";
     case TransportKind::kRdma: return "rdma";
     case TransportKind::kCma: return "cma";
+    case TransportKind::kUcx: return "ucx";
   }
   return "unknown";
 }

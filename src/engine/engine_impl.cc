@@ -96,6 +96,11 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   env.tcp_io_threads = engine->options_.tcp_io_threads;
   env.connect_timeout = engine->options_.handshake_timeout;
   env.secret = engine->secret_;
+  env.ucx_allow_emulated = engine->options_.ucx_allow_emulated;
+  if (const char* allow = std::getenv("KVFERRY_UCX_ALLOW_EMULATED");
+      allow != nullptr && std::string_view(allow) == "1") {
+    env.ucx_allow_emulated = true;
+  }
   env.incarnation = engine->incarnation_;
   env.inline_batch_bytes = engine->options_.inline_batch_bytes;
   env.workers = &engine->workers_;
@@ -155,17 +160,27 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
                       r.location,
                       shm_backing_locked(addr, r.length),
                       std::make_shared<RegionUse>(),
-                      std::nullopt};
-    if (r.location.kind == MemoryLocation::Kind::kCuda) {
-      KVF_RETURN_IF_ERROR(prepare_device_region(entry, i));
-    }
+                      std::nullopt,
+                      {}};
     // Overlap against everything registered so far, including earlier entries of this call.
     for (const RegionEntry& e : entries) {
       if (addr < e.end() && e.addr < addr + r.length) {
+        unregister_regions(
+            {entries.begin() + static_cast<ptrdiff_t>(current->entries().size()), entries.end()});
         return AlreadyExists(
             fmt::format("region {} [{:#x}, +{}) overlaps registered region [{:#x}, +{})", i, addr,
                         r.length, e.addr, e.length));
       }
+    }
+    Status prepared = Status::Ok();
+    if (r.location.kind == MemoryLocation::Kind::kCuda) {
+      prepared = prepare_device_region(entry, i);
+    }
+    if (prepared.ok()) prepared = register_region_everywhere(entry, i);
+    if (!prepared.ok()) {
+      unregister_regions(
+          {entries.begin() + static_cast<ptrdiff_t>(current->entries().size()), entries.end()});
+      return prepared;
     }
     entries.push_back(std::move(entry));
   }
@@ -189,7 +204,7 @@ Status EngineImpl::publish_locked() {
     if (t) t->describe(d);
   }
   for (const RegionEntry& e : local_regions_.load()->entries()) {
-    d.regions.push_back(RegionDescriptor{e.addr, e.length, e.location, e.shm, e.cuda});
+    d.regions.push_back(RegionDescriptor{e.addr, e.length, e.location, e.shm, e.cuda, e.ucx_rkey});
   }
   auto json = std::make_shared<const std::string>(serialize_segment_descriptor(d));
   descriptor_json_.store(json);
@@ -214,6 +229,28 @@ Status EngineImpl::prepare_device_region(RegionEntry& entry, size_t index) {
   }
   return Status(outcome.code(), fmt::format("region {} at {:#x}: cuda:{} memory: {}", index,
                                             entry.addr, entry.location.device, outcome.message()));
+}
+
+Status EngineImpl::register_region_everywhere(RegionEntry& entry, size_t index) {
+  for (size_t k = 0; k < transports_.size(); ++k) {
+    if (!transports_[k]) continue;
+    Status s = transports_[k]->register_region(entry);
+    if (s.ok()) continue;
+    for (size_t j = 0; j < k; ++j) {
+      if (transports_[j]) transports_[j]->unregister_region(entry);
+    }
+    return Status(s.code(), fmt::format("region {} at {:#x}: {}: {}", index, entry.addr,
+                                        transport_kind_name(transports_[k]->kind()), s.message()));
+  }
+  return Status::Ok();
+}
+
+void EngineImpl::unregister_regions(std::span<const RegionEntry> entries) {
+  for (const RegionEntry& e : entries) {
+    for (const auto& t : transports_) {
+      if (t) t->unregister_region(e);
+    }
+  }
 }
 
 void EngineImpl::forget_incarnation(uint64_t incarnation) {
@@ -255,10 +292,16 @@ Status EngineImpl::unregister_locked(std::span<void* const> addrs) {
     }
   }
   std::vector<RegionEntry> kept;
+  std::vector<RegionEntry> gone;
   for (const RegionEntry& e : current->entries()) {
-    if (std::find(victims.begin(), victims.end(), &e) == victims.end()) kept.push_back(e);
+    if (std::find(victims.begin(), victims.end(), &e) == victims.end()) {
+      kept.push_back(e);
+    } else {
+      gone.push_back(e);
+    }
   }
   local_regions_.store(std::make_shared<const RegionIndex>(std::move(kept)));
+  unregister_regions(gone);
   publish_locked().ignore();
   return Status::Ok();
 }

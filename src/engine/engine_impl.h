@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 
@@ -77,6 +78,10 @@ class EngineImpl {
   // Asks the transports that reach device memory to prepare a device region (cuda_ipc
   // exports its IPC handle); the error names region `index`.
   Status prepare_device_region(RegionEntry& entry, size_t index);
+  // Transport::register_region for every served transport; on an error, the ones that had
+  // registered it unregister it again.
+  Status register_region_everywhere(RegionEntry& entry, size_t index);
+  void unregister_regions(std::span<const RegionEntry> entries);
 
   // Peers.
   Result<std::shared_ptr<PeerState>> connect_peer(const std::string& name,

@@ -185,7 +185,7 @@ Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
   std::vector<RegionEntry> entries;
   entries.reserve(d.regions.size());
   for (const RegionDescriptor& r : d.regions) {
-    RegionEntry entry{r.addr, r.length, nullptr, r.location, r.shm, nullptr, r.cuda};
+    RegionEntry entry{r.addr, r.length, nullptr, r.location, r.shm, nullptr, r.cuda, r.ucx_rkey};
     if (r.shm && map_shm) {
       std::shared_ptr<ShmMapping> mapping;
       auto reuse = [&](const std::vector<std::shared_ptr<ShmMapping>>& pool) {

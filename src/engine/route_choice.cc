@@ -53,6 +53,7 @@ Route choose_route(RouteKey key, const SegmentDescriptor& peer, const RouteChoic
     const auto i = static_cast<size_t>(kind);
     if (i >= input.served.size()) continue;
     std::string reason = why_not(kind);
+    if (reason.empty()) reason = input.served[i]->why_not_preferred(key, input.place, peer);
     if (reason.empty()) {
       route.transport = kind;
       route.reason =

@@ -7,6 +7,8 @@
 //   shm       same host, the peer's allocate_shared memory
 //   cma       same host (and pid namespace), any of the peer's host memory, when the kernel
 //             lets this process attach to the peer (probed once per peer in connect)
+//   ucx       any host, host memory, only where UCX has hardware RMA (verbs) on both sides
+//             (Transport::why_not_preferred); forced, wherever UCX connects
 //   tcp       any host, host memory
 // and the first that both engines serve and that can carry the route (Transport::why_not)
 // is chosen; a better candidate passed over because its link failed (cma's probe refused)
@@ -28,9 +30,10 @@
 
 namespace kvferry::detail {
 
-inline constexpr std::array<TransportKind, 6> kRoutePreference = {
+inline constexpr std::array<TransportKind, 7> kRoutePreference = {
     TransportKind::kLocal, TransportKind::kCudaIpc, TransportKind::kShm,
-    TransportKind::kCma,   TransportKind::kTcp,     TransportKind::kRdma};
+    TransportKind::kCma,   TransportKind::kUcx,     TransportKind::kTcp,
+    TransportKind::kRdma};
 
 struct RouteCandidate {
   const Transport* transport = nullptr;  // served by this engine, with a link to the peer

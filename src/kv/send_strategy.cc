@@ -40,6 +40,7 @@ SendStrategy default_send_strategy(TransportKind transport) {
     case TransportKind::kCudaIpc: return SendStrategy::kAllLayers;
     case TransportKind::kRdma: return SendStrategy::kAllLayers;
     case TransportKind::kCma: return SendStrategy::kAllLayers;
+    case TransportKind::kUcx: return SendStrategy::kAllLayers;
   }
   return SendStrategy::kAllLayers;
 }

@@ -40,6 +40,40 @@ int hex_value(char c) {
   return -1;  // upper case is refused: one spelling per handle
 }
 
+// Lower-case hex of at most max_bytes bytes, decoded; `what` names the field.
+Result<std::string> parse_hex_bytes(const std::string& hex, size_t max_bytes,
+                                    const std::string& what) {
+  if (hex.empty() || hex.size() % 2 != 0) {
+    return bad(what + " has " + std::to_string(hex.size()) + " hex digits (must be even, > 0)");
+  }
+  if (hex.size() / 2 > max_bytes) {
+    return bad(what + " of " + std::to_string(hex.size() / 2) + " bytes exceeds the limit of " +
+               std::to_string(max_bytes));
+  }
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) {
+    int hi = hex_value(hex[2 * i]);
+    int lo = hex_value(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return bad(what + " is not lower-case hex");
+    out[i] = static_cast<char>(hi << 4 | lo);
+  }
+  return out;
+}
+
+std::string bytes_to_hex(const std::string& bytes) {
+  return to_hex({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()});
+}
+
+Result<UcxEndpoint> parse_ucx(JsonFields u) {
+  UcxEndpoint ucx;
+  KVF_ASSIGN_OR_RETURN(std::string address, u.required<std::string>("worker_address"));
+  KVF_ASSIGN_OR_RETURN(ucx.worker_address,
+                       parse_hex_bytes(address, kMaxUcxWorkerAddressBytes, "ucx worker_address"));
+  KVF_RETURN_IF_ERROR(u.required("hardware_rma", ucx.hardware_rma));
+  KVF_RETURN_IF_ERROR(u.finish());
+  return ucx;
+}
+
 Result<CudaIpcBacking> parse_cuda(JsonFields c, const RegionDescriptor& region) {
   if (region.location.kind != MemoryLocation::Kind::kCuda) {
     return bad("region at " + std::to_string(region.addr) + " has a 'cuda' object but device -1");
@@ -114,6 +148,11 @@ Result<RegionDescriptor> parse_region(const json& value) {
                          JsonFields::of(*cuda, "'cuda'", backing_errors("cuda" + where)));
     KVF_ASSIGN_OR_RETURN(region.cuda, parse_cuda(std::move(f), region));
   }
+  if (const json* rkey = r.optional_value("ucx_rkey")) {
+    if (!rkey->is_string()) return bad("ucx_rkey" + where + " is not a string");
+    KVF_ASSIGN_OR_RETURN(region.ucx_rkey, parse_hex_bytes(rkey->get<std::string>(),
+                                                          kMaxUcxRkeyBytes, "ucx_rkey" + where));
+  }
   KVF_RETURN_IF_ERROR(r.finish());
   return region;
 }
@@ -136,6 +175,7 @@ std::string serialize_segment_descriptor(const SegmentDescriptor& d) {
                         {"offset", r.cuda->allocation_offset},
                         {"allocation_bytes", r.cuda->allocation_bytes}};
     }
+    if (!r.ucx_rkey.empty()) region["ucx_rkey"] = bytes_to_hex(r.ucx_rkey);
     regions.push_back(std::move(region));
   }
   json transports = json::array();
@@ -146,6 +186,10 @@ std::string serialize_segment_descriptor(const SegmentDescriptor& d) {
               {"incarnation", d.incarnation}, {"host_id", d.host_id}, {"pid", d.pid},
               {"transports", transports},     {"version", d.version}, {"regions", regions}};
   if (!d.tcp_endpoint.empty()) out["tcp_endpoint"] = d.tcp_endpoint;
+  if (d.ucx) {
+    out["ucx"] = {{"worker_address", bytes_to_hex(d.ucx->worker_address)},
+                  {"hardware_rma", d.ucx->hardware_rma}};
+  }
   return out.dump();
 }
 
@@ -171,6 +215,10 @@ Result<SegmentDescriptor> parse_segment_descriptor(std::string_view text) {
   KVF_RETURN_IF_ERROR(f.required("pid", d.pid));
   KVF_RETURN_IF_ERROR(f.required("version", d.version));
   KVF_RETURN_IF_ERROR(f.optional("tcp_endpoint", d.tcp_endpoint));
+  if (const json* ucx = f.optional_value("ucx")) {
+    KVF_ASSIGN_OR_RETURN(JsonFields u, JsonFields::of(*ucx, "'ucx'", backing_errors("ucx")));
+    KVF_ASSIGN_OR_RETURN(d.ucx, parse_ucx(std::move(u)));
+  }
   KVF_ASSIGN_OR_RETURN(std::vector<std::string> transports,
                        f.required_list<std::string>("transports"));
   for (const std::string& name : transports) {

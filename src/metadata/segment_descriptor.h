@@ -44,12 +44,28 @@ struct CudaIpcBacking {
   friend bool operator==(const CudaIpcBacking&, const CudaIpcBacking&) = default;
 };
 
+// Bounds on what a descriptor may carry for ucx (UCX 1.13's packed rkeys are tens to a few
+// hundred bytes, a worker address a few hundred per device; the bounds leave room for
+// multi-rail hosts while keeping a hostile descriptor small).
+inline constexpr size_t kMaxUcxRkeyBytes = 4096;
+inline constexpr size_t kMaxUcxWorkerAddressBytes = 64u << 10;
+
+// How a peer reaches this engine over UCX (the ucx transport).
+struct UcxEndpoint {
+  std::string worker_address;  // ucp_worker_get_address bytes (binary; hex in JSON)
+  // UCX here has a hardware RMA transport (rc, dc, ud or another verbs one), whose NIC checks
+  // rkey bounds; otherwise put/get are emulated by the target's software (tcp, shared memory).
+  bool hardware_rma = false;
+  friend bool operator==(const UcxEndpoint&, const UcxEndpoint&) = default;
+};
+
 struct RegionDescriptor {
   uint64_t addr = 0;
   uint64_t length = 0;
   MemoryLocation location{};
   std::optional<ShmBacking> shm;
   std::optional<CudaIpcBacking> cuda;  // only with a cuda location
+  std::string ucx_rkey{};              // packed UCX rkey (binary; hex in JSON), or empty
   MemoryKind kind() const { return memory_kind_of(location, shm.has_value()); }
 };
 
@@ -62,6 +78,7 @@ struct SegmentDescriptor {
   int64_t pid = 0;
   TransportSet transports;
   uint64_t version = 0;                   // bumped on every publish
+  std::optional<UcxEndpoint> ucx;         // when the ucx transport is usable here
   std::vector<RegionDescriptor> regions;  // sorted by addr, non-overlapping
 };
 

@@ -7,6 +7,9 @@
 #ifdef KVFERRY_WITH_CUDA
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #endif
+#ifdef KVFERRY_WITH_UCX
+#include "transport/ucx/ucx_transport.h"
+#endif
 
 namespace kvferry {
 
@@ -19,6 +22,9 @@ std::vector<BuiltTransport> built_transports() {
   };
 #ifdef KVFERRY_WITH_CUDA
   built.push_back({TransportKind::kCudaIpc, make_cuda_ipc_transport});
+#endif
+#ifdef KVFERRY_WITH_UCX
+  built.push_back({TransportKind::kUcx, make_ucx_transport});
 #endif
   return built;
 }

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kvferry/transfer_types.h"
@@ -38,6 +39,7 @@ struct RegionEntry {
   std::optional<ShmBacking> shm;       // local regions inside an allocate_shared buffer
   std::shared_ptr<RegionUse> use;      // local regions only
   std::optional<CudaIpcBacking> cuda;  // device memory exported through CUDA IPC
+  std::string ucx_rkey{};              // packed UCX rkey (ucx: register_region), or empty
   uint64_t end() const { return addr + length; }
   // What routes are chosen by: device memory, memory a same-host peer may map, or other host
   // memory.

@@ -72,6 +72,7 @@ struct TransportEnv {
   int tcp_io_threads = 2;
   std::chrono::milliseconds connect_timeout = kDefaultHandshakeTimeout;
   std::optional<std::string> secret;
+  bool ucx_allow_emulated = false;  // EngineOptions::ucx_allow_emulated or its env variable
   uint64_t incarnation = 0;
   uint64_t inline_batch_bytes = 0;
   ThreadPool* workers = nullptr;  // the engine's copy workers
@@ -123,12 +124,26 @@ class Transport {
   // device memory). Called for device regions when reaches_local_device; an error refuses
   // the registration.
   virtual Status prepare_region(RegionEntry& /*entry*/) { return Status::Ok(); }
+  // Passive side: called for every region being registered, of any memory kind, after
+  // prepare_region (ucx maps it with UCX and stores its packed rkey in the entry). An error
+  // refuses the registration; the engine then calls unregister_region for every transport
+  // that had registered the region.
+  virtual Status register_region(RegionEntry& /*entry*/) { return Status::Ok(); }
+  // The region is gone (unregistered, or its registration was refused): no batch uses it.
+  virtual void unregister_region(const RegionEntry& /*entry*/) {}
 
   // Why this transport cannot carry ops of `key` to this peer, or "" when it can. Whether
   // both engines serve it is the engine's check, not the transport's. `peer` is the peer's
   // descriptor without its regions (a route is chosen by memory kind, once per peer).
   virtual std::string why_not(RouteKey key, PeerPlace place,
                               const SegmentDescriptor& peer) const = 0;
+  // Why this transport, although it can carry the route, should not win it in the
+  // preference order (ucx without hardware RMA on both sides), or "". A forced transport
+  // is not asked.
+  virtual std::string why_not_preferred(RouteKey /*key*/, PeerPlace /*place*/,
+                                        const SegmentDescriptor& /*peer*/) const {
+    return "";
+  }
   virtual Result<std::shared_ptr<TransportLink>> connect(const PeerInfo& peer) = 0;
   // The peer incarnation is gone (restarted or closed): drop what was opened for it.
   virtual void forget_peer(uint64_t /*incarnation*/) {}

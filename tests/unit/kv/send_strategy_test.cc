@@ -14,7 +14,8 @@ TEST(DefaultSendStrategy, EveryTransportDefaultsToAllLayers) {
   EXPECT_EQ(default_send_strategy(TransportKind::kCudaIpc), SendStrategy::kAllLayers);
   EXPECT_EQ(default_send_strategy(TransportKind::kRdma), SendStrategy::kAllLayers);
   EXPECT_EQ(default_send_strategy(TransportKind::kCma), SendStrategy::kAllLayers);
-  EXPECT_EQ(kAllTransportKinds.size(), 6u) << "a transport was added: pin its default above";
+  EXPECT_EQ(default_send_strategy(TransportKind::kUcx), SendStrategy::kAllLayers);
+  EXPECT_EQ(kAllTransportKinds.size(), 7u) << "a transport was added: pin its default above";
 }
 
 TEST(SendStrategyNames, RoundTripThroughParse) {

@@ -101,3 +101,76 @@ TEST(SegmentDescriptor, IgnoresTransportsItDoesNotKnow) {
 
 }  // namespace
 }  // namespace kvferry
+
+namespace kvferry {
+namespace {
+
+SegmentDescriptor with_ucx() {
+  SegmentDescriptor d;
+  d.name = "prefill-0";
+  d.endpoint = "10.0.0.1:7000";
+  d.incarnation = 5;
+  d.host_id = "boot/pid:[1]";
+  d.pid = 7;
+  d.transports = TransportSet{TransportKind::kUcx};
+  d.ucx = UcxEndpoint{std::string("\x01\x00\xff\x7f", 4), true};
+  RegionDescriptor r{0x1000,       0x2000,       {},
+                     std::nullopt, std::nullopt, std::string("\xab\x00\x01", 3)};
+  d.regions.push_back(r);
+  return d;
+}
+
+TEST(SegmentDescriptorUcx, WorkerAddressAndRkeysRoundTripAsBytes) {
+  auto parsed = parse_segment_descriptor(serialize_segment_descriptor(with_ucx()));
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  ASSERT_TRUE(parsed->ucx.has_value());
+  EXPECT_EQ(*parsed->ucx, *with_ucx().ucx);
+  EXPECT_TRUE(parsed->transports.contains(TransportKind::kUcx));
+  ASSERT_EQ(parsed->regions.size(), 1u);
+  EXPECT_EQ(parsed->regions[0].ucx_rkey, std::string("\xab\x00\x01", 3));
+  SegmentDescriptor plain = with_ucx();
+  plain.ucx.reset();
+  plain.regions[0].ucx_rkey.clear();
+  auto without = parse_segment_descriptor(serialize_segment_descriptor(plain));
+  ASSERT_TRUE(without.ok()) << without.status().to_string();
+  EXPECT_FALSE(without->ucx.has_value());
+  EXPECT_TRUE(without->regions[0].ucx_rkey.empty());
+}
+
+TEST(SegmentDescriptorUcx, OversizedOrMalformedUcxFieldsAreRejectedNamingThem) {
+  const std::string good = serialize_segment_descriptor(with_ucx());
+  auto replace = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    size_t at = s.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) s.replace(at, from.size(), to);
+    return s;
+  };
+  struct Case {
+    std::string json;
+    std::string expect;
+  };
+  const std::string big_rkey(2 * (kMaxUcxRkeyBytes + 1), 'a');
+  const std::string big_address(2 * (kMaxUcxWorkerAddressBytes + 1), '0');
+  const std::vector<Case> cases = {
+      {replace("\"ucx_rkey\":\"ab0001\"", "\"ucx_rkey\":\"" + big_rkey + "\""),
+       "exceeds the limit of 4096"},
+      {replace("\"ucx_rkey\":\"ab0001\"", "\"ucx_rkey\":\"ab000\""), "hex digits"},
+      {replace("\"ucx_rkey\":\"ab0001\"", "\"ucx_rkey\":\"AB0001\""), "lower-case hex"},
+      {replace("\"ucx_rkey\":\"ab0001\"", "\"ucx_rkey\":7"), "not a string"},
+      {replace("\"worker_address\":\"0100ff7f\"", "\"worker_address\":\"" + big_address + "\""),
+       "ucx worker_address of 65537 bytes exceeds"},
+      {replace("\"hardware_rma\":true", "\"hardware_rma\":1"), "hardware_rma"},
+      {replace("\"hardware_rma\":true", "\"hardware_rma\":true,\"lanes\":2"), "lanes"},
+  };
+  for (const Case& c : cases) {
+    auto parsed = parse_segment_descriptor(c.json);
+    ASSERT_FALSE(parsed.ok()) << c.json.substr(0, 300);
+    EXPECT_EQ(parsed.status().code(), StatusCode::kProtocolError);
+    EXPECT_TRUE(testing::contains(parsed.status().message(), c.expect))
+        << parsed.status().message() << " (expected '" << c.expect << "')";
+  }
+}
+
+}  // namespace
+}  // namespace kvferry

@@ -1,0 +1,199 @@
+#include "transport/ucx/ucx_worker.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <optional>
+
+#include "core/logging.h"
+
+namespace kvferry::detail {
+namespace {
+
+// The longest the progress thread sleeps while a channel has work (deadlines are checked at
+// least this often even if a channel reported none).
+constexpr std::chrono::milliseconds kMaxActiveSleep{100};
+// How long the destructor lets channels finish closing their endpoints.
+constexpr std::chrono::seconds kCloseGrace{2};
+
+// ucp_context_print_info's text (the resource list), through a memory stream.
+std::string printed_context_info(ucp_context_h context) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* stream = ::open_memstream(&text, &size);
+  if (stream == nullptr) return "";
+  ucp_context_print_info(context, stream);
+  std::fclose(stream);
+  std::string out(text, size);
+  std::free(text);
+  return out;
+}
+
+Result<ucp_context_h> init_context(std::string_view name) {
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  if (s != UCS_OK) return Internal("ucx: reading UCX's configuration: " + ucx_status_text(s));
+  std::string context_name(name);
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.name = context_name.c_str();
+  ucp_context_h context = nullptr;
+  s = ucp_init(&params, config, &context);
+  ucp_config_release(config);
+  if (s != UCS_OK) return NotSupported("ucx: ucp_init failed: " + ucx_status_text(s));
+  return context;
+}
+
+UcxResources resources_of(ucp_context_h context) {
+  UcxResources r;
+  r.transports = parse_ucx_resource_lines(printed_context_info(context));
+  r.hardware_rma = std::any_of(r.transports.begin(), r.transports.end(),
+                               [](const std::string& t) { return is_hardware_rma_transport(t); });
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(context, &attr) == UCS_OK) {
+    r.cuda_memory = (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string ucx_status_text(ucs_status_t status) {
+  return fmt::format("{} ({})", ucs_status_string(status), static_cast<int>(status));
+}
+
+Result<UcxResources> query_ucx_resources() {
+  KVF_ASSIGN_OR_RETURN(ucp_context_h context, init_context("kvferry-probe"));
+  UcxResources r = resources_of(context);
+  ucp_cleanup(context);
+  return r;
+}
+
+Result<std::unique_ptr<UcxWorker>> UcxWorker::create(std::string engine_name) {
+  std::unique_ptr<UcxWorker> w(new UcxWorker());
+  KVF_ASSIGN_OR_RETURN(w->context_, init_context(engine_name));
+  w->resources_ = resources_of(w->context_);
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
+  ucs_status_t s = ucp_worker_create(w->context_, &params, &w->worker_);
+  if (s != UCS_OK) return Internal("ucx: ucp_worker_create failed: " + ucx_status_text(s));
+  ucp_address_t* address = nullptr;
+  size_t address_bytes = 0;
+  s = ucp_worker_get_address(w->worker_, &address, &address_bytes);
+  if (s != UCS_OK) return Internal("ucx: ucp_worker_get_address failed: " + ucx_status_text(s));
+  w->address_.assign(reinterpret_cast<const char*>(address), address_bytes);
+  ucp_worker_release_address(w->worker_, address);
+  s = ucp_worker_get_efd(w->worker_, &w->event_fd_);
+  if (s != UCS_OK) return Internal("ucx: ucp_worker_get_efd failed: " + ucx_status_text(s));
+  int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake < 0) return Internal(fmt::format("ucx: eventfd: {}", std::strerror(errno)));
+  w->wake_fd_ = Fd(wake);
+  w->thread_ = std::thread([raw = w.get()] { raw->run(); });
+  return w;
+}
+
+UcxWorker::~UcxWorker() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    wake();
+    thread_.join();
+  }
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (context_ != nullptr) ucp_cleanup(context_);
+}
+
+void UcxWorker::wake() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t n = ::write(wake_fd_.get(), &one, sizeof(one));
+}
+
+void UcxWorker::post(std::function<void()> fn) {
+  {
+    std::lock_guard lock(mu_);
+    tasks_.push_back(std::move(fn));
+  }
+  wake();
+}
+
+Status UcxWorker::call(const std::function<Status()>& fn) {
+  std::promise<Status> done;
+  std::future<Status> result = done.get_future();
+  post([&fn, &done] { done.set_value(fn()); });
+  return result.get();
+}
+
+void UcxWorker::activate(std::shared_ptr<UcxPumped> p) {
+  if (std::find(active_.begin(), active_.end(), p) == active_.end()) {
+    active_.push_back(std::move(p));
+  }
+}
+
+void UcxWorker::run() {
+  ::pthread_setname_np(::pthread_self(), "kvf-ucx");
+  std::optional<Clock::time_point> stop_by;
+  for (;;) {
+    std::vector<std::function<void()>> tasks;
+    bool stopping = false;
+    {
+      std::lock_guard lock(mu_);
+      tasks.swap(tasks_);
+      stopping = stopping_;
+    }
+    for (auto& task : tasks) task();
+    if (stopping && !stop_by) {
+      stop_by = Clock::now() + kCloseGrace;
+      for (const auto& p : active_) p->abandon();
+    }
+    while (ucp_worker_progress(worker_) != 0) {
+    }
+    const Clock::time_point now = Clock::now();
+    Clock::time_point wake_at = Clock::time_point::max();
+    bool progressed = !tasks.empty();
+    for (size_t i = 0; i < active_.size();) {
+      UcxPumped::Outcome o = active_[i]->pump(now, wake_at);
+      progressed = progressed || o.progressed;
+      if (o.active) {
+        ++i;
+      } else {
+        active_.erase(active_.begin() + static_cast<ptrdiff_t>(i));
+      }
+    }
+    if (stop_by && (active_.empty() || now > *stop_by)) {
+      if (!active_.empty()) {
+        log().warn("ucx: {} peer channel(s) still closing at shutdown", active_.size());
+      }
+      active_.clear();
+      return;
+    }
+    if (progressed) continue;
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    if (!active_.empty()) wake_at = std::min(wake_at, now + kMaxActiveSleep);
+    int timeout_ms = -1;
+    if (wake_at != Clock::time_point::max()) {
+      auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, kMaxActiveSleep.count()));
+    }
+    pollfd fds[2] = {{event_fd_, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
+    ::poll(fds, 2, timeout_ms);
+    if (fds[1].revents & POLLIN) {
+      uint64_t n = 0;
+      [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &n, sizeof(n));
+    }
+  }
+}
+
+}  // namespace kvferry::detail

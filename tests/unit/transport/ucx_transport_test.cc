@@ -1,0 +1,185 @@
+// The ucx transport's decisions on this host (UCX without RDMA hardware: tcp, shared memory)
+// and an in-process transfer between two engines over UCX's tcp transport. The hardware-RMA
+// rows (ucx preferred over tcp) cannot run here; their classification is pinned in
+// ucx_resources_test.cc.
+#include "transport/ucx/ucx_transport.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "core/pattern.h"
+#include "core/thread_pool.h"
+#include "engine/route_choice.h"
+#include "kvferry/transfer_engine.h"
+#include "test_support.h"
+#include "transport/tcp/tcp_transport.h"
+
+namespace kvferry {
+namespace {
+
+using testing::contains;
+using testing::must;
+
+constexpr RouteKey kHostToHost{MemoryKind::kHost, MemoryKind::kHost};
+constexpr RouteKey kHostToDevice{MemoryKind::kHost, MemoryKind::kDevice};
+
+// UCX restricted to tcp for every test here (and restored after).
+class UcxTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ::setenv("UCX_TLS", "tcp", 1); }
+  void TearDown() override { ::unsetenv("UCX_TLS"); }
+  TransportEnv env(bool allow_emulated) {
+    TransportEnv e;
+    e.engine_name = "ucx-unit";
+    e.listen_host = "127.0.0.1";
+    e.workers = &pool_;
+    e.local_regions = [] { return std::make_shared<const RegionIndex>(); };
+    e.ucx_allow_emulated = allow_emulated;
+    return e;
+  }
+  static SegmentDescriptor peer_with_ucx(bool hardware_rma) {
+    SegmentDescriptor d;
+    d.endpoint = "127.0.0.1:9000";
+    d.tcp_endpoint = "127.0.0.1:9001";
+    d.transports = TransportSet{TransportKind::kTcp, TransportKind::kUcx};
+    d.ucx = UcxEndpoint{"address", hardware_rma};
+    return d;
+  }
+  ThreadPool pool_{0};
+};
+
+TEST_F(UcxTransportTest, WithoutPermissionEmulatedUcxRefusesEveryRouteSayingWhyAndHow) {
+  auto t = must(make_ucx_transport(env(false)));
+  const std::string why = t->why_not(kHostToHost, PeerPlace::kOtherHost, peer_with_ucx(false));
+  EXPECT_TRUE(contains(why, "only emulated put/get (tcp/")) << why;
+  EXPECT_TRUE(contains(why, "KVFERRY_UCX_ALLOW_EMULATED=1")) << why;
+  SegmentDescriptor self;
+  t->describe(self);
+  EXPECT_FALSE(self.ucx.has_value()) << "an inert ucx must not advertise a worker";
+  RegionEntry entry;
+  std::vector<char> memory(4096);
+  entry.addr = reinterpret_cast<uint64_t>(memory.data());
+  entry.length = memory.size();
+  entry.host_ptr = memory.data();
+  ASSERT_TRUE(t->register_region(entry).ok());
+  EXPECT_TRUE(entry.ucx_rkey.empty());
+}
+
+TEST_F(UcxTransportTest, AllowedEmulationCarriesForcedHostRoutesButNeverWinsOverTcp) {
+  auto ucx = must(make_ucx_transport(env(true)));
+  auto tcp = must(make_tcp_transport(env(true)));
+  const SegmentDescriptor d = peer_with_ucx(false);
+  EXPECT_EQ(ucx->why_not(kHostToHost, PeerPlace::kOtherHost, d), "");
+  EXPECT_TRUE(contains(ucx->why_not(kHostToDevice, PeerPlace::kOtherHost, d),
+                       "ucx moves host memory only"));
+  SegmentDescriptor without = d;
+  without.ucx.reset();
+  EXPECT_EQ(ucx->why_not(kHostToHost, PeerPlace::kOtherHost, without),
+            "the peer advertises no ucx worker");
+  std::array<const Transport*, kAllTransportKinds.size()> served{};
+  served[static_cast<size_t>(TransportKind::kUcx)] = ucx.get();
+  served[static_cast<size_t>(TransportKind::kTcp)] = tcp.get();
+  detail::RouteChoiceInput input;
+  input.served = served;
+  input.place = PeerPlace::kOtherHost;
+  Route chosen = detail::choose_route(kHostToHost, d, input);
+  ASSERT_TRUE(chosen.transport.has_value()) << chosen.reason;
+  EXPECT_EQ(*chosen.transport, TransportKind::kTcp) << chosen.reason;
+  input.forced = TransportKind::kUcx;
+  Route forced = detail::choose_route(kHostToHost, d, input);
+  ASSERT_TRUE(forced.transport.has_value()) << forced.reason;
+  EXPECT_EQ(*forced.transport, TransportKind::kUcx);
+  // Without tcp, the reason ucx did not win is listed.
+  served[static_cast<size_t>(TransportKind::kTcp)] = nullptr;
+  input.forced.reset();
+  Route none = detail::choose_route(kHostToHost, d, input);
+  EXPECT_FALSE(none.transport.has_value());
+  EXPECT_TRUE(contains(none.reason, "no hardware RMA transport on both sides")) << none.reason;
+}
+
+TEST_F(UcxTransportTest, RegistrationPacksAnRkeyAndDescribeAdvertisesTheWorker) {
+  auto t = must(make_ucx_transport(env(true)));
+  SegmentDescriptor self;
+  t->describe(self);
+  ASSERT_TRUE(self.ucx.has_value());
+  EXPECT_FALSE(self.ucx->worker_address.empty());
+  EXPECT_LE(self.ucx->worker_address.size(), kMaxUcxWorkerAddressBytes);
+  EXPECT_FALSE(self.ucx->hardware_rma);
+  std::vector<char> memory(1 << 20);
+  RegionEntry entry;
+  entry.addr = reinterpret_cast<uint64_t>(memory.data());
+  entry.length = memory.size();
+  entry.host_ptr = memory.data();
+  ASSERT_TRUE(t->register_region(entry).ok());
+  EXPECT_FALSE(entry.ucx_rkey.empty());
+  EXPECT_LE(entry.ucx_rkey.size(), kMaxUcxRkeyBytes);
+  t->unregister_region(entry);
+}
+
+TEST_F(UcxTransportTest, ASecretTurnsUcxOffUntilPeersCanProveIt) {
+  TransportEnv e = env(true);
+  e.secret = "s3cret";
+  auto t = must(make_ucx_transport(e));
+  EXPECT_TRUE(contains(t->why_not(kHostToHost, PeerPlace::kOtherHost, peer_with_ucx(true)),
+                       "does not authenticate peers"));
+}
+
+TEST_F(UcxTransportTest, TwoEnginesInOneProcessMoveBytesBothWays) {
+  EngineOptions o;
+  o.ucx_allow_emulated = true;
+  o.name = "target";
+  auto target = must(TransferEngine::create(o));
+  o.name = "initiator";
+  auto initiator = must(TransferEngine::create(o));
+  constexpr size_t kBytes = 3 << 20;
+  std::vector<std::byte> src(kBytes);
+  std::vector<std::byte> dst(kBytes, std::byte{0});
+  std::vector<std::byte> back(kBytes, std::byte{0});
+  fill_pattern(src, 17);
+  ASSERT_TRUE(initiator->register_memory(src.data(), kBytes).ok());
+  ASSERT_TRUE(initiator->register_memory(back.data(), kBytes).ok());
+  ASSERT_TRUE(target->register_memory(dst.data(), kBytes).ok());
+  PeerOptions po;
+  po.transport = TransportKind::kUcx;
+  PeerHandle peer = must(initiator->open_peer(target->endpoint(), po));
+  EXPECT_EQ(peer.transport(), TransportKind::kUcx);
+  // Two ops with a gap, so they stay two requests.
+  std::vector<TransferOp> ops = {
+      {OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()),
+       reinterpret_cast<uint64_t>(dst.data()), kBytes / 2},
+      {OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()) + kBytes / 2 + 4096,
+       reinterpret_cast<uint64_t>(dst.data()) + kBytes / 2 + 4096, kBytes / 2 - 4096}};
+  ASSERT_TRUE(initiator->transfer_sync(peer, ops).ok());
+  for (TransferOp& op : ops) {
+    op.kind = OpKind::kRead;
+    op.local_addr = op.local_addr - reinterpret_cast<uint64_t>(src.data()) +
+                    reinterpret_cast<uint64_t>(back.data());
+  }
+  ASSERT_TRUE(initiator->transfer_sync(peer, ops).ok());
+  std::vector<std::byte> expected = src;
+  std::fill(expected.begin() + kBytes / 2, expected.begin() + kBytes / 2 + 4096, std::byte{0});
+  EXPECT_EQ(checksum(dst), checksum(expected));
+  EXPECT_EQ(checksum(back), checksum(expected));
+}
+
+TEST_F(UcxTransportTest, ForcingUcxWithoutPermissionFailsOpenPeerNamingTheSwitch) {
+  EngineOptions o;
+  o.name = "target";
+  auto target = must(TransferEngine::create(o));
+  o.name = "initiator";
+  auto initiator = must(TransferEngine::create(o));
+  std::vector<std::byte> dst(4096);
+  ASSERT_TRUE(target->register_memory(dst.data(), dst.size()).ok());
+  PeerOptions po;
+  po.transport = TransportKind::kUcx;
+  auto peer = initiator->open_peer(target->endpoint(), po);
+  ASSERT_FALSE(peer.ok());
+  EXPECT_EQ(peer.status().code(), StatusCode::kNotSupported) << peer.status().to_string();
+  EXPECT_TRUE(contains(peer.status().message(), "KVFERRY_UCX_ALLOW_EMULATED"))
+      << peer.status().to_string();
+}
+
+}  // namespace
+}  // namespace kvferry
