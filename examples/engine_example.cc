@@ -25,14 +25,14 @@ int fail(const Status& s) {
 int main() {
   constexpr size_t bytes = 64 << 20;
   EngineOptions options;  // defaults: p2p metadata, loopback listener, every built transport
-options.name = "decode";
-Result<std::unique_ptr<TransferEngine>> decode = TransferEngine::create(options);
+  options.name = "decode";
+  Result<std::unique_ptr<TransferEngine>> decode = TransferEngine::create(options);
   if (!decode.ok()) return fail(decode.status());
   Result<SharedBuffer> kv = (*decode)->allocate_shared(bytes);  // same-host peers reach it
   if (!kv.ok()) return fail(kv.status());
 
   options.name = "prefill";
-Result<std::unique_ptr<TransferEngine>> prefill = TransferEngine::create(options);
+  Result<std::unique_ptr<TransferEngine>> prefill = TransferEngine::create(options);
   if (!prefill.ok()) return fail(prefill.status());
   std::vector<unsigned char> src(bytes);
   for (size_t i = 0; i < bytes; ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);

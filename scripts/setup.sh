@@ -12,6 +12,8 @@ packages=(
   etcd-server etcd-client redis-server nftables iproute2
   clang-format clang-tidy clang libclang-rt-14-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
+  python3-venv python3-pip python3-setuptools python3-wheel
+  prometheus-cpp-dev prometheus gnuplot-nox
 )
 
 missing=()

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "kvferry/defaults.h"
+#include "kvferry/metrics.h"
 #include "kvferry/status.h"
 #include "kvferry/transfer_types.h"
 #include "kvferry/transport_kind.h"
@@ -80,6 +81,9 @@ struct EngineOptions {
   // connection must prove knowledge of it (HMAC-SHA256 challenge-response), and this
   // engine proves it to peers that require it.
   std::optional<std::string> secret;
+  // Count bytes, batches, failures and latencies (kvferry/metrics.h). Off: nothing is
+  // counted and metrics() is empty.
+  bool metrics = false;
 };
 
 struct PeerOptions {
@@ -201,6 +205,10 @@ class TransferEngine {
   // Convenience: submit then wait up to the batch timeout; returns the final status.
   Status transfer_sync(const PeerHandle& peer, std::span<const TransferOp> ops,
                        const SubmitOptions& options = {});
+
+  // What this engine counted (labelled engine=<options().name>); empty unless
+  // EngineOptions::metrics. Safe to call at any time from any thread.
+  MetricsSnapshot metrics() const;
 
  private:
   friend class detail::EngineImpl;
