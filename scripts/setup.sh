@@ -13,7 +13,7 @@ packages=(
   clang-format clang-tidy clang libclang-rt-14-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
   python3-venv python3-pip python3-setuptools python3-wheel
-  prometheus-cpp-dev prometheus gnuplot-nox
+  prometheus-cpp-dev prometheus gnuplot-nox jq
 )
 
 missing=()

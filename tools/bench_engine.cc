@@ -25,6 +25,7 @@
 #include "core/pattern.h"
 #include "core/thread_pool.h"
 #include "kvferry/transfer_engine.h"
+#include "progress.h"
 #include "serve_client.h"
 
 namespace kvferry::cli {
@@ -118,6 +119,8 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   std::memset(local_dst.data(), 0, local_dst.size());
   std::memset(ref_dst.data(), 0, ref_dst.size());
   std::unique_ptr<ServePeer> serve;
+  Progress progress("bench engine", args.transports.size() * args.threads.size() *
+                                        args.block_bytes.size() * args.ops_per_batch.size());
   for (const std::string& transport_name : args.transports) {
     KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
     if (transport != TransportKind::kLocal && transport != TransportKind::kShm &&
@@ -158,6 +161,7 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
       ReferenceCopier reference(threads);
       for (uint64_t block : args.block_bytes) {
         for (int n : args.ops_per_batch) {
+          Progress::Cell cell = progress.cell();
           if (block * n > buffer_bytes) continue;
           std::vector<TransferOp> ops;
           std::vector<std::pair<char*, const char*>> copies;

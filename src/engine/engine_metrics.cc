@@ -63,7 +63,9 @@ void EngineMetrics::on_final(TransportMask transports, const Status& status,
 
 MetricsSnapshot EngineMetrics::snapshot(const std::string& engine, const RegionIndex& regions,
                                         PeerCounts peers) const {
-  auto relaxed = [](const auto& c) { return static_cast<double>(c.load(std::memory_order_relaxed)); };
+  auto relaxed = [](const auto& c) {
+    return static_cast<double>(c.load(std::memory_order_relaxed));
+  };
   auto labels = [&](std::initializer_list<std::pair<std::string, std::string>> more) {
     MetricLabels l{{"engine", engine}};
     l.insert(l.end(), more.begin(), more.end());
@@ -77,9 +79,9 @@ MetricsSnapshot EngineMetrics::snapshot(const std::string& engine, const RegionI
       family("kvferry_engine_batches_total",
              "Batches (one count per transport and direction a batch uses) handed to a transport",
              MetricType::kCounter);
-  MetricFamily completed = family("kvferry_engine_batches_completed_total",
-                                  "Batches that completed, per transport they used",
-                                  MetricType::kCounter);
+  MetricFamily completed =
+      family("kvferry_engine_batches_completed_total",
+             "Batches that completed, per transport they used", MetricType::kCounter);
   MetricFamily latency = family("kvferry_engine_batch_latency_seconds",
                                 "Completed batches: from submit() to the last byte in the "
                                 "destination's memory, per transport the batch used",
@@ -98,9 +100,9 @@ MetricsSnapshot EngineMetrics::snapshot(const std::string& engine, const RegionI
     completed.points.push_back(point(labels({{"transport", name}}), relaxed(completed_[t])));
     latency.points.push_back(latency_[t].to_point(labels({{"transport", name}})));
   }
-  MetricFamily failures = family("kvferry_engine_batch_failures_total",
-                                 "Batches that ended in an error, by status code",
-                                 MetricType::kCounter);
+  MetricFamily failures =
+      family("kvferry_engine_batch_failures_total",
+             "Batches that ended in an error, by status code", MetricType::kCounter);
   for (size_t c = 1; c < kStatusCodes; ++c) {
     failures.points.push_back(
         point(labels({{"code", std::string(status_code_name(static_cast<StatusCode>(c)))}}),
@@ -115,9 +117,8 @@ MetricsSnapshot EngineMetrics::snapshot(const std::string& engine, const RegionI
   MetricFamily submitted = family("kvferry_engine_batches_submitted_total",
                                   "Batches that passed validation", MetricType::kCounter);
   submitted.points.push_back(point(labels({}), relaxed(batches_submitted_)));
-  MetricFamily in_flight =
-      family("kvferry_engine_batches_in_flight", "Batches submitted and not yet final",
-             MetricType::kGauge);
+  MetricFamily in_flight = family("kvferry_engine_batches_in_flight",
+                                  "Batches submitted and not yet final", MetricType::kGauge);
   in_flight.points.push_back(point(labels({}), relaxed(in_flight_)));
 
   MetricFamily registered = family("kvferry_engine_registered_bytes",
@@ -131,8 +132,7 @@ MetricsSnapshot EngineMetrics::snapshot(const std::string& engine, const RegionI
   }
   MetricFamily peer_family =
       family("kvferry_engine_peers",
-             "Peers opened (other than this engine's own endpoint), by state",
-             MetricType::kGauge);
+             "Peers opened (other than this engine's own endpoint), by state", MetricType::kGauge);
   peer_family.points.push_back(
       point(labels({{"state", "connected"}}), static_cast<double>(peers.connected)));
   peer_family.points.push_back(

@@ -17,12 +17,9 @@ namespace detail {
 
 prometheus::MetricType to_prometheus(MetricType type) {
   switch (type) {
-    case MetricType::kCounter:
-      return prometheus::MetricType::Counter;
-    case MetricType::kGauge:
-      return prometheus::MetricType::Gauge;
-    case MetricType::kHistogram:
-      return prometheus::MetricType::Histogram;
+    case MetricType::kCounter: return prometheus::MetricType::Counter;
+    case MetricType::kGauge: return prometheus::MetricType::Gauge;
+    case MetricType::kHistogram: return prometheus::MetricType::Histogram;
   }
   return prometheus::MetricType::Untyped;
 }
@@ -39,12 +36,8 @@ std::vector<prometheus::MetricFamily> to_prometheus(const MetricsSnapshot& snaps
       prometheus::ClientMetric m;
       for (const auto& [key, value] : p.labels) m.label.push_back({key, value});
       switch (f.type) {
-        case MetricType::kCounter:
-          m.counter.value = p.value;
-          break;
-        case MetricType::kGauge:
-          m.gauge.value = p.value;
-          break;
+        case MetricType::kCounter: m.counter.value = p.value; break;
+        case MetricType::kGauge: m.gauge.value = p.value; break;
         case MetricType::kHistogram:
           m.histogram.sample_count = p.count;
           m.histogram.sample_sum = p.sum;

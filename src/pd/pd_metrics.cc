@@ -27,33 +27,38 @@ MetricsSnapshot PdMetrics::snapshot(const std::string& endpoint) const {
   };
   auto load = [](const auto& a) { return static_cast<double>(a.load(std::memory_order_relaxed)); };
   MetricsSnapshot out;
-  MetricFamily requests{"kvferry_pd_requests_total", "PD requests by final state",
-                        MetricType::kCounter, {}, {}};
+  MetricFamily requests{
+      "kvferry_pd_requests_total", "PD requests by final state", MetricType::kCounter, {}, {}};
   requests.points.push_back(
       point(labels({{"state", std::string(request_state_name(RequestState::kSuccess))}}),
             load(succeeded_)));
-  requests.points.push_back(
-      point(labels({{"state", std::string(request_state_name(RequestState::kFailed))}}),
-            load(failed_)));
+  requests.points.push_back(point(
+      labels({{"state", std::string(request_state_name(RequestState::kFailed))}}), load(failed_)));
   out.families.push_back(std::move(requests));
   if (role_ == "prefill") {
     MetricFamily latency{"kvferry_pd_transfer_latency_seconds",
                          "Successful requests: from the first engine batch submitted to the "
                          "last byte in decode's memory",
-                         MetricType::kHistogram, LatencyHistogram::bounds_seconds(), {}};
+                         MetricType::kHistogram,
+                         LatencyHistogram::bounds_seconds(),
+                         {}};
     latency.points.push_back(transfer_latency_.to_point(labels({})));
     out.families.push_back(std::move(latency));
   }
   MetricFamily bootstrap{"kvferry_pd_bootstrap_checks_total",
                          "Bootstrap server contacts (prefill: registrations, decode: /health "
                          "polls) by result",
-                         MetricType::kCounter, {}, {}};
+                         MetricType::kCounter,
+                         {},
+                         {}};
   bootstrap.points.push_back(point(labels({{"result", "ok"}}), load(bootstrap_ok_)));
   bootstrap.points.push_back(point(labels({{"result", "failed"}}), load(bootstrap_failed_)));
   out.families.push_back(std::move(bootstrap));
   MetricFamily last{"kvferry_pd_bootstrap_last_ok_timestamp_seconds",
                     "Unix time of the last successful bootstrap contact (0: never)",
-                    MetricType::kGauge, {}, {}};
+                    MetricType::kGauge,
+                    {},
+                    {}};
   last.points.push_back(point(labels({}), load(last_bootstrap_ok_ns_) * 1e-9));
   out.families.push_back(std::move(last));
   return out;

@@ -53,8 +53,8 @@ std::optional<double> query_value(httplib::Client& client, const std::string& qu
 }
 
 // Polls until Prometheus reports `want` for `query` or the deadline passes; the last value.
-std::optional<double> wait_for_value(httplib::Client& client, const std::string& query,
-                                     double want, std::chrono::steady_clock::time_point until) {
+std::optional<double> wait_for_value(httplib::Client& client, const std::string& query, double want,
+                                     std::chrono::steady_clock::time_point until) {
   std::optional<double> last;
   while (std::chrono::steady_clock::now() < until) {
     last = query_value(client, query);
@@ -93,9 +93,8 @@ TEST(PrometheusScrape, ServerReportsTheBytesTheEngineMoved) {
   const std::string listen = "127.0.0.1:" + std::to_string(prometheus_port());
   ChildProcess prometheus = must(ChildProcess::spawn(
       {"/bin/sh", "-c",
-       std::string("exec ") + kPrometheus + " --config.file=" + config +
-           " --storage.tsdb.path=" + dir + "/data --web.listen-address=" + listen +
-           " 2>" + dir + "/prometheus.log"}));
+       std::string("exec ") + kPrometheus + " --config.file=" + config + " --storage.tsdb.path=" +
+           dir + "/data --web.listen-address=" + listen + " 2>" + dir + "/prometheus.log"}));
   const auto until = std::chrono::steady_clock::now() + kPrometheusDeadline;
   httplib::Client client("127.0.0.1", prometheus_port());
   client.set_connection_timeout(1);

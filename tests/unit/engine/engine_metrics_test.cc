@@ -49,7 +49,8 @@ TEST_F(EngineMetricsTest, CountsTheBytesOpsAndLatencyOfWhatMoved) {
   EXPECT_FALSE(find_pattern_mismatch(std::span(dst_).first(8192), 11).has_value());
 
   MetricsSnapshot m = engine_->metrics();
-  const MetricLabels local_write = {{"engine", "m"}, {"transport", "local"}, {"direction", "write"}};
+  const MetricLabels local_write = {
+      {"engine", "m"}, {"transport", "local"}, {"direction", "write"}};
   const MetricLabels local_read = {{"engine", "m"}, {"transport", "local"}, {"direction", "read"}};
   EXPECT_EQ(m.value("kvferry_engine_bytes_total", local_write), 8192);
   EXPECT_EQ(m.value("kvferry_engine_bytes_total", local_read), 1000);
@@ -78,8 +79,8 @@ TEST_F(EngineMetricsTest, CountsTheBytesOpsAndLatencyOfWhatMoved) {
 
 TEST_F(EngineMetricsTest, FailuresAreCountedByStatusCode) {
   Result<BatchHandle> batch = engine_->submit(
-      self_, std::vector<TransferOp>{{OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()),
-                                      kBytes}},
+      self_,
+      std::vector<TransferOp>{{OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()), kBytes}},
       SubmitOptions{});
   ASSERT_TRUE(batch.ok());
   engine_->cancel(*batch);

@@ -23,10 +23,10 @@ using testing::must;
 
 TEST(LatencyHistogram, PutsEachObservationInTheFirstBucketNotBelowIt) {
   LatencyHistogram h;
-  h.observe(std::chrono::nanoseconds(1024));      // <= 2^10 ns: bucket 0
-  h.observe(std::chrono::nanoseconds(1025));      // bucket 1
-  h.observe(std::chrono::microseconds(3));        // 3000 ns <= 4096: bucket 2
-  h.observe(std::chrono::seconds(100));           // past the last bound: +Inf only
+  h.observe(std::chrono::nanoseconds(1024));  // <= 2^10 ns: bucket 0
+  h.observe(std::chrono::nanoseconds(1025));  // bucket 1
+  h.observe(std::chrono::microseconds(3));    // 3000 ns <= 4096: bucket 2
+  h.observe(std::chrono::seconds(100));       // past the last bound: +Inf only
   MetricPoint p = h.to_point({});
   ASSERT_EQ(p.cumulative_counts.size(), static_cast<size_t>(LatencyHistogram::kBounds));
   EXPECT_EQ(p.cumulative_counts[0], 1u);
@@ -81,8 +81,9 @@ TEST(MetricsServer, ServesTheBytesAnEngineMovedInATextPromtoolAccepts) {
       "kvferry_engine_bytes_total{engine=\"scraped\",transport=\"local\",direction=\"write\"} "
       "12345"))
       << text;
-  EXPECT_TRUE(contains(text, "kvferry_engine_batch_latency_seconds_count{engine=\"scraped\","
-                             "transport=\"local\"} 1"))
+  EXPECT_TRUE(contains(text,
+                       "kvferry_engine_batch_latency_seconds_count{engine=\"scraped\","
+                       "transport=\"local\"} 1"))
       << text;
   // The same text as in-process (after the server's own exposer_* metrics).
   EXPECT_TRUE(contains(text, to_prometheus_text(engine->metrics()))) << text;
