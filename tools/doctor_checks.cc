@@ -1,7 +1,7 @@
 #include "doctor_checks.h"
 
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
