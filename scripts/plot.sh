@@ -16,7 +16,7 @@ mkdir -p "$out"
 data=$(mktemp -d)
 trap 'rm -rf "$data"' EXIT
 
-common='set terminal pngcairo size 900,560 font "DejaVu Sans,11"
+common='set terminal pngcairo size 900,560 font "DejaVu Sans,11" noenhanced
 set grid
 set key outside right top
 set logscale x 2
@@ -71,18 +71,31 @@ else
 fi
 
 if [ -f "$results/kv.json" ]; then
-  plot=$(series '.[] | select(.kind == "kv") | {title: "\(.strategy) \(.transport) \(.threads) thr", x: .tokens, y: .p50_us}' \
-    "$results/kv.json" kv)
+  # One panel per transport at the run's largest thread count: each strategy and the memcpy
+  # of the same blocks.
+  threads=$(jq '[.[] | select(.kind == "kv") | .threads] | max' "$results/kv.json")
   preset=$(jq -r '[.[] | select(.kind == "kv")][0].preset' "$results/kv.json")
+  panels=""
+  for transport in $(jq -r '[.[] | select(.kind == "kv") | .transport] | unique[]' "$results/kv.json"); do
+    rows=".[] | select(.kind == \"kv\" and .transport == \"$transport\" and .threads == $threads)"
+    plot=$(series "($rows | {title: .strategy, x: .tokens, y: .p50_us}), ($rows | select(.strategy == \"all_layers\") | {title: \"memcpy\", x: .tokens, y: .memcpy_p50_us})" \
+      "$results/kv.json" "kv-$transport")
+    panels+="set title \"$transport, $threads threads\"
+$plot
+"
+  done
   gnuplot <<GP
 $common
+set terminal pngcairo size 1100,520 font "DejaVu Sans,11" noenhanced
 set output "$out/kv-latency.png"
-set title "One request's KV transfer ($preset): p50 latency vs context length"
+set key inside left top
 set format x "%.0f"
 set logscale y 10
 set xlabel "tokens"
 set ylabel "p50 latency (us)"
-$plot
+set multiplot layout 1,2 title "One request's KV transfer ($preset, random pages): p50 per strategy vs context length"
+$panels
+unset multiplot
 GP
   echo "plot: $out/kv-latency.png"
 else
