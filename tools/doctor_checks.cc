@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -46,6 +47,7 @@ std::string read_text(const std::string& path) {
   s << in.rdbuf();
   std::string text = s.str();
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  std::replace(text.begin(), text.end(), '\t', ' ');  // /proc/sys triples are tab-separated
   return text;
 }
 
