@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "kvferry/metrics.h"
 #include "kvferry/status.h"
 #include "kvferry/transfer_engine.h"
 
@@ -35,6 +36,9 @@ class StatusError : public std::runtime_error {
  private:
   Status status_;
 };
+
+// {family: {"type", "help", "samples": [(labels, value)]}} (metrics_bindings.cc).
+py::dict metrics_to_python(const MetricsSnapshot& snapshot);
 
 inline void throw_if_error(Status status) {
   if (!status.ok()) throw StatusError(std::move(status));

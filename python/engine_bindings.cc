@@ -16,6 +16,7 @@
 #include "binding_support.h"
 #include "kvferry/kv/plan_executor.h"
 #include "kvferry/kv/transfer_plan.h"
+#include "kvferry/metrics_server.h"
 #include "kvferry/transfer_engine.h"
 
 namespace kvferry::python {
@@ -106,7 +107,7 @@ void bind_engine(py::module_& m) {
       .def(py::init([](std::string name, std::string listen_address, std::string metadata_uri,
                        std::optional<std::string> transport, int64_t batch_timeout_ms,
                        int64_t handshake_timeout_ms, int worker_threads,
-                       std::optional<std::string> secret) {
+                       std::optional<std::string> secret, bool metrics) {
              EngineOptions o;
              o.name = std::move(name);
              o.listen_address = std::move(listen_address);
@@ -116,6 +117,7 @@ void bind_engine(py::module_& m) {
              o.handshake_timeout = milliseconds(handshake_timeout_ms);
              o.worker_threads = worker_threads;
              o.secret = std::move(secret);
+             o.metrics = metrics;
              py::gil_scoped_release release;
              return std::make_unique<PyEngine>(std::move(o));
            }),
@@ -123,7 +125,16 @@ void bind_engine(py::module_& m) {
            py::arg("metadata_uri") = "p2p", py::arg("transport") = py::none(),
            py::arg("batch_timeout_ms") = 30'000,
            py::arg("handshake_timeout_ms") = kDefaultHandshakeTimeout.count(),
-           py::arg("worker_threads") = 2, py::arg("secret") = py::none())
+           py::arg("worker_threads") = 2, py::arg("secret") = py::none(),
+           py::arg("metrics") = false)
+      .def(
+          "metrics", [](PyEngine& e) { return metrics_to_python(e.engine().metrics()); },
+          "What the engine counted (empty unless metrics=True): {family name: {'type', 'help', "
+          "'samples': [(labels dict, value)]}}; a histogram's value is a dict with count, sum "
+          "and buckets [(upper bound in s, cumulative count)].")
+      .def(
+          "metrics_text", [](PyEngine& e) { return to_prometheus_text(e.engine().metrics()); },
+          "The engine's metrics in Prometheus text format.")
       .def_property_readonly("endpoint", [](PyEngine& e) { return e.engine().endpoint(); })
       .def_property_readonly("incarnation", [](PyEngine& e) { return e.engine().incarnation(); })
       .def_property_readonly("batch_timeout_ms",

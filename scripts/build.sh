@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Configures and builds kvferry into build/ (Release with debug info, warnings as errors).
 # Extra arguments go to cmake, e.g. scripts/build.sh -DKVFERRY_SANITIZE=ON. TARGETS (env)
-# limits what ninja builds; BUILD_DIR and JOBS are honoured too.
+# limits what ninja builds; BUILD_DIR, BUILD_TYPE (default RelWithDebInfo) and JOBS are
+# honoured too.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-RelWithDebInfo} -DKVFERRY_WERROR=ON "$@" >/dev/null
 # shellcheck disable=SC2086  # TARGETS is a list
 ninja -C "$BUILD_DIR" -j "$JOBS" ${TARGETS:-}

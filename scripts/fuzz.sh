@@ -23,7 +23,7 @@ declare -A target_flags=(
 per_input_timeout_s=10
 
 echo "== fuzz: building ${targets[*]} with clang into $build"
-CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DKVFERRY_FUZZ=ON \
+CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DKVFERRY_FUZZ=ON -DKVFERRY_WERROR=ON \
   -DKVFERRY_BUILD_TESTS=OFF -DKVFERRY_BUILD_BENCH=OFF >/dev/null
 ninja -C "$build" -j "$jobs" kvferry_fuzzers
 

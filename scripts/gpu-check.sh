@@ -27,7 +27,7 @@ cat "$RESULTS"
 
 echo "== build (CUDA on, tests only)"
 timeout 360 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DKVFERRY_CUDA=ON -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF >/dev/null \
+  -DKVFERRY_CUDA=ON -DKVFERRY_WERROR=ON -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF >/dev/null \
   || fail "cmake with -DKVFERRY_CUDA=ON (is the CUDA toolkit installed?)"
 timeout 360 ninja -C "$BUILD_DIR" -j "$JOBS" kvferry_unit_tests || fail "build"
 tests="$BUILD_DIR/kvferry_unit_tests"

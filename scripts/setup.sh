@@ -14,6 +14,8 @@ packages=(
   pybind11-dev python3-dev python3-numpy python3-pytest
   iperf3
   libucx-dev ucx-utils
+  python3-venv python3-pip python3-setuptools python3-wheel
+  prometheus-cpp-dev prometheus gnuplot-nox jq
 )
 
 missing=()

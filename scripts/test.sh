@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds, checks formatting, runs every
-# unit and integration test, then builds the unit tests with AddressSanitizer and
+# unit and integration test, then builds the library and unit tests in Release (-O3) and
+# runs them, installs that build and builds a consumer project against it, pip-installs the
+# Python module into a fresh venv and runs pytest there, then builds the unit tests with
+# AddressSanitizer and
 # UndefinedBehaviorSanitizer and runs them, then runs the libFuzzer targets for a bounded
 # time (scripts/fuzz.sh; FUZZ_SECONDS per target). clang-tidy checks src/ after the build
 # (scripts/tidy.sh). Every test stops by itself.
@@ -34,6 +37,26 @@ trap 'scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
 eval "$(scripts/services.sh start)"
 ctest --test-dir build --output-on-failure -j "$JOBS" --timeout 600
 scripts/services.sh stop
+
+echo "== Release (gcc -O3): library + unit tests, then install, a consumer project, pip"
+# The installed tree and the venv are built from this Release build: the consumer project
+# (tests/consumer) builds the README example against the installed CMake package and runs
+# it; pip builds the module from the same CMake build and pytest runs against the venv.
+release=$PWD/build-release
+BUILD_DIR=build-release BUILD_TYPE=Release TARGETS="kvferry_unit_tests kvferry_cli" \
+  scripts/build.sh -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF
+ctest --test-dir build-release -L unit --output-on-failure -j "$JOBS" --timeout 600
+rm -rf "$release/install" "$release/consumer" "$release/venv"
+cmake --install build-release --prefix "$release/install" >/dev/null
+cmake -S tests/consumer -B "$release/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$release/install" >/dev/null
+ninja -C "$release/consumer"
+"$release/consumer/engine_example"
+/usr/bin/python3 -m venv --system-site-packages "$release/venv"
+KVFERRY_CMAKE_BUILD_DIR=build-release KVFERRY_BUILD_JOBS="$JOBS" \
+  "$release/venv/bin/pip" install -q --no-build-isolation --no-index .
+(cd "$release/venv" && KVFERRY_PYTHON_PREFIX="$release/venv" \
+  bin/python -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests")
 
 if [ "$sanitizers" = 1 ]; then
   echo "== unit tests under ASan+UBSan"

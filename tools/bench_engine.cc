@@ -35,6 +35,7 @@
 #include "core/pattern.h"
 #include "core/thread_pool.h"
 #include "kvferry/transfer_engine.h"
+#include "progress.h"
 #include "serve_client.h"
 #include "transport/built_transports.h"
 
@@ -226,6 +227,9 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   }
   std::unique_ptr<ServePeer> serve;
   const std::vector<BenchedTransport> benchable = benchable_transports();
+  Progress progress("bench engine", args.transports.size() * args.threads.size() *
+                                        op_kinds.size() * args.block_bytes.size() *
+                                        args.ops_per_batch.size());
   for (const std::string& transport_name : args.transports) {
     KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
     auto how = std::find_if(benchable.begin(), benchable.end(),
@@ -270,6 +274,7 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
         const std::string op_name = op_kind == OpKind::kWrite ? "write" : "read";
         for (uint64_t block : args.block_bytes) {
           for (int n : args.ops_per_batch) {
+            Progress::Cell cell = progress.cell();
             if (block * n > buffer_bytes) {
               std::cout << fmt::format(
                   "{:>5} {:>5} thr={} block={:>9} ops={:>4}  skipped: {} per batch is more than "

@@ -36,6 +36,7 @@
 #include "kvferry/kv/plan_executor.h"
 #include "kvferry/kv/planner.h"
 #include "kvferry/transfer_engine.h"
+#include "progress.h"
 #include "serve_client.h"
 
 namespace kvferry::cli {
@@ -186,6 +187,9 @@ struct KvBenchArgs {
   double pool_slack = 2.0;
   double max_memory_gib = 12.0;
   uint64_t inline_bytes = EngineOptions{}.inline_batch_bytes;
+  // EngineOptions::metrics for the call-cost engines, each measured in turn ("off,on": the
+  // cost of metrics against a same-run reference); the grid's engines use the last one.
+  std::vector<std::string> metrics = {"off"};
   std::string json_path;
 };
 
@@ -217,6 +221,7 @@ struct KvRow {
 struct CallCostRow {
   std::string transport;
   int threads = 0;
+  bool metrics = false;
   double p50_us = 0;
   double p99_us = 0;
   double mean_us = 0;
@@ -291,9 +296,11 @@ bool execute_once(const TransferPlan& plan, TransferEngine& engine, const PeerHa
   return failure.ok();
 }
 
-Result<std::unique_ptr<TransferEngine>> make_engine(int threads, uint64_t inline_bytes) {
+Result<std::unique_ptr<TransferEngine>> make_engine(int threads, uint64_t inline_bytes,
+                                                    bool metrics) {
   EngineOptions options;
   options.name = "bench-kv";
+  options.metrics = metrics;
   options.worker_threads = threads;
   options.inline_batch_bytes = inline_bytes;
   return TransferEngine::create(options);
@@ -313,39 +320,47 @@ Status measure_call_cost(const KvBenchArgs& args, std::vector<CallCostRow>& rows
       serve = std::make_unique<ServePeer>(std::move(peer));
     }
     for (int threads : args.threads) {
-      KVF_ASSIGN_OR_RETURN(auto engine, make_engine(threads, args.inline_bytes));
-      KVF_RETURN_IF_ERROR(engine->register_memory(src.data(), src.size()));
-      KVF_RETURN_IF_ERROR(engine->register_memory(local_dst.data(), local_dst.size()));
-      const bool shm = transport != TransportKind::kLocal;  // shm or tcp: the child process
-      PeerOptions peer_options;
-      peer_options.transport = transport;
-      KVF_ASSIGN_OR_RETURN(
-          PeerHandle peer,
-          engine->open_peer(shm ? serve->endpoint : engine->endpoint(), peer_options));
-      const TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()),
-                          shm ? serve->addr : reinterpret_cast<uint64_t>(local_dst.data()),
-                          kCallCostBytes};
-      Status failure;
-      LatencySampler latency;
-      latency.run(args.min_time_ms, [&] {
-        Result<BatchHandle> batch = engine->submit(peer, {&op, 1});
-        if (!batch.ok()) {
-          failure = batch.status();
-          return false;
-        }
-        BatchStatus status = engine->wait(*batch, std::chrono::seconds(10));
-        failure = status.status;
-        return status.state == BatchState::kCompleted;
-      });
-      KVF_RETURN_IF_ERROR(failure);
-      CallCostRow row{transport_name, threads, latency.percentile_us(50), latency.percentile_us(99),
-                      latency.mean_ns() / 1e3};
-      std::cout << fmt::format(
-                       "call cost {:>5} thr={}  one {}-byte block, submit to completion: "
-                       "p50 {:6.2f} us  p99 {:6.2f} us  mean {:6.2f} us\n",
-                       row.transport, threads, kCallCostBytes, row.p50_us, row.p99_us, row.mean_us)
-                << std::flush;
-      rows.push_back(row);
+      for (const std::string& metrics_mode : args.metrics) {
+        const bool metrics = metrics_mode == "on";
+        KVF_ASSIGN_OR_RETURN(auto engine, make_engine(threads, args.inline_bytes, metrics));
+        KVF_RETURN_IF_ERROR(engine->register_memory(src.data(), src.size()));
+        KVF_RETURN_IF_ERROR(engine->register_memory(local_dst.data(), local_dst.size()));
+        const bool shm = transport != TransportKind::kLocal;  // shm or tcp: the child process
+        PeerOptions peer_options;
+        peer_options.transport = transport;
+        KVF_ASSIGN_OR_RETURN(
+            PeerHandle peer,
+            engine->open_peer(shm ? serve->endpoint : engine->endpoint(), peer_options));
+        const TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()),
+                            shm ? serve->addr : reinterpret_cast<uint64_t>(local_dst.data()),
+                            kCallCostBytes};
+        Status failure;
+        LatencySampler latency;
+        latency.run(args.min_time_ms, [&] {
+          Result<BatchHandle> batch = engine->submit(peer, {&op, 1});
+          if (!batch.ok()) {
+            failure = batch.status();
+            return false;
+          }
+          BatchStatus status = engine->wait(*batch, std::chrono::seconds(10));
+          failure = status.status;
+          return status.state == BatchState::kCompleted;
+        });
+        KVF_RETURN_IF_ERROR(failure);
+        CallCostRow row{transport_name,
+                        threads,
+                        metrics,
+                        latency.percentile_us(50),
+                        latency.percentile_us(99),
+                        latency.mean_ns() / 1e3};
+        std::cout << fmt::format(
+                         "call cost {:>5} thr={} metrics={:<3}  one {}-byte block, submit to "
+                         "completion: p50 {:6.2f} us  p99 {:6.2f} us  mean {:6.2f} us\n",
+                         row.transport, threads, metrics_mode, kCallCostBytes, row.p50_us,
+                         row.p99_us, row.mean_us)
+                  << std::flush;
+        rows.push_back(row);
+      }
     }
   }
   return Status::Ok();
@@ -444,7 +459,8 @@ Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
   const uint64_t bytes = reference_plan.total_bytes();
 
   for (int threads : args.threads) {
-    KVF_ASSIGN_OR_RETURN(auto engine, make_engine(threads, args.inline_bytes));
+    KVF_ASSIGN_OR_RETURN(auto engine,
+                         make_engine(threads, args.inline_bytes, args.metrics.back() == "on"));
     KVF_RETURN_IF_ERROR(engine->register_memory(src_pool.data.get(), src_pool.size));
     if (serve == nullptr) {
       KVF_RETURN_IF_ERROR(engine->register_memory(local_dst.addr, local_dst.length));
@@ -559,12 +575,19 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
   for (int threads : args.threads) {
     if (threads < 1) return InvalidArgument(fmt::format("--threads must be >= 1, got {}", threads));
   }
+  if (args.metrics.empty()) return InvalidArgument("--metrics needs at least one of off, on");
+  for (const std::string& mode : args.metrics) {
+    if (mode != "off" && mode != "on") {
+      return InvalidArgument(fmt::format("--metrics '{}' (valid: off, on)", mode));
+    }
+  }
 
   KVF_RETURN_IF_ERROR(measure_call_cost(args, call_rows));
 
   const double memory_budget = args.max_memory_gib * double(1ull << 30);
   // Source pool, local destination pool, and the serve child's pool.
   const int pools = any_shm ? 3 : 2;
+  Progress progress("bench kv", presets.size() * args.tokens.size() * args.transports.size());
   for (const ModelPreset& preset : presets) {
     for (uint64_t tokens : args.tokens) {
       RequestSetup request{preset, tokens, 0, 0, {}, {}};
@@ -582,6 +605,7 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
             "{:<12} {:>6} tok skipped: {} pools of {} exceed --max-memory-gib "
             "{}\n",
             preset.name, tokens, pools, format_bytes(request.pool_bytes), args.max_memory_gib);
+        for (size_t i = 0; i < args.transports.size(); ++i) progress.step();
         continue;
       }
       request.src_pages = place_pages(pages, request.pool_pages, placement, kSrcPlacementSeed);
@@ -589,7 +613,7 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
 
       HostPool src_pool(request.pool_bytes);
       // Holds the local destination pool (and keeps it alive across the per-thread engines).
-      KVF_ASSIGN_OR_RETURN(auto holder, make_engine(1, args.inline_bytes));
+      KVF_ASSIGN_OR_RETURN(auto holder, make_engine(1, args.inline_bytes, false));
       KVF_ASSIGN_OR_RETURN(SharedBuffer local_dst, holder->allocate_shared(request.pool_bytes));
       {
         // Pattern only in the pages the request sends; the rest of the pool is never read.
@@ -628,6 +652,7 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
         KVF_RETURN_IF_ERROR(
             run_transport(args, request, strategies, transport_name, src_pool, local_dst,
                           transport != TransportKind::kLocal ? serve.get() : nullptr, rows));
+        progress.step();
       }
       if (serve) (void)serve->process.ask("quit", std::chrono::seconds(5));
     }
@@ -641,6 +666,7 @@ nlohmann::json to_json(const std::vector<KvRow>& rows, const std::vector<CallCos
     out.push_back({{"kind", "call_cost"},
                    {"transport", r.transport},
                    {"threads", r.threads},
+                   {"metrics", r.metrics},
                    {"block_bytes", kCallCostBytes},
                    {"p50_us", r.p50_us},
                    {"p99_us", r.p99_us},
@@ -696,6 +722,9 @@ void add_bench_kv_command(CLI::App& bench) {
                   "skip cells whose pools need more memory than this");
   cmd->add_option("--inline-bytes", args->inline_bytes,
                   "engine inline_batch_bytes: calls up to this size copy on the caller");
+  cmd->add_option("--metrics", args->metrics,
+                  "engine metrics for the call-cost engines, each in turn: off, on (e.g. off,on)")
+      ->delimiter(',');
   cmd->add_option("--json", args->json_path, "write rows as JSON to this file ('-' = stdout)");
   cmd->callback([args] {
     std::vector<KvRow> rows;

@@ -9,6 +9,7 @@ namespace kvferry::cli {
 void add_bench_command(CLI::App& app);
 void add_bootstrap_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
+void add_doctor_command(CLI::App& app);
 void add_pd_decode_command(CLI::App& app);
 void add_pd_prefill_command(CLI::App& app);
 void add_plan_command(CLI::App& app);

@@ -7,6 +7,7 @@ int main(int argc, char** argv) {
   CLI::App app{"kvferry: moves LLM KV cache between prefill and decode workers"};
   app.require_subcommand(1);
   kvferry::cli::add_demo_command(app);
+  kvferry::cli::add_doctor_command(app);
   kvferry::cli::add_bench_command(app);
   kvferry::cli::add_serve_command(app);
   kvferry::cli::add_plan_command(app);

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "kvferry/defaults.h"
+#include "kvferry/metrics.h"
 #include "kvferry/status.h"
 #include "kvferry/transfer_types.h"
 #include "kvferry/transport_kind.h"
@@ -88,6 +89,9 @@ struct EngineOptions {
   // the peer: a hostile peer could write anywhere in this process (docs/TRANSPORTS.md).
   // Off: ucx is used only where UCX has a hardware RMA transport, whose NIC checks rkeys.
   bool ucx_allow_emulated = false;
+  // Count bytes, batches, failures and latencies (kvferry/metrics.h). Off: nothing is
+  // counted and metrics() is empty.
+  bool metrics = false;
 };
 
 struct PeerOptions {
@@ -215,6 +219,10 @@ class TransferEngine {
   // Convenience: submit then wait up to the batch timeout; returns the final status.
   Status transfer_sync(const PeerHandle& peer, std::span<const TransferOp> ops,
                        const SubmitOptions& options = {});
+
+  // What this engine counted (labelled engine=<options().name>); empty unless
+  // EngineOptions::metrics. Safe to call at any time from any thread.
+  MetricsSnapshot metrics() const;
 
  private:
   friend class detail::EngineImpl;

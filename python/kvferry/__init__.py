@@ -126,9 +126,12 @@ class Engine(_kvferry.Engine):
     """The Pythonic transfer engine: raises kvferry.errors exceptions.
 
     Engine(name="kvferry", listen_address="127.0.0.1:0", metadata_uri="p2p", transport=None,
-    batch_timeout_ms=30000, handshake_timeout_ms=2000, worker_threads=2, secret=None).
+    batch_timeout_ms=30000, handshake_timeout_ms=2000, worker_threads=2, secret=None,
+    metrics=False). With ``metrics=True``, ``metrics()`` returns what it counted (a dict by
+    family name) and ``metrics_text()`` the same in Prometheus text format.
     ``transport`` None lets the engine route each op (shm or cma on the same host, else tcp);
-    "tcp", "shm", "cma" or "local" forces one. ``routes(peer)`` lists the routes chosen. Peers are named by their ``endpoint`` ("host:port").
+    "tcp", "shm", "cma" or "local" forces one. ``routes(peer)`` lists the routes chosen. Peers
+    are named by their ``endpoint`` ("host:port").
     """
 
     @property

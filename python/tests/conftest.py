@@ -12,6 +12,19 @@ import numpy as np
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytest_configure(config):
+    """KVFERRY_PYTHON_PREFIX (scripts/test.sh's pip pass): the module under test must be the
+    one installed there, not a build tree's."""
+    prefix = os.environ.get("KVFERRY_PYTHON_PREFIX")
+    if prefix:
+        import kvferry
+        where = os.path.realpath(kvferry.__file__)
+        if not where.startswith(os.path.realpath(prefix) + os.sep):
+            raise pytest.UsageError(f"kvferry imported from {where}, not from {prefix}")
+
+
 # Every wait on another process is bounded by this.
 PROCESS_TIMEOUT_S = 20
 

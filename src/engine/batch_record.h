@@ -12,6 +12,7 @@
 
 #include <memory>
 
+#include "engine/engine_metrics.h"
 #include "engine/op_resolver.h"
 #include "engine/peer_state.h"
 #include "transport/batch_progress.h"
@@ -21,6 +22,7 @@ namespace kvferry::detail {
 struct BatchRecord final : BatchProgress {
   using BatchProgress::BatchProgress;
   using BatchProgress::help;
+  using BatchProgress::report_final;
   using BatchProgress::set_work;
   using BatchProgress::snapshot;
   using BatchProgress::stop;
@@ -29,6 +31,13 @@ struct BatchRecord final : BatchProgress {
   ResolvedBatch work;
   std::shared_ptr<const RegionIndex> local_snapshot;     // keeps RegionUse alive
   std::shared_ptr<const RemoteSegment> remote_snapshot;  // keeps mappings alive
+  // Metrics on: the engine's counters (they outlive every batch) and the transports used.
+  EngineMetrics* metrics = nullptr;
+  TransportMask transports = 0;
+
+  void on_final(const Status& status, std::chrono::nanoseconds elapsed) override {
+    metrics->on_final(transports, status, elapsed);
+  }
 };
 
 }  // namespace kvferry::detail

@@ -79,6 +79,11 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
     }
   }
   batch->set_work(ops.size(), batch->work.span_count(), batch->work.bytes, std::move(uses));
+  if (metrics_ != nullptr) {
+    batch->transports = metrics_->on_submitted(ops.size(), batch->work);
+    batch->metrics = metrics_.get();
+    batch->report_final();
+  }
   KVF_RETURN_IF_ERROR(post_parts(owner, *peer, options.after_cuda_event));
   return BatchHandle(std::move(owner));
 }
@@ -149,6 +154,18 @@ BatchStatus EngineImpl::wait(const BatchHandle& handle, std::chrono::millisecond
   b.wait_until(until);
   enforce_deadline(b);
   return b.snapshot();
+}
+
+MetricsSnapshot EngineImpl::metrics() {
+  if (metrics_ == nullptr) return {};
+  EngineMetrics::PeerCounts peers;
+  {
+    std::lock_guard lock(peers_mu_);
+    for (const auto& [name, peer] : peers_) {
+      ++(peer->is_disconnected() ? peers.disconnected : peers.connected);
+    }
+  }
+  return metrics_->snapshot(options_.name, *local_regions_.load(), peers);
 }
 
 void EngineImpl::cancel(const BatchHandle& handle) {

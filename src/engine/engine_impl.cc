@@ -26,6 +26,7 @@ uint64_t new_incarnation() {
 EngineImpl::EngineImpl(EngineOptions options)
     : options_(std::move(options)),
       incarnation_(new_incarnation()),
+      metrics_(options_.metrics ? std::make_unique<EngineMetrics>() : nullptr),
       workers_(options_.worker_threads) {
   local_regions_.store(std::make_shared<const RegionIndex>());
 }

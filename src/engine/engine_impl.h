@@ -56,6 +56,8 @@ class EngineImpl {
   BatchStatus status(const BatchHandle& batch) const;
   BatchStatus wait(const BatchHandle& batch, std::chrono::milliseconds timeout) const;
   void cancel(const BatchHandle& batch);
+  // Empty when EngineOptions::metrics is off.
+  MetricsSnapshot metrics();
 
   static const PeerState& peer_state(const PeerHandle& h) { return *h.state_; }
   static TransportKind preferred_transport(const PeerHandle& h);
@@ -109,6 +111,9 @@ class EngineImpl {
   std::string endpoint_;
   TransportSet served_;
   std::optional<std::string> secret_;
+  // EngineOptions::metrics: the counters, or null (no hook runs). Declared before the
+  // workers and transports, so it outlives every thread that finishes a batch.
+  std::unique_ptr<EngineMetrics> metrics_;
 
   // Registration. Writers serialise on registry_mu_; readers load the snapshot.
   mutable std::mutex registry_mu_;

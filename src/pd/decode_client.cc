@@ -27,7 +27,9 @@ Status timed_out(const std::string& what, std::chrono::milliseconds after,
 }  // namespace
 
 DecodeClientImpl::DecodeClientImpl(DecodeClientOptions options)
-    : options_(std::move(options)), engine_(*options_.engine) {}
+    : options_(std::move(options)),
+      engine_(*options_.engine),
+      metrics_(options_.metrics ? std::make_unique<PdMetrics>("decode") : nullptr) {}
 
 Status DecodeClientImpl::start() {
   KVF_RETURN_IF_ERROR(kv::validate_tp_pair({1, 0, options_.tp.size, options_.tp.rank}));
@@ -305,6 +307,7 @@ void DecodeClientImpl::check_health(const std::shared_ptr<PrefillInstance>& inst
       inst->bootstrap_address,
       std::max(std::chrono::milliseconds(50), options_.timeouts.heartbeat_interval / 2));
   Result<HealthReport> health = bootstrap.health();
+  if (metrics_ != nullptr) metrics_->on_bootstrap(health.status());
   const auto now = Clock::now();
   if (health.ok()) {
     for (const RankHealth& rank : health->ranks) {
@@ -376,6 +379,10 @@ void DecodeClientImpl::monitor_loop() {
   }
 }
 
+MetricsSnapshot DecodeClientImpl::metrics() const {
+  return metrics_ == nullptr ? MetricsSnapshot{} : metrics_->snapshot(engine_.endpoint());
+}
+
 DecodeStats DecodeClientImpl::stats() const {
   std::lock_guard lock(mu_);
   DecodeStats s = stats_;
@@ -404,5 +411,6 @@ Result<KvReceiver> DecodeClient::create_receiver(const std::string& bootstrap_ad
   return impl_->create_receiver(bootstrap_address, room);
 }
 DecodeStats DecodeClient::stats() const { return impl_->stats(); }
+MetricsSnapshot DecodeClient::metrics() const { return impl_->metrics(); }
 
 }  // namespace kvferry::pd

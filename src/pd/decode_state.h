@@ -24,6 +24,7 @@
 #include "kvferry/pd/bootstrap.h"
 #include "kvferry/pd/decode_client.h"
 #include "pd/control_channel.h"
+#include "pd/pd_metrics.h"
 
 namespace kvferry::pd::detail {
 
@@ -80,6 +81,7 @@ class DecodeClientImpl {
 
   Result<KvReceiver> create_receiver(const std::string& bootstrap_address, uint64_t room);
   DecodeStats stats() const;
+  MetricsSnapshot metrics() const;
 
   // --- Used by KvReceiver (kv_receiver.cc).
   Status init(const std::shared_ptr<ReceiverState>& r, std::vector<kv::PageIndex> pages,
@@ -117,6 +119,7 @@ class DecodeClientImpl {
   std::unordered_map<std::string, std::shared_ptr<PrefillInstance>> instances_;
   std::unordered_map<uint64_t, std::shared_ptr<ReceiverState>> rooms_;
   DecodeStats stats_;
+  std::unique_ptr<PdMetrics> metrics_;  // DecodeClientOptions::metrics, else null
 };
 
 }  // namespace kvferry::pd::detail

@@ -106,6 +106,7 @@ void DecodeClientImpl::settle(const std::shared_ptr<ReceiverState>& r) {
   std::lock_guard lock(mu_);
   if (count) {
     (state == RequestState::kSuccess ? stats_.requests_succeeded : stats_.requests_failed)++;
+    if (metrics_ != nullptr) metrics_->on_final(state);
   }
   if (forget) {
     auto it = rooms_.find(r->room);

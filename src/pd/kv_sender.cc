@@ -132,6 +132,11 @@ void PrefillServerImpl::run_plans(const std::shared_ptr<SenderState>& s,
   } else if (s->cell.state() != RequestState::kFailed) {
     kv::ExecuteOptions eo;
     eo.call_timeout = options_.timeouts.transfer_call_timeout;
+    if (metrics_ != nullptr) {
+      int64_t unset = 0;
+      s->first_post_ns.compare_exchange_strong(unset, Clock::now().time_since_epoch().count(),
+                                               std::memory_order_relaxed);
+    }
     for (const kv::TransferPlan& plan : plans) {
       result = kv::execute(plan, engine_, peer->engine_peer, eo);
       if (!result.ok()) break;
@@ -161,7 +166,11 @@ void PrefillServerImpl::run_plans(const std::shared_ptr<SenderState>& s,
     std::lock_guard lock(mu_);
     stats_.bytes_sent += bytes;
   }
-  if (all_done) s->cell.advance(RequestState::kSuccess);
+  if (all_done && s->cell.advance(RequestState::kSuccess) && metrics_ != nullptr) {
+    const Clock::time_point first{
+        Clock::duration(s->first_post_ns.load(std::memory_order_relaxed))};
+    metrics_->on_transferred(Clock::now() - first);
+  }
   finish_if_drained(s);
 }
 

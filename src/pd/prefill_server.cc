@@ -11,7 +11,9 @@ namespace kvferry::pd {
 namespace detail {
 
 PrefillServerImpl::PrefillServerImpl(PrefillServerOptions options)
-    : options_(std::move(options)), engine_(*options_.engine) {}
+    : options_(std::move(options)),
+      engine_(*options_.engine),
+      metrics_(options_.metrics ? std::make_unique<PdMetrics>("prefill") : nullptr) {}
 
 Status PrefillServerImpl::start() {
   KVF_RETURN_IF_ERROR(kv::validate_tp_pair({options_.tp.size, options_.tp.rank, 1, 0}));
@@ -59,7 +61,9 @@ Status PrefillServerImpl::register_with_bootstrap() {
   BootstrapClient client(
       options_.bootstrap_address,
       std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval));
-  return client.register_rank(r);
+  Status result = client.register_rank(r);
+  if (metrics_ != nullptr) metrics_->on_bootstrap(result);
+  return result;
 }
 
 Result<KvSender> PrefillServerImpl::create_sender(uint64_t room) {
@@ -72,6 +76,10 @@ Result<KvSender> PrefillServerImpl::create_sender(uint64_t room) {
   }
   slot->claimed = true;
   return KvSender(slot);
+}
+
+MetricsSnapshot PrefillServerImpl::metrics() const {
+  return metrics_ == nullptr ? MetricsSnapshot{} : metrics_->snapshot(control_endpoint_);
 }
 
 PrefillStats PrefillServerImpl::stats() const {
@@ -281,6 +289,7 @@ void PrefillServerImpl::forget_room(uint64_t room, const SenderState* s) {
   if (it != rooms_.end() && it->second.get() == s) {
     (s->cell.state() == RequestState::kSuccess ? stats_.requests_succeeded
                                                : stats_.requests_failed)++;
+    if (metrics_ != nullptr) metrics_->on_final(s->cell.state());
     rooms_.erase(it);
   }
 }
@@ -300,5 +309,6 @@ PrefillServer::~PrefillServer() = default;
 const std::string& PrefillServer::control_endpoint() const { return impl_->control_endpoint(); }
 Result<KvSender> PrefillServer::create_sender(uint64_t room) { return impl_->create_sender(room); }
 PrefillStats PrefillServer::stats() const { return impl_->stats(); }
+MetricsSnapshot PrefillServer::metrics() const { return impl_->metrics(); }
 
 }  // namespace kvferry::pd

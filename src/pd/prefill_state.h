@@ -22,6 +22,7 @@
 #include "kvferry/pd/control_message.h"
 #include "kvferry/pd/prefill_server.h"
 #include "pd/control_channel.h"
+#include "pd/pd_metrics.h"
 
 namespace kvferry::pd::detail {
 
@@ -81,6 +82,9 @@ struct SenderState {
   uint64_t pages_sent = 0;
   bool last_queued = false;
   int inflight = 0;
+  // Metrics: when the request's first engine batch was submitted (0: not yet), since the
+  // steady clock's epoch.
+  std::atomic<int64_t> first_post_ns{0};
   bool notified = false;                            // decode was told the final state
   std::vector<std::shared_ptr<DecodePeer>> ack_to;  // abort acks owed once drained
 };
@@ -94,6 +98,7 @@ class PrefillServerImpl {
   const std::string& control_endpoint() const { return control_endpoint_; }
   Result<KvSender> create_sender(uint64_t room);
   PrefillStats stats() const;
+  MetricsSnapshot metrics() const;
 
   // --- Used by KvSender (kv_sender.cc).
   Status send_chunk(const std::shared_ptr<SenderState>& s, std::span<const kv::PageIndex> pages,
@@ -133,6 +138,7 @@ class PrefillServerImpl {
   std::unordered_map<uint64_t, std::shared_ptr<DecodePeer>> peers_;
   std::unordered_map<uint64_t, std::shared_ptr<SenderState>> rooms_;
   PrefillStats stats_;
+  std::unique_ptr<PdMetrics> metrics_;  // PrefillServerOptions::metrics, else null
 };
 
 }  // namespace kvferry::pd::detail

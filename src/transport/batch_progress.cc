@@ -45,6 +45,7 @@ void BatchProgress::finalize_locked(const Status& status) {
   state_ = status.ok() ? BatchState::kCompleted : BatchState::kFailed;
   error_ = status;
   complete_time_ = Clock::now() - start_;
+  if (report_final_) on_final(status, complete_time_);
   cv_.notify_all();
 }
 

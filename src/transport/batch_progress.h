@@ -119,6 +119,11 @@ class BatchProgress {
   void help();
   // The local regions the batch pins; released once nothing can read or write them.
   const std::vector<RegionUse*>& pins() const { return pins_; }
+  // Asks for on_final once the batch is final (set before posting; metrics use it).
+  void report_final() { report_final_ = true; }
+  // Called once, under the batch's lock, when the batch becomes final: keep it to a few
+  // relaxed atomic updates.
+  virtual void on_final(const Status& /*status*/, std::chrono::nanoseconds /*elapsed*/) {}
 
  private:
   void finalize_locked(const Status& status);
@@ -139,6 +144,7 @@ class BatchProgress {
   std::atomic<bool> stopped_{false};
   std::atomic<bool> pins_released_{false};
   std::atomic<bool> has_helpers_{false};
+  bool report_final_ = false;  // set before posting, then immutable
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "kvferry/kv/kv_layout.h"
+#include "kvferry/metrics.h"
 #include "kvferry/pd/control_message.h"
 #include "kvferry/pd/pd_options.h"
 #include "kvferry/pd/request_state.h"
@@ -48,6 +49,8 @@ struct DecodeClientOptions {
   TpRank tp;
   PdTimeouts timeouts;
   int bootstrap_threads = 2;
+  // Count requests and bootstrap /health polls (metrics()); off: nothing.
+  bool metrics = false;
 };
 
 class KvReceiver {
@@ -97,6 +100,9 @@ class DecodeClient {
   // receiver has that room).
   Result<KvReceiver> create_receiver(const std::string& bootstrap_address, uint64_t room);
   DecodeStats stats() const;
+  // Requests by final state and bootstrap /health polls, labelled role=decode and
+  // endpoint=<the engine's endpoint>. Empty unless DecodeClientOptions::metrics.
+  MetricsSnapshot metrics() const;
 
  private:
   explicit DecodeClient(std::unique_ptr<detail::DecodeClientImpl> impl);

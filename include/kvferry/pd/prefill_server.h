@@ -30,6 +30,7 @@
 #include <string>
 
 #include "kvferry/kv/kv_layout.h"
+#include "kvferry/metrics.h"
 #include "kvferry/pd/control_message.h"
 #include "kvferry/pd/pd_options.h"
 #include "kvferry/pd/request_state.h"
@@ -54,6 +55,8 @@ struct PrefillServerOptions {
   int worker_shards = 2;
   PdTimeouts timeouts;
   SendOptions send;
+  // Count requests, transfer latency and bootstrap health (metrics()); off: nothing.
+  bool metrics = false;
 };
 
 // What goes with the last chunk.
@@ -108,6 +111,10 @@ class PrefillServer {
   // A sender for `room`. AlreadyExists if a live sender has that room.
   Result<KvSender> create_sender(uint64_t room);
   PrefillStats stats() const;
+  // Requests by final state, transfer latency (first batch submitted to last byte in
+  // decode's memory), bootstrap registrations; labelled role=prefill and endpoint=<control
+  // endpoint>. Empty unless PrefillServerOptions::metrics.
+  MetricsSnapshot metrics() const;
 
  private:
   explicit PrefillServer(std::unique_ptr<detail::PrefillServerImpl> impl);

@@ -62,8 +62,10 @@ inline PdTimeouts fast_timeouts() {
   return t;
 }
 
-inline std::unique_ptr<PrefillServer> make_prefill(TestRank& r, const std::string& bootstrap) {
+inline std::unique_ptr<PrefillServer> make_prefill(TestRank& r, const std::string& bootstrap,
+                                                   bool metrics = false) {
   PrefillServerOptions o;
+  o.metrics = metrics;
   o.engine = r.engine.get();
   o.buffers = r.buffers;
   o.tp = r.tp;
@@ -72,9 +74,10 @@ inline std::unique_ptr<PrefillServer> make_prefill(TestRank& r, const std::strin
   return must(PrefillServer::create(std::move(o)));
 }
 
-inline std::unique_ptr<DecodeClient> make_decode(TestRank& r,
-                                                 PdTimeouts timeouts = fast_timeouts()) {
+inline std::unique_ptr<DecodeClient> make_decode(TestRank& r, PdTimeouts timeouts = fast_timeouts(),
+                                                 bool metrics = false) {
   DecodeClientOptions o;
+  o.metrics = metrics;
   o.engine = r.engine.get();
   o.buffers = r.buffers;
   o.tp = r.tp;

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Turns scripts/bench.sh's JSON (bench-results/*.json) into PNG charts with gnuplot:
+#   engine-gbps.png     engine GB/s vs block size, per transport and thread count (with the
+#                       memcpy reference the ratios are against)
+#   engine-ratio.png    engine time vs the same-run memcpy reference, per transport
+#   kv-latency.png      one request's KV transfer, p50 latency vs context length, per
+#                       strategy and transport
+#   tcp-vs-socket.png   the tcp transport vs a plain TCP stream of the same bytes
+# Usage: scripts/plot.sh [RESULTS_DIR (bench-results)] [OUT_DIR (docs/img)]
+# Needs gnuplot (gnuplot-nox) and jq; charts whose JSON is missing are skipped with a note.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+results=${1:-bench-results}
+out=${2:-docs/img}
+mkdir -p "$out"
+data=$(mktemp -d)
+trap 'rm -rf "$data"' EXIT
+
+common='set terminal pngcairo size 900,560 font "DejaVu Sans,11" noenhanced
+set grid
+set key outside right top
+set logscale x 2
+set format x "%.0b %BB"
+set style data linespoints'
+
+# series FILTER JSON NAME: one data file per series title under $data/NAME/ (rows "x y",
+# sorted by x), from a jq filter producing {title, x, y} objects; prints a gnuplot `plot`
+# command over them.
+series() {
+  local dir="$data/$3" i=0 cmd="plot"
+  mkdir -p "$dir"
+  while IFS= read -r title; do
+    jq -r --arg t "$title" "[$1] | map(select(.title == \$t)) | sort_by(.x)[] | \"\(.x) \(.y)\"" \
+      "$2" > "$dir/$i"
+    cmd+="$([ $i -gt 0 ] && echo ,) '$dir/$i' using 1:2 title \"$title\" lw 2"
+    i=$((i + 1))
+  done < <(jq -r "[$1] | map(.title) | unique[]" "$2")
+  echo "$cmd"
+}
+
+# Per transport, thread count and block size, the row with the most ops per batch (the
+# largest batch that fit the benchmark's buffer at that block size).
+best='def best: group_by([.transport, .threads, .block_bytes]) | map(max_by(.ops_per_batch)) | .[];'
+
+if [ -f "$results/engine.json" ]; then
+  plot=$(series "$best (best | {title: \"\(.transport) \(.threads) thr\", x: .block_bytes, y: .gbps}), (best | select(.transport == \"local\") | {title: \"memcpy \(.threads) thr\", x: .block_bytes, y: .ref_gbps})" \
+    "$results/engine.json" gbps)
+  gnuplot <<GP
+$common
+set output "$out/engine-gbps.png"
+set title "Engine throughput vs block size (largest batch per block size, up to 1024 ops)"
+set logscale y 10
+set xlabel "block size"
+set ylabel "GB/s"
+$plot
+GP
+  plot=$(series "$best best | {title: \"\(.transport) \(.threads) thr\", x: .block_bytes, y: .ratio}" \
+    "$results/engine.json" ratio)
+  gnuplot <<GP
+$common
+set output "$out/engine-ratio.png"
+set title "Engine GB/s / same-run memcpy GB/s (same blocks, same threads)"
+set xlabel "block size"
+set ylabel "ratio (1 = memcpy speed)"
+set yrange [0:*]
+$plot
+GP
+  echo "plot: $out/engine-gbps.png $out/engine-ratio.png"
+else
+  echo "plot: no $results/engine.json, engine charts skipped" >&2
+fi
+
+if [ -f "$results/kv.json" ]; then
+  # One panel per transport at the run's largest thread count: each strategy and the memcpy
+  # of the same blocks.
+  threads=$(jq '[.[] | select(.kind == "kv") | .threads] | max' "$results/kv.json")
+  preset=$(jq -r '[.[] | select(.kind == "kv")][0].preset' "$results/kv.json")
+  panels=""
+  for transport in $(jq -r '[.[] | select(.kind == "kv") | .transport] | unique[]' "$results/kv.json"); do
+    rows=".[] | select(.kind == \"kv\" and .transport == \"$transport\" and .threads == $threads)"
+    plot=$(series "($rows | {title: .strategy, x: .tokens, y: .p50_us}), ($rows | select(.strategy == \"all_layers\") | {title: \"memcpy\", x: .tokens, y: .memcpy_p50_us})" \
+      "$results/kv.json" "kv-$transport")
+    panels+="set title \"$transport, $threads threads\"
+$plot
+"
+  done
+  gnuplot <<GP
+$common
+set terminal pngcairo size 1100,520 font "DejaVu Sans,11" noenhanced
+set output "$out/kv-latency.png"
+set key inside left top
+set format x "%.0f"
+set logscale y 10
+set xlabel "tokens"
+set ylabel "p50 latency (us)"
+set multiplot layout 1,2 title "One request's KV transfer ($preset, random pages): p50 per strategy vs context length"
+$panels
+unset multiplot
+GP
+  echo "plot: $out/kv-latency.png"
+else
+  echo "plot: no $results/kv.json, KV chart skipped" >&2
+fi
+
+if [ -f "$results/engine-tcp.json" ]; then
+  plot=$(series "$best (best | {title: \"tcp transport \(.threads) thr\", x: .block_bytes, y: .gbps}), (best | {title: \"plain TCP stream\", x: .block_bytes, y: .ref_gbps})" \
+    "$results/engine-tcp.json" tcp)
+  gnuplot <<GP
+$common
+set output "$out/tcp-vs-socket.png"
+set title "tcp transport vs a plain TCP stream of the same bytes, loopback, two processes"
+set xlabel "block size"
+set ylabel "GB/s"
+set yrange [0:*]
+$plot
+GP
+  echo "plot: $out/tcp-vs-socket.png"
+else
+  echo "plot: no $results/engine-tcp.json, tcp chart skipped" >&2
+fi
