@@ -79,7 +79,7 @@ Result<UcxResources> query_ucx_resources() {
   return r;
 }
 
-Result<std::unique_ptr<UcxWorker>> UcxWorker::create(std::string engine_name) {
+Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_name) {
   std::unique_ptr<UcxWorker> w(new UcxWorker());
   KVF_ASSIGN_OR_RETURN(w->context_, init_context(engine_name));
   w->resources_ = resources_of(w->context_);

@@ -51,7 +51,7 @@ Result<UcxResources> query_ucx_resources();
 
 class UcxWorker {
  public:
-  static Result<std::unique_ptr<UcxWorker>> create(std::string engine_name);
+  static Result<std::unique_ptr<UcxWorker>> create(const std::string& engine_name);
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
