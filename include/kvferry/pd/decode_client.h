@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,11 @@ struct DecodeClientOptions {
   TpRank tp;
   PdTimeouts timeouts;
   int bootstrap_threads = 2;
+  PdIntegrity integrity;
+  // Test hook: runs after a prefill rank reported Success for `room` and before its pages
+  // are verified (with integrity enabled), on the control connection's reader thread. Tests
+  // use it to corrupt a landed page; empty in production.
+  std::function<void(uint64_t room, uint32_t prefill_rank)> before_verify_for_test;
 };
 
 class KvReceiver {

@@ -54,6 +54,7 @@ struct PrefillServerOptions {
   int worker_shards = 2;
   PdTimeouts timeouts;
   SendOptions send;
+  PdIntegrity integrity;
 };
 
 // What goes with the last chunk.

@@ -28,7 +28,7 @@ TEST(ControlMessage, EveryTypeRoundTrips) {
       sample_layout(),
       RegisterReply{3, 99, StatusCode::kInvalidArgument, "bad"},
       TransferRequest{42, 2, true, {5, 6, 9}, 3, kNoSlot},
-      RequestStatusMessage{42, RequestState::kFailed, StatusCode::kTimeout, "slow"},
+      RequestStatusMessage{42, RequestState::kFailed, StatusCode::kTimeout, "slow", std::nullopt},
       AbortMessage{42, "user"},
       AbortAck{42},
       Heartbeat{7, 8}};
@@ -78,7 +78,7 @@ TEST(ControlMessage, RejectsCountsLargerThanThePayload) {
 
 TEST(ControlMessage, RejectsOutOfRangeEnums) {
   std::vector<std::byte> frame =
-      encode_control_message(RequestStatusMessage{1, RequestState::kSuccess, StatusCode::kOk, ""});
+      encode_control_message(RequestStatusMessage{1, RequestState::kSuccess, StatusCode::kOk, "", std::nullopt});
   frame[kFrameHeaderBytes + 8] = std::byte{17};  // state
   EXPECT_EQ(decode_control_message(frame).status().code(), StatusCode::kProtocolError);
 }
