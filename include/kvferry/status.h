@@ -92,9 +92,7 @@ inline Status Unauthenticated(std::string m) {
 }
 inline Status ProtocolError(std::string m) { return {StatusCode::kProtocolError, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-inline Status DataCorrupted(std::string m) {
-  return {StatusCode::kDataCorrupted, std::move(m)};
-}
+inline Status DataCorrupted(std::string m) { return {StatusCode::kDataCorrupted, std::move(m)}; }
 
 // Internal error carrying strerror(errno_value): "what: No such file or directory".
 Status ErrnoStatus(StatusCode code, std::string_view what, int errno_value);

@@ -167,8 +167,8 @@ Result<ControlMessage> decode_register_layout(ByteReader& r) {
 Status decode_integrity(ByteReader& r, RequestStatusMessage& m) {
   constexpr MessageType type = MessageType::kRequestStatus;
   if (m.state != RequestState::kSuccess) {
-    return malformed(type, "integrity data on a status in state " +
-                               std::string(request_state_name(m.state)));
+    return malformed(
+        type, "integrity data on a status in state " + std::string(request_state_name(m.state)));
   }
   PageIntegrity integrity;
   uint32_t n = 0;

@@ -199,8 +199,8 @@ void PrefillServerImpl::finish_if_drained(const std::shared_ptr<SenderState>& s)
   }
   Status why = s->cell.failure();
   for (auto& [peer, integrity] : tell) {
-    send_status(peer,
-                RequestStatusMessage{s->room, state, why.code(), why.message(), std::move(integrity)});
+    send_status(peer, RequestStatusMessage{s->room, state, why.code(), why.message(),
+                                           std::move(integrity)});
   }
   for (auto& peer : acks) send_status(peer, AbortAck{s->room});
   bool done = false;

@@ -143,6 +143,8 @@ Status verify_pages(const PageIntegrity& integrity, const kv::KvLayout& layout,
                            " where the request's page " + std::to_string(expected[i]) +
                            " was expected");
     }
+  }
+  for (const PageDigest& d : integrity.digests) {
     StreamingChecksum sum;
     for (const PageRange& range : integrity.footprint) {
       const kv::KvEntry& entry = entries[range.entry];
