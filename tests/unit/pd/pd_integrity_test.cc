@@ -92,8 +92,7 @@ std::vector<Status> run_request(const RequestSetup& c) {
   std::vector<Status> outcomes;
   for (size_t d = 0; d < receivers.size(); ++d) {
     const RequestState state = receivers[d].wait_final(5s);
-    EXPECT_TRUE(is_final(state)) << "decode rank " << d << " still "
-                                 << request_state_name(state);
+    EXPECT_TRUE(is_final(state)) << "decode rank " << d << " still " << request_state_name(state);
     outcomes.push_back(receivers[d].failure());
     if (state == RequestState::kSuccess && !c.corrupt) {
       EXPECT_EQ(count_corrupt_pages(decode_ranks[d].buffers.layout, dst_pages, tokens, kRoom,
@@ -133,12 +132,16 @@ TEST_P(PdIntegrityTp, IntactPagesPassVerification) {
 TEST_P(PdIntegrityTp, AByteFlippedAfterLandingFailsAsDataCorruptedNamingThePage) {
   const TpCase c = GetParam();
   std::atomic<int> flips{0};
-  RequestSetup s{c.mla, c.prefill_tp, c.decode_tp, true, true,
-          [&](const TestRank& rank, uint64_t room, uint32_t prefill_rank) {
-            if (room != kRoom || prefill_rank != 0) return;
-            *page_byte(rank, 1, 18, 0) ^= std::byte{0x40};
-            ++flips;
-          }};
+  RequestSetup s{c.mla,
+                 c.prefill_tp,
+                 c.decode_tp,
+                 true,
+                 true,
+                 [&](const TestRank& rank, uint64_t room, uint32_t prefill_rank) {
+                   if (room != kRoom || prefill_rank != 0) return;
+                   *page_byte(rank, 1, 18, 0) ^= std::byte{0x40};
+                   ++flips;
+                 }};
   std::vector<Status> outcomes = run_request(s);
   EXPECT_EQ(flips.load(), 1);
   ASSERT_FALSE(outcomes.empty());
