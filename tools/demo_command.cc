@@ -78,15 +78,18 @@ Result<Worker> spawn_worker(std::vector<std::string> argv, uint32_t instance) {
 
 std::vector<std::string> worker_argv(const DemoArgs& a, const char* role, uint32_t tp_size,
                                      uint32_t tp_rank) {
-  return {self_executable(), role,
-          "--model",         a.worker.model,
-          "--page-tokens",   std::to_string(a.worker.page_tokens),
-          "--pool-pages",    std::to_string(a.worker.pool_pages),
-          "--tp-size",       std::to_string(tp_size),
-          "--tp-rank",       std::to_string(tp_rank),
-          "--transport",     a.worker.transport,
-          "--heartbeat-ms",  std::to_string(a.worker.heartbeat_ms),
-          "--threads",       std::to_string(a.worker.threads)};
+  std::vector<std::string> argv = {self_executable(), role,
+                                   "--model",         a.worker.model,
+                                   "--page-tokens",   std::to_string(a.worker.page_tokens),
+                                   "--pool-pages",    std::to_string(a.worker.pool_pages),
+                                   "--tp-size",       std::to_string(tp_size),
+                                   "--tp-rank",       std::to_string(tp_rank),
+                                   "--transport",     a.worker.transport,
+                                   "--heartbeat-ms",  std::to_string(a.worker.heartbeat_ms),
+                                   "--threads",       std::to_string(a.worker.threads)};
+  if (a.worker.integrity) argv.emplace_back("--integrity");
+  if (a.worker.corrupt_for_test) argv.emplace_back("--corrupt-for-test");
+  return argv;
 }
 
 Status run_demo(const DemoArgs& args, DemoSummary& out) {

@@ -14,6 +14,8 @@
 
 #include <iostream>
 #include <list>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
@@ -66,6 +68,22 @@ int run_decode(const WorkerArgs& args) {
   options.buffers = rank->buffers;
   options.tp = rank->tp;
   options.timeouts = worker_timeouts(args);
+  options.integrity.enabled = args.integrity;
+  // --corrupt-for-test: flips byte 0 (entry 0) of each request's first page once, before the
+  // first prefill rank's pages are verified, so it is flipped before whichever rank wrote it
+  // verifies. Rooms are recorded before init().
+  std::mutex corrupt_mu;
+  std::map<uint64_t, kv::PageIndex> to_corrupt;
+  if (args.corrupt_for_test) {
+    options.before_verify_for_test = [&](uint64_t room, uint32_t /*prefill_rank*/) {
+      std::lock_guard lock(corrupt_mu);
+      auto it = to_corrupt.find(room);
+      if (it == to_corrupt.end()) return;
+      const kv::KvEntry& e = rank->buffers.layout.entries().front();
+      *reinterpret_cast<std::byte*>(e.base + it->second * e.page_stride) ^= std::byte{0x5a};
+      to_corrupt.erase(it);
+    };
+  }
   auto client = pd::DecodeClient::create(options);
   if (!client.ok()) return fail(client.status());
   WorkerOutput out;
@@ -129,6 +147,10 @@ int run_decode(const WorkerArgs& args) {
       auto pages = allocator.allocate((tokens + args.page_tokens - 1) / args.page_tokens);
       auto receiver = (*client)->create_receiver(bootstrap, room);
       Status s = !pages.ok() ? pages.status() : receiver.status();
+      if (s.ok() && args.corrupt_for_test) {
+        std::lock_guard lock(corrupt_mu);
+        to_corrupt[room] = pages->front();
+      }
       if (s.ok()) s = receiver->init(*pages, pages->front());
       if (!s.ok()) {
         out.line(fmt::format("done {} failed {}", room, s.to_string()));

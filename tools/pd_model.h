@@ -122,6 +122,8 @@ struct WorkerArgs {
   std::string listen = "127.0.0.1:0";  // the engine's handshake listener (its peer name)
   int heartbeat_ms = 500;
   int threads = 2;
+  bool integrity = false;         // PdIntegrity on this worker
+  bool corrupt_for_test = false;  // decode: flip a landed byte before verification
 };
 
 inline void add_worker_flags(CLI::App* cmd, WorkerArgs& a) {
@@ -134,6 +136,11 @@ inline void add_worker_flags(CLI::App* cmd, WorkerArgs& a) {
   cmd->add_option("--listen", a.listen, "engine handshake listener host:port (port 0: any)");
   cmd->add_option("--heartbeat-ms", a.heartbeat_ms, "heartbeat interval");
   cmd->add_option("--threads", a.threads, "engine worker threads");
+  cmd->add_flag("--integrity", a.integrity,
+                "end-to-end page digests: prefill sends them, decode verifies before Success");
+  cmd->add_flag("--corrupt-for-test", a.corrupt_for_test,
+                "test only: decode flips a byte of each request's first page after it lands and "
+                "before verification (with --integrity the request fails as DataCorrupted)");
 }
 
 inline pd::PdTimeouts worker_timeouts(const WorkerArgs& a) {

@@ -64,6 +64,7 @@ int run_prefill(const PrefillArgs& args) {
   options.tp = rank->tp;
   options.bootstrap_address = args.bootstrap;
   options.timeouts = worker_timeouts(args.worker);
+  options.integrity.enabled = args.worker.integrity;
   auto server = pd::PrefillServer::create(options);
   if (!server.ok()) return fail(server.status());
   WorkerOutput out;

@@ -74,6 +74,12 @@ write("control_message", "transfer_request",
       control(3, struct.pack("<QIBQQ", 1234, 1, 0, 7, 2**64 - 1) + struct.pack("<I3I", 3, 4, 5, 9)))
 write("control_message", "request_status",
       control(4, struct.pack("<QBB", 1234, 0, 9) + string("peer timed out")))
+# Success with the optional page-integrity field: footprint ranges (entry, offset, bytes),
+# then digests (page, xxh3).
+write("control_message", "request_status_integrity",
+      control(4, struct.pack("<QBB", 1234, 4, 0) + string("") +
+              struct.pack("<I", 2) + struct.pack("<IQQ", 0, 0, 64) + struct.pack("<IQQ", 1, 32, 32) +
+              struct.pack("<I", 2) + struct.pack("<IQ", 20, 0x1234) + struct.pack("<IQ", 22, 7)))
 write("control_message", "abort", control(5, struct.pack("<Q", 1234) + string("cancelled")))
 write("control_message", "abort_ack", control(6, struct.pack("<Q", 1234)))
 write("control_message", "heartbeat", control(7, struct.pack("<QQ", 8, 6)))

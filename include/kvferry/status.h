@@ -35,9 +35,10 @@ enum class StatusCode : uint8_t {
   kUnauthenticated = 11,
   kProtocolError = 12,  // a peer sent bytes that do not parse
   kInternal = 13,       // a system call failed in a way the caller cannot fix
+  kDataCorrupted = 14,  // bytes arrived but do not match the sender's checksum
 };
 // The highest code; every number from 0 to it is a valid StatusCode.
-inline constexpr StatusCode kLastStatusCode = StatusCode::kInternal;
+inline constexpr StatusCode kLastStatusCode = StatusCode::kDataCorrupted;
 
 // Whether `number` (read off the wire) names a StatusCode.
 constexpr bool is_valid_status_code(uint64_t number) {
@@ -91,6 +92,7 @@ inline Status Unauthenticated(std::string m) {
 }
 inline Status ProtocolError(std::string m) { return {StatusCode::kProtocolError, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status DataCorrupted(std::string m) { return {StatusCode::kDataCorrupted, std::move(m)}; }
 
 // Internal error carrying strerror(errno_value): "what: No such file or directory".
 Status ErrnoStatus(StatusCode code, std::string_view what, int errno_value);

@@ -24,6 +24,7 @@ from . import _kvferry
 from .errors import (
     AlreadyExistsError,
     CancelledError,
+    DataCorruptedError,
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
@@ -167,7 +168,8 @@ class Engine(_kvferry.Engine):
 from .mooncake import TransferEngine, TransferOpcode  # noqa: E402  (needs Engine above)
 
 __all__ = [
-    "AlreadyExistsError", "BatchState", "BootstrapServer", "CancelledError", "DecodeClient",
+    "AlreadyExistsError", "BatchState", "BootstrapServer", "CancelledError", "DataCorruptedError",
+    "DecodeClient",
     "Engine", "FailedPreconditionError", "InternalError", "InvalidArgumentError", "KvLayout",
     "KvReceiver", "KvSender", "KvferryError", "NotRegisteredError", "NotSupportedError", "OpKind",
     "OutOfRangeError", "PdTimeouts", "PeerDisconnectedError", "PeerUnreachableError", "Plan",

@@ -85,6 +85,10 @@ class InternalError(KvferryError, RuntimeError):
     pass
 
 
+class DataCorruptedError(KvferryError, RuntimeError):
+    pass
+
+
 _CLASS_BY_CODE = {
     StatusCode.InvalidArgument: InvalidArgumentError,
     StatusCode.NotRegistered: NotRegisteredError,
@@ -99,6 +103,7 @@ _CLASS_BY_CODE = {
     StatusCode.Unauthenticated: UnauthenticatedError,
     StatusCode.ProtocolError: ProtocolError,
     StatusCode.Internal: InternalError,
+    StatusCode.DataCorrupted: DataCorruptedError,
 }
 
 

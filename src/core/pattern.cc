@@ -56,4 +56,15 @@ std::optional<size_t> find_pattern_mismatch(std::span<const std::byte> data, uin
 
 uint64_t checksum(std::span<const std::byte> data) { return XXH3_64bits(data.data(), data.size()); }
 
+StreamingChecksum::StreamingChecksum() : state_(XXH3_createState()) {
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+StreamingChecksum::~StreamingChecksum() { XXH3_freeState(static_cast<XXH3_state_t*>(state_)); }
+void StreamingChecksum::update(std::span<const std::byte> data) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data.data(), data.size());
+}
+uint64_t StreamingChecksum::digest() const {
+  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+}
+
 }  // namespace kvferry

@@ -23,4 +23,19 @@ std::optional<size_t> find_pattern_mismatch(std::span<const std::byte> data, uin
 // 64-bit XXH3 of the bytes.
 uint64_t checksum(std::span<const std::byte> data);
 
+// 64-bit XXH3 of several byte ranges as if they were one: digest() equals checksum() of their
+// concatenation. Not thread-safe (one object, one thread).
+class StreamingChecksum {
+ public:
+  StreamingChecksum();
+  ~StreamingChecksum();
+  StreamingChecksum(const StreamingChecksum&) = delete;
+  StreamingChecksum& operator=(const StreamingChecksum&) = delete;
+  void update(std::span<const std::byte> data);
+  uint64_t digest() const;
+
+ private:
+  void* state_;  // XXH3_state_t, kept out of this header
+};
+
 }  // namespace kvferry

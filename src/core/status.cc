@@ -22,6 +22,7 @@ std::string_view status_code_name(StatusCode code) {
     case StatusCode::kUnauthenticated: return "Unauthenticated";
     case StatusCode::kProtocolError: return "ProtocolError";
     case StatusCode::kInternal: return "Internal";
+    case StatusCode::kDataCorrupted: return "DataCorrupted";
   }
   return "Unknown";
 }

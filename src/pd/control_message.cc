@@ -15,6 +15,8 @@ constexpr uint8_t kMaxRole = static_cast<uint8_t>(kv::KvRole::kOpaque);
 constexpr uint8_t kMaxPageOrder = static_cast<uint8_t>(kv::PageOrder::kPageMajor);
 constexpr size_t kEntryWireBytes = 8 * 4 + 4 + 1 + 1;
 constexpr size_t kRowBufferWireBytes = sizeof(uint64_t) * 3;
+constexpr size_t kPageRangeWireBytes = 4 + 8 + 8;
+constexpr size_t kPageDigestWireBytes = sizeof(kv::PageIndex) + 8;
 
 void put_rows(ByteWriter& w, const kv::RowBuffer& r) {
   w.put(r.base);
@@ -77,6 +79,18 @@ void encode(ByteWriter& w, const RequestStatusMessage& m) {
   w.put(static_cast<uint8_t>(m.state));
   w.put(static_cast<uint8_t>(m.code));
   w.put_string(m.reason);
+  if (!m.integrity) return;
+  w.put(static_cast<uint32_t>(m.integrity->footprint.size()));
+  for (const PageRange& range : m.integrity->footprint) {
+    w.put(range.entry);
+    w.put(range.offset);
+    w.put(range.bytes);
+  }
+  w.put(static_cast<uint32_t>(m.integrity->digests.size()));
+  for (const PageDigest& d : m.integrity->digests) {
+    w.put(d.page);
+    w.put(d.xxh3);
+  }
 }
 
 void encode(ByteWriter& w, const AbortMessage& m) {
@@ -149,6 +163,40 @@ Result<ControlMessage> decode_register_layout(ByteReader& r) {
   return ControlMessage(std::move(m));
 }
 
+// The optional trailing PageIntegrity of a RequestStatus.
+Status decode_integrity(ByteReader& r, RequestStatusMessage& m) {
+  constexpr MessageType type = MessageType::kRequestStatus;
+  if (m.state != RequestState::kSuccess) {
+    return malformed(
+        type, "integrity data on a status in state " + std::string(request_state_name(m.state)));
+  }
+  PageIntegrity integrity;
+  uint32_t n = 0;
+  if (!r.get_count(n, kPageRangeWireBytes)) {
+    return malformed(type, "footprint count exceeds the payload");
+  }
+  if (n == 0 || n > kMaxFootprintRanges) {
+    return malformed(type, "footprint of " + std::to_string(n) + " ranges (1.." +
+                               std::to_string(kMaxFootprintRanges) + ")");
+  }
+  integrity.footprint.resize(n);
+  for (PageRange& range : integrity.footprint) {
+    if (!(r.get(range.entry) && r.get(range.offset) && r.get(range.bytes))) {
+      return malformed(type, "truncated footprint");
+    }
+    if (range.bytes == 0) return malformed(type, "empty footprint range");
+  }
+  if (!r.get_count(n, kPageDigestWireBytes)) {
+    return malformed(type, "digest count exceeds the payload");
+  }
+  integrity.digests.resize(n);
+  for (PageDigest& d : integrity.digests) {
+    if (!(r.get(d.page) && r.get(d.xxh3))) return malformed(type, "truncated digest");
+  }
+  m.integrity = std::move(integrity);
+  return Status::Ok();
+}
+
 bool valid_code(uint8_t code) { return is_valid_status_code(code); }
 
 Result<ControlMessage> decode_payload(MessageType type, ByteReader& r) {
@@ -197,6 +245,8 @@ Result<ControlMessage> decode_payload(MessageType type, ByteReader& r) {
       }
       m.state = static_cast<RequestState>(state);
       m.code = static_cast<StatusCode>(code);
+      if (r.remaining() == 0) return ControlMessage(std::move(m));
+      KVF_RETURN_IF_ERROR(decode_integrity(r, m));
       return ControlMessage(std::move(m));
     }
     case MessageType::kAbort: {

@@ -5,6 +5,7 @@
 #include "core/logging.h"
 #include "kvferry/kv/tp_slice.h"
 #include "pd/decode_state.h"
+#include "pd/page_integrity.h"
 
 namespace kvferry::pd {
 namespace detail {
@@ -223,6 +224,11 @@ void DecodeClientImpl::on_message(const std::shared_ptr<PrefillInstance>& inst, 
     auto r = find_room(status->room);
     if (!r || r->instance != inst) return;  // finished or unknown: nothing to do
     if (status->state == RequestState::kSuccess) {
+      if (Status bad = verify_rank(r, rank, *status); !bad.ok()) {
+        fail(r, bad);
+        settle(r);
+        return;
+      }
       bool all = false;
       {
         std::lock_guard lock(r->mu);
@@ -257,6 +263,27 @@ void DecodeClientImpl::on_message(const std::shared_ptr<PrefillInstance>& inst, 
   }
   log().warn("decode: {} sent unexpected {}", rank_name(*inst, rank),
              message_type_name(message_type(message)));
+}
+
+Status DecodeClientImpl::verify_rank(const std::shared_ptr<ReceiverState>& r, uint32_t rank,
+                                     const RequestStatusMessage& status) {
+  if (!options_.integrity.enabled) return Status::Ok();
+  std::vector<kv::PageIndex> pages;
+  {
+    std::lock_guard lock(r->mu);
+    // Replicated MLA: only the first prefill rank writes; the others resolve without data.
+    if (replicated() && rank != r->instance->ranks.front()) return Status::Ok();
+    pages = r->input.dst_pages;
+  }
+  const std::string who =
+      "room " + std::to_string(r->room) + " from " + rank_name(*r->instance, rank);
+  if (!status.integrity) {
+    return FailedPrecondition(who +
+                              ": Success without page digests, but decode runs with integrity "
+                              "enabled (enable it on prefill too)");
+  }
+  if (options_.before_verify_for_test) options_.before_verify_for_test(r->room, rank);
+  return verify_pages(*status.integrity, options_.buffers.layout, pages, who);
 }
 
 void DecodeClientImpl::on_link_lost(const std::shared_ptr<PrefillInstance>& inst, uint32_t rank,
@@ -398,6 +425,7 @@ DecodeStats DecodeClientImpl::stats() const {
 
 Result<std::unique_ptr<DecodeClient>> DecodeClient::create(DecodeClientOptions options) {
   if (options.engine == nullptr) return InvalidArgument("decode client: engine is null");
+  KVF_RETURN_IF_ERROR(options.integrity.check("decode client"));
   auto impl = std::make_unique<detail::DecodeClientImpl>(std::move(options));
   KVF_RETURN_IF_ERROR(impl->start());
   return std::unique_ptr<DecodeClient>(new DecodeClient(std::move(impl)));

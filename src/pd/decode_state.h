@@ -101,6 +101,9 @@ class DecodeClientImpl {
                   ControlMessage&& message);
   void on_link_lost(const std::shared_ptr<PrefillInstance>& inst, uint32_t rank,
                     const Status& reason);
+  // With integrity enabled: the rank's page digests match the pages as they landed.
+  Status verify_rank(const std::shared_ptr<ReceiverState>& r, uint32_t rank,
+                     const RequestStatusMessage& status);
   void kill_instance(const std::shared_ptr<PrefillInstance>& inst, const Status& reason);
   std::shared_ptr<ReceiverState> find_room(uint64_t room) const;
   void settle(const std::shared_ptr<ReceiverState>& r);

@@ -142,6 +142,13 @@ void PrefillServerImpl::run_plans(const std::shared_ptr<SenderState>& s,
       if (!result.ok()) break;
       bytes += plan.total_bytes();
     }
+    if (result.ok() && options_.integrity.enabled && !plans.empty()) {
+      // plans[0] is the chunk's KV; aux rows and state slots are not page data.
+      std::lock_guard lock(s->mu);
+      for (Destination& dst : s->dsts) {
+        if (dst.peer == peer) result = dst.digests.add_chunk(plans.front(), peer->layout);
+      }
+    }
   }
   if (!result.ok() && result.code() != StatusCode::kCancelled) {
     fail(s, Status(result.code(), "room " + std::to_string(s->room) + " to " + peer->name() + ": " +
@@ -181,7 +188,7 @@ void PrefillServerImpl::fail(const std::shared_ptr<SenderState>& s, const Status
 }
 
 void PrefillServerImpl::finish_if_drained(const std::shared_ptr<SenderState>& s) {
-  std::vector<std::shared_ptr<DecodePeer>> tell;
+  std::vector<std::pair<std::shared_ptr<DecodePeer>, std::optional<PageIntegrity>>> tell;
   std::vector<std::shared_ptr<DecodePeer>> acks;
   RequestState state = s->cell.state();
   {
@@ -189,14 +196,21 @@ void PrefillServerImpl::finish_if_drained(const std::shared_ptr<SenderState>& s)
     if (s->inflight != 0 || !is_final(state)) return;
     acks.swap(s->ack_to);
     if (!s->notified) {
-      for (const Destination& d : s->dsts) tell.push_back(d.peer);
+      const bool digests = options_.integrity.enabled && state == RequestState::kSuccess;
+      for (const Destination& d : s->dsts) {
+        std::optional<PageIntegrity> integrity;
+        if (digests && !d.request.dummy) integrity = d.digests.result();
+        tell.emplace_back(d.peer, std::move(integrity));
+      }
     }
     // A destination that registers after the report still learns the outcome.
     s->notified = s->dsts.size() >= s->required && s->required > 0;
   }
   Status why = s->cell.failure();
-  RequestStatusMessage status{s->room, state, why.code(), why.message()};
-  for (auto& peer : tell) send_status(peer, status);
+  for (auto& [peer, integrity] : tell) {
+    send_status(peer, RequestStatusMessage{s->room, state, why.code(), why.message(),
+                                           std::move(integrity)});
+  }
   for (auto& peer : acks) send_status(peer, AbortAck{s->room});
   bool done = false;
   {

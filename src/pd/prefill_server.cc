@@ -160,7 +160,7 @@ void PrefillServerImpl::on_request(const std::shared_ptr<DecodePeer>& peer,
   if (!peer->registered) {
     send_status(peer,
                 RequestStatusMessage{room, RequestState::kFailed, StatusCode::kFailedPrecondition,
-                                     "TransferRequest before RegisterLayout"});
+                                     "TransferRequest before RegisterLayout", std::nullopt});
     return;
   }
   std::shared_ptr<SenderState> s;
@@ -183,7 +183,7 @@ void PrefillServerImpl::on_request(const std::shared_ptr<DecodePeer>& peer,
       bad = InvalidArgument("room " + std::to_string(room) + ": more destinations than " +
                             std::to_string(s->required));
     } else {
-      s->dsts.push_back(Destination{peer, std::move(request)});
+      s->dsts.push_back(Destination{peer, std::move(request), false, {}});
       complete = s->dsts.size() == s->required;
     }
   }
@@ -298,6 +298,7 @@ void PrefillServerImpl::forget_room(uint64_t room, const SenderState* s) {
 
 Result<std::unique_ptr<PrefillServer>> PrefillServer::create(PrefillServerOptions options) {
   if (options.engine == nullptr) return InvalidArgument("prefill server: engine is null");
+  KVF_RETURN_IF_ERROR(options.integrity.check("prefill server"));
   auto impl = std::make_unique<detail::PrefillServerImpl>(std::move(options));
   KVF_RETURN_IF_ERROR(impl->start());
   return std::unique_ptr<PrefillServer>(new PrefillServer(std::move(impl)));

@@ -23,6 +23,7 @@
 #include "kvferry/pd/prefill_server.h"
 #include "pd/control_channel.h"
 #include "pd/pd_metrics.h"
+#include "pd/page_integrity.h"
 
 namespace kvferry::pd::detail {
 
@@ -64,6 +65,7 @@ struct Destination {
   std::shared_ptr<DecodePeer> peer;
   TransferRequest request;
   bool last_done = false;
+  PageDigester digests;  // with integrity enabled: what this rank wrote to the peer's pages
 };
 
 struct SenderState {

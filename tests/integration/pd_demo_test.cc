@@ -61,6 +61,32 @@ TEST(PdProcesses, ThousandRequestsInFlightAcrossTwoDecodeProcesses) {
   expect_all_verified(s, 1000);
 }
 
+// Opt-in integrity across processes: every request verified against prefill's digests, and
+// with one byte flipped per request after it landed, every request fails as DataCorrupted
+// naming the page.
+TEST(PdProcesses, IntegrityVerifiesEveryPageAndCatchesAFlippedByte) {
+  const std::vector<std::string> base = {
+      "--model",      "tiny-mha", "--prefill-tp",   "2",  "--requests", "16", "--min-tokens", "40",
+      "--max-tokens", "200",      "--chunk-tokens", "32", "--integrity"};
+  expect_all_verified(run_demo(base, std::chrono::seconds(120)), 16);
+
+  std::vector<std::string> corrupt = base;
+  corrupt.emplace_back("--corrupt-for-test");
+  std::vector<std::string> argv = {KVFERRY_CLI_PATH, "demo", "--json", "--heartbeat-ms", "200"};
+  argv.insert(argv.end(), corrupt.begin(), corrupt.end());
+  ChildProcess demo = testing::must(ChildProcess::spawn(argv));
+  std::string line = testing::must(demo.read_line(std::chrono::seconds(120)));
+  auto s = nlohmann::json::parse(line, nullptr, false);
+  ASSERT_FALSE(s.is_discarded()) << line;
+  testing::must(demo.finish(std::chrono::seconds(30)));
+  EXPECT_EQ(s["requests"], 16) << line;
+  EXPECT_EQ(s["succeeded"], 0) << line;
+  EXPECT_EQ(s["failed"], 16) << line;
+  const std::string error = s["first_error"].get<std::string>();
+  EXPECT_NE(error.find("DataCorrupted"), std::string::npos) << error;
+  EXPECT_NE(error.find(": page "), std::string::npos) << error;
+}
+
 TEST(PdProcesses, UnknownTransportIsRefusedByName) {
   ChildProcess demo = testing::must(
       ChildProcess::spawn({KVFERRY_CLI_PATH, "demo", "--transport", "carrier-pigeon"}));

@@ -15,6 +15,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <variant>
@@ -35,6 +36,9 @@ inline constexpr uint32_t kMaxReasonBytes = 4096;
 inline constexpr uint32_t kMaxEndpointBytes = 256;
 // Sentinel for "no aux row" / "no state slot".
 inline constexpr uint64_t kNoSlot = ~uint64_t{0};
+// Bound on the ranges of one page's integrity footprint (head slicing: one per token per
+// entry of the page).
+inline constexpr uint32_t kMaxFootprintRanges = 1u << 16;
 
 enum class MessageType : uint16_t {
   kRegisterLayout = 1,  // decode -> prefill, once per connection
@@ -77,11 +81,39 @@ struct TransferRequest {
   uint64_t state_slot = kNoSlot;
 };
 
+// One byte range of a destination page: `bytes` at `offset` into page p of entry `entry`
+// (address entries[entry].base + p * page_stride + offset) of decode's layout.
+struct PageRange {
+  uint32_t entry = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  bool operator==(const PageRange&) const = default;
+};
+
+struct PageDigest {
+  kv::PageIndex page = 0;  // decode's page index
+  uint64_t xxh3 = 0;       // XXH3-64 of the footprint's bytes of that page, in footprint order
+  bool operator==(const PageDigest&) const = default;
+};
+
+// Opt-in end-to-end integrity (PdIntegrity): what one prefill rank wrote to each destination
+// page of a request. Every page of a request gets the same footprint from one prefill rank
+// (the planners slice every page alike), so it travels once; decode hashes the footprint's
+// ranges of each page in place and compares.
+struct PageIntegrity {
+  std::vector<PageRange> footprint;  // sorted by (entry, offset), non-overlapping
+  std::vector<PageDigest> digests;   // one per destination page of the request
+  bool operator==(const PageIntegrity&) const = default;
+};
+
 struct RequestStatusMessage {
   uint64_t room = 0;
   RequestState state = RequestState::kSuccess;
   StatusCode code = StatusCode::kOk;
   std::string reason;
+  // Optional trailing field (absent = no integrity data): only on Success, only when the
+  // prefill rank runs with integrity enabled.
+  std::optional<PageIntegrity> integrity;
 };
 
 struct AbortMessage {

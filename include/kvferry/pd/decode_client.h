@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,6 +52,11 @@ struct DecodeClientOptions {
   int bootstrap_threads = 2;
   // Count requests and bootstrap /health polls (metrics()); off: nothing.
   bool metrics = false;
+  PdIntegrity integrity;
+  // Test hook: runs after a prefill rank reported Success for `room` and before its pages
+  // are verified (with integrity enabled), on the control connection's reader thread. Tests
+  // use it to corrupt a landed page; empty in production.
+  std::function<void(uint64_t room, uint32_t prefill_rank)> before_verify_for_test;
 };
 
 class KvReceiver {

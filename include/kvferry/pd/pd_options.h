@@ -7,11 +7,15 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvferry/kv/kv_layout.h"
 #include "kvferry/kv/send_strategy.h"
 #include "kvferry/kv/slot_plan.h"
+#include "kvferry/status.h"
+#include "kvferry/transfer_types.h"
 
 namespace kvferry::pd {
 
@@ -58,6 +62,29 @@ struct TpRank {
 struct SendOptions {
   std::optional<kv::SendStrategy> strategy;
   uint32_t max_pages_per_call = 0;  // only with kIndexSharded
+};
+
+// Opt-in end-to-end integrity (off by default): prefill sends an XXH3 digest of what it
+// wrote to each destination page with the request's final Success, and decode hashes the
+// pages in place before it reports Success; a mismatch fails the request with
+// DataCorrupted naming the page. Both sides read the KV pages on the CPU, so KV in device
+// memory is refused (NotSupported) when this is enabled. A decode with integrity enabled
+// fails a request whose prefill rank sent no digests (FailedPrecondition); a prefill with it
+// enabled talking to a decode without it costs only the hashing and the message bytes.
+struct PdIntegrity {
+  bool enabled = false;
+  // Where this rank's KV pages live.
+  MemoryLocation::Kind kv_memory = MemoryLocation::Kind::kHost;
+
+  // NotSupported naming why, for integrity on device memory; OK otherwise. `side` names the
+  // caller ("prefill server").
+  Status check(std::string_view side) const {
+    if (!enabled || kv_memory == MemoryLocation::Kind::kHost) return Status::Ok();
+    return NotSupported(std::string(side) +
+                        ": integrity on KV in device memory: the digests are computed and "
+                        "verified by the CPU, which cannot read device memory; disable "
+                        "integrity or keep the KV in host memory");
+  }
 };
 
 }  // namespace kvferry::pd

@@ -57,6 +57,7 @@ struct PrefillServerOptions {
   SendOptions send;
   // Count requests, transfer latency and bootstrap health (metrics()); off: nothing.
   bool metrics = false;
+  PdIntegrity integrity;
 };
 
 // What goes with the last chunk.

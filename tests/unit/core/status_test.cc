@@ -57,7 +57,8 @@ TEST(StatusCode, NumbersAreFixedBecauseTheyTravelOnTheWire) {
   EXPECT_EQ(static_cast<int>(StatusCode::kTimeout), 9);
   EXPECT_EQ(static_cast<int>(StatusCode::kProtocolError), 12);
   EXPECT_EQ(static_cast<int>(StatusCode::kInternal), 13);
-  EXPECT_EQ(kLastStatusCode, StatusCode::kInternal);
+  EXPECT_EQ(static_cast<int>(StatusCode::kDataCorrupted), 14);
+  EXPECT_EQ(kLastStatusCode, StatusCode::kDataCorrupted);
 }
 
 TEST(StatusCode, EveryNumberUpToTheLastCodeHasAName) {

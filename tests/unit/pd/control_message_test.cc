@@ -28,7 +28,7 @@ TEST(ControlMessage, EveryTypeRoundTrips) {
       sample_layout(),
       RegisterReply{3, 99, StatusCode::kInvalidArgument, "bad"},
       TransferRequest{42, 2, true, {5, 6, 9}, 3, kNoSlot},
-      RequestStatusMessage{42, RequestState::kFailed, StatusCode::kTimeout, "slow"},
+      RequestStatusMessage{42, RequestState::kFailed, StatusCode::kTimeout, "slow", std::nullopt},
       AbortMessage{42, "user"},
       AbortAck{42},
       Heartbeat{7, 8}};
@@ -77,8 +77,8 @@ TEST(ControlMessage, RejectsCountsLargerThanThePayload) {
 }
 
 TEST(ControlMessage, RejectsOutOfRangeEnums) {
-  std::vector<std::byte> frame =
-      encode_control_message(RequestStatusMessage{1, RequestState::kSuccess, StatusCode::kOk, ""});
+  std::vector<std::byte> frame = encode_control_message(
+      RequestStatusMessage{1, RequestState::kSuccess, StatusCode::kOk, "", std::nullopt});
   frame[kFrameHeaderBytes + 8] = std::byte{17};  // state
   EXPECT_EQ(decode_control_message(frame).status().code(), StatusCode::kProtocolError);
 }
@@ -113,6 +113,62 @@ TEST(RequestStatusCell, NeverGoesBackwardsAndFailedIsSticky) {
   EXPECT_TRUE(done.advance(RequestState::kSuccess));
   EXPECT_FALSE(done.fail(Internal("late")));
   EXPECT_EQ(done.state(), RequestState::kSuccess);
+}
+
+}  // namespace
+}  // namespace kvferry::pd
+
+namespace kvferry::pd {
+namespace {
+
+RequestStatusMessage success_with_digests() {
+  RequestStatusMessage m{9, RequestState::kSuccess, StatusCode::kOk, "", std::nullopt};
+  m.integrity = PageIntegrity{{{0, 0, 64}, {1, 32, 32}}, {{20, 0x1234}, {22, ~uint64_t{0}}}};
+  return m;
+}
+
+TEST(ControlMessageIntegrity, PageDigestsRoundTripAndAreOptional) {
+  const RequestStatusMessage m = success_with_digests();
+  auto decoded = decode_control_message(encode_control_message(m));
+  ASSERT_TRUE(decoded.ok()) << decoded.status().to_string();
+  const auto& back = std::get<RequestStatusMessage>(*decoded);
+  ASSERT_TRUE(back.integrity.has_value());
+  EXPECT_EQ(*back.integrity, *m.integrity);
+  RequestStatusMessage plain = m;
+  plain.integrity.reset();
+  auto without = decode_control_message(encode_control_message(plain));
+  ASSERT_TRUE(without.ok());
+  EXPECT_FALSE(std::get<RequestStatusMessage>(*without).integrity.has_value());
+}
+
+TEST(ControlMessageIntegrity, RejectsDigestsOnFailureEmptyFootprintsAndTruncation) {
+  RequestStatusMessage failed = success_with_digests();
+  failed.state = RequestState::kFailed;
+  failed.code = StatusCode::kTimeout;
+  EXPECT_EQ(decode_control_message(encode_control_message(failed)).status().code(),
+            StatusCode::kProtocolError);
+  RequestStatusMessage empty = success_with_digests();
+  empty.integrity->footprint.clear();
+  EXPECT_EQ(decode_control_message(encode_control_message(empty)).status().code(),
+            StatusCode::kProtocolError);
+  RequestStatusMessage zero = success_with_digests();
+  zero.integrity->footprint[1].bytes = 0;
+  EXPECT_EQ(decode_control_message(encode_control_message(zero)).status().code(),
+            StatusCode::kProtocolError);
+  const std::vector<std::byte> frame = encode_control_message(success_with_digests());
+  const size_t payload = frame.size() - kFrameHeaderBytes;
+  for (size_t cut = 1; cut < 40; ++cut) {
+    std::span<const std::byte> shorter(frame.data() + kFrameHeaderBytes, payload - cut);
+    EXPECT_EQ(decode_control_payload(MessageType::kRequestStatus, shorter).status().code(),
+              StatusCode::kProtocolError)
+        << "payload cut by " << cut;
+  }
+  // A digest count larger than what is left is refused before anything is allocated.
+  std::vector<std::byte> huge(frame.begin() + kFrameHeaderBytes, frame.end());
+  const size_t count_at = huge.size() - 2 * 12 - 4;
+  huge[count_at + 3] = std::byte{0x7f};
+  EXPECT_EQ(decode_control_payload(MessageType::kRequestStatus, huge).status().code(),
+            StatusCode::kProtocolError);
 }
 
 }  // namespace
