@@ -227,9 +227,8 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   }
   std::unique_ptr<ServePeer> serve;
   const std::vector<BenchedTransport> benchable = benchable_transports();
-  Progress progress("bench engine", args.transports.size() * args.threads.size() *
-                                        op_kinds.size() * args.block_bytes.size() *
-                                        args.ops_per_batch.size());
+  Progress progress("bench engine", args.transports.size() * args.threads.size() * op_kinds.size() *
+                                        args.block_bytes.size() * args.ops_per_batch.size());
   for (const std::string& transport_name : args.transports) {
     KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
     auto how = std::find_if(benchable.begin(), benchable.end(),
