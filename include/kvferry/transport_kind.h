@@ -23,8 +23,8 @@ enum class TransportKind : uint8_t {
 };
 
 inline constexpr std::array<TransportKind, 7> kAllTransportKinds = {
-    TransportKind::kLocal,   TransportKind::kShm,  TransportKind::kTcp,
-    TransportKind::kCudaIpc, TransportKind::kRdma, TransportKind::kCma, TransportKind::kUcx};
+    TransportKind::kLocal, TransportKind::kShm, TransportKind::kTcp, TransportKind::kCudaIpc,
+    TransportKind::kRdma,  TransportKind::kCma, TransportKind::kUcx};
 
 // "local", "shm", "tcp", "cuda_ipc", "rdma", "cma", "ucx".
 std::string_view transport_kind_name(TransportKind kind);

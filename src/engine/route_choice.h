@@ -31,9 +31,8 @@
 namespace kvferry::detail {
 
 inline constexpr std::array<TransportKind, 7> kRoutePreference = {
-    TransportKind::kLocal, TransportKind::kCudaIpc, TransportKind::kShm,
-    TransportKind::kCma,   TransportKind::kUcx,     TransportKind::kTcp,
-    TransportKind::kRdma};
+    TransportKind::kLocal, TransportKind::kCudaIpc, TransportKind::kShm, TransportKind::kCma,
+    TransportKind::kUcx,   TransportKind::kTcp,     TransportKind::kRdma};
 
 struct RouteCandidate {
   const Transport* transport = nullptr;  // served by this engine, with a link to the peer

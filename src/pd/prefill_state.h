@@ -22,8 +22,8 @@
 #include "kvferry/pd/control_message.h"
 #include "kvferry/pd/prefill_server.h"
 #include "pd/control_channel.h"
-#include "pd/pd_metrics.h"
 #include "pd/page_integrity.h"
+#include "pd/pd_metrics.h"
 
 namespace kvferry::pd::detail {
 

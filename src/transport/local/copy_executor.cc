@@ -150,8 +150,8 @@ void CopyExecutor::run(const BatchPart& part) {
   const uint64_t min_slice = std::max<uint64_t>(1, inline_bytes_ / 2);
   const uint64_t slices = std::min<uint64_t>(4 * static_cast<uint64_t>(parts),
                                              std::max<uint64_t>(1, part.bytes / min_slice));
-  auto job = std::make_shared<SlicedCopy>(batch, spans,
-                                          balance(spans, part.bytes, static_cast<int>(slices)), copier_);
+  auto job = std::make_shared<SlicedCopy>(
+      batch, spans, balance(spans, part.bytes, static_cast<int>(slices)), copier_);
   const size_t n = job->size();
   batch.add_tasks(static_cast<int>(n));
   batch.add_helper(job);
