@@ -38,7 +38,7 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
 }
 
 Result<std::unique_ptr<TransferEngine>> EngineImpl::create_engine(
-    EngineOptions options, std::vector<BuiltTransport> transports) {
+    EngineOptions options, const std::vector<BuiltTransport>& transports) {
   KVF_ASSIGN_OR_RETURN(auto impl, create(std::move(options), transports));
   return std::unique_ptr<TransferEngine>(new TransferEngine(std::move(impl)));
 }

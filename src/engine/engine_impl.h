@@ -34,7 +34,7 @@ class EngineImpl {
   // An engine built from these transports instead of the build's (a test seam: a test adds
   // a transport of its own without touching the engine).
   static Result<std::unique_ptr<TransferEngine>> create_engine(
-      EngineOptions options, std::vector<BuiltTransport> transports);
+      EngineOptions options, const std::vector<BuiltTransport>& transports);
   ~EngineImpl();
 
   const std::string& endpoint() const { return endpoint_; }

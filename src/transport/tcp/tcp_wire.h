@@ -35,7 +35,7 @@ inline constexpr size_t kTcpProofBytes = 32;
 inline constexpr std::chrono::seconds kTcpFrameRestTimeout{10};
 // Scratch buffer into which payload bytes that must not land (a refused or expired
 // kWrite, an unwanted kReadData) are drained.
-inline constexpr size_t kTcpScratchBytes = 64 * 1024;
+inline constexpr size_t kTcpScratchBytes = size_t{64} << 10;
 // Payload is received at most this much per recv(), so a request's deadline is checked at
 // least that often while its bytes stream in.
 inline constexpr uint64_t kTcpReceivePieceBytes = 1 << 20;
