@@ -174,10 +174,12 @@ Check check_cross_memory_attach() {
   ::close(ready[1]);
   const int code = reap(child);
   c.value = sent && code == 0 ? "permitted" : "denied";
-  c.detail = fmt::format(
-      "process_vm_readv from another process into this one is {} ({}); no transport of this "
-      "build uses it (shm maps memfds instead)",
-      c.value, ptrace_scope_note());
+  c.detail =
+      fmt::format("process_vm_readv from another process into this one is {} ({}): {}", c.value,
+                  ptrace_scope_note(),
+                  c.value == "permitted"
+                      ? "same-host peers' host memory (not allocate_shared) goes over cma"
+                      : "same-host peers' host memory (not allocate_shared) falls back to tcp");
   return c;
 }
 

@@ -75,7 +75,7 @@ TEST(Doctor, ThisMachineHasUsableShmAndNoCudaDevice) {
   }
 }
 
-TEST(Doctor, RouteToALocalPeerIsShmForItsSharedMemoryAndTcpForTheRest) {
+TEST(Doctor, RouteToALocalPeerIsShmForItsSharedMemoryAndCmaOrTcpForTheRest) {
   std::unique_ptr<TransferEngine> peer = testing::make_engine("doctor-peer");
   must(peer->allocate_shared(1 << 20));
   DoctorRun run = run_doctor({"--peer", peer->endpoint()});
@@ -91,10 +91,14 @@ TEST(Doctor, RouteToALocalPeerIsShmForItsSharedMemoryAndTcpForTheRest) {
       EXPECT_EQ(other["out"], "could carry it, but shm comes first");
     }
   }
-  // Memory the peer did not allocate_shared cannot be mapped here: tcp carries it.
+  // Memory the peer did not allocate_shared cannot be mapped here: cross-memory attach
+  // carries it where the kernel permits it (the doctor's own probe says), else tcp.
   const nlohmann::json* to_host = route(run.report, "host", "host");
   ASSERT_NE(to_host, nullptr);
-  EXPECT_EQ((*to_host)["transport"], "tcp") << to_host->dump(2);
+  const nlohmann::json* cma = check_named(run.report, "cross_memory_attach");
+  ASSERT_NE(cma, nullptr);
+  EXPECT_EQ((*to_host)["transport"], (*cma)["value"] == "permitted" ? "cma" : "tcp")
+      << to_host->dump(2);
 }
 
 TEST(Doctor, PeerThatIsNotThereIsSomethingWrong) {
