@@ -19,6 +19,7 @@
 
 #include "core/fd.h"
 #include "kvferry/transfer_engine.h"
+#include "transport/built_transports.h"
 #include "transport/shm_mapping.h"
 
 #ifdef KVFERRY_WITH_CUDA
@@ -230,8 +231,18 @@ Check check_cuda() {
 }
 
 Check check_ucx() {
-  return Check{"ucx", Verdict::kInfo, "not built",
-               "this build has no rdma transport (UCX/verbs): peers on other hosts use tcp"};
+  const std::vector<BuiltTransport> built = built_transports();
+  const bool has_ucx = std::any_of(built.begin(), built.end(), [](const BuiltTransport& t) {
+    return t.kind == TransportKind::kUcx;
+  });
+  if (!has_ucx) {
+    return Check{"ucx", Verdict::kInfo, "not built",
+                 "this build has no ucx transport (UCX/verbs): peers on other hosts use tcp"};
+  }
+  return Check{"ucx", Verdict::kInfo, "built",
+               "ucx is preferred over tcp only where UCX reports hardware RMA (rc/dc/ud/verbs) "
+               "on both sides; emulated paths need KVFERRY_UCX_ALLOW_EMULATED=1 (the route lines "
+               "say which applies; `ucx_info -d` lists this host's UCX transports)"};
 }
 
 Check check_memlock() {
