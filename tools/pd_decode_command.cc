@@ -69,13 +69,16 @@ int run_decode(const WorkerArgs& args) {
   options.tp = rank->tp;
   options.timeouts = worker_timeouts(args);
   options.integrity.enabled = args.integrity;
-  // --corrupt-for-test: flips byte 0 (entry 0) of each request's first page once, before the
-  // first prefill rank's pages are verified, so it is flipped before whichever rank wrote it
-  // verifies. Rooms are recorded before init().
+  // --corrupt-for-test: flips byte 0 (entry 0) of each request's first page once, when prefill
+  // rank 0 reported Success and before its pages are verified. Byte 0 is rank 0's (the first
+  // heads when TP differs; the sender of a replicated MLA page), and every byte rank 0 wrote
+  // has landed by its Success: flipping it on another rank's report could be overwritten by
+  // rank 0's bytes still on the way. Rooms are recorded before init().
   std::mutex corrupt_mu;
   std::map<uint64_t, kv::PageIndex> to_corrupt;
   if (args.corrupt_for_test) {
-    options.before_verify_for_test = [&](uint64_t room, uint32_t /*prefill_rank*/) {
+    options.before_verify_for_test = [&](uint64_t room, uint32_t prefill_rank) {
+      if (prefill_rank != 0) return;
       std::lock_guard lock(corrupt_mu);
       auto it = to_corrupt.find(room);
       if (it == to_corrupt.end()) return;
