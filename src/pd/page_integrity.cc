@@ -89,9 +89,10 @@ Status PageDigester::add_chunk(const kv::TransferPlan& plan, const kv::KvLayout&
                       std::to_string(footprint.size()) + " ranges, over the limit of " +
                       std::to_string(kMaxFootprintRanges));
     }
-    if (!footprint_) {
+    if (!has_footprint_) {
       footprint_ = std::move(footprint);
-    } else if (*footprint_ != footprint) {
+      has_footprint_ = true;
+    } else if (footprint_ != footprint) {
       return Internal("integrity: page " + std::to_string(page) +
                       " was written with a different footprint than the request's other pages");
     }
@@ -104,7 +105,7 @@ Status PageDigester::add_chunk(const kv::TransferPlan& plan, const kv::KvLayout&
 
 PageIntegrity PageDigester::result() const {
   PageIntegrity out;
-  if (footprint_) out.footprint = *footprint_;
+  if (has_footprint_) out.footprint = footprint_;
   out.digests.reserve(digests_.size());
   for (const auto& [page, digest] : digests_) out.digests.push_back({page, digest});
   return out;

@@ -41,7 +41,10 @@ class PageDigester {
   PageIntegrity result() const;
 
  private:
-  std::optional<std::vector<PageRange>> footprint_;
+  // Set by the first page digested (a plain vector and a flag, not std::optional: gcc 12
+  // under ASan reports the optional's vector as maybe-uninitialized when it is moved).
+  std::vector<PageRange> footprint_;
+  bool has_footprint_ = false;
   std::map<kv::PageIndex, uint64_t> digests_;
 };
 
