@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, builds, checks formatting, runs every
-# unit and integration test, then builds the library and unit tests in Release (-O3) and
-# runs them, installs that build and builds a consumer project against it, pip-installs the
-# Python module into a fresh venv and runs pytest there, then builds the unit tests with
-# AddressSanitizer and
+# The whole test suite: installs what is missing, checks formatting, builds everything in
+# Release (gcc -O3, -Werror), runs clang-tidy over src/ (scripts/tidy.sh), runs every unit
+# and integration test with etcd and Redis on loopback, installs that build and builds a
+# consumer project against it, pip-installs the Python module into a fresh venv and runs
+# pytest there, then builds the unit tests with AddressSanitizer and
 # UndefinedBehaviorSanitizer and runs them, then runs the libFuzzer targets for a bounded
-# time (scripts/fuzz.sh; FUZZ_SECONDS per target). clang-tidy checks src/ after the build
-# (scripts/tidy.sh). Every test stops by itself.
+# time (scripts/fuzz.sh; FUZZ_SECONDS per target). Every test stops by itself.
+# CI builds Release once, and that one build is the one tested, installed and pip-packaged;
+# scripts/build.sh's default for development stays RelWithDebInfo.
 #   --no-sanitizers   skip the ASan+UBSan pass
 #   --no-fuzz         skip the fuzzers
 set -euo pipefail
@@ -28,8 +29,8 @@ scripts/setup.sh
 echo "== format check"
 scripts/format.sh --check
 
-echo "== build (RelWithDebInfo, -Werror)"
-scripts/build.sh -DKVFERRY_BUILD_BENCH=ON
+echo "== build (Release, gcc -O3, -Werror)"
+BUILD_TYPE=Release scripts/build.sh -DKVFERRY_BUILD_BENCH=ON
 echo "== clang-tidy (src/)"
 scripts/tidy.sh
 echo "== tests (with etcd and redis on loopback)"
@@ -38,24 +39,21 @@ eval "$(scripts/services.sh start)"
 ctest --test-dir build --output-on-failure -j "$JOBS" --timeout 600
 scripts/services.sh stop
 
-echo "== Release (gcc -O3): library + unit tests, then install, a consumer project, pip"
-# The installed tree and the venv are built from this Release build: the consumer project
+echo "== install, a consumer project, pip"
+# The installed tree and the venv come from the build just tested: the consumer project
 # (tests/consumer) builds the README example against the installed CMake package and runs
 # it; pip builds the module from the same CMake build and pytest runs against the venv.
-release=$PWD/build-release
-BUILD_DIR=build-release BUILD_TYPE=Release TARGETS="kvferry_unit_tests kvferry_cli" \
-  scripts/build.sh -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF
-ctest --test-dir build-release -L unit --output-on-failure -j "$JOBS" --timeout 600
-rm -rf "$release/install" "$release/consumer" "$release/venv"
-cmake --install build-release --prefix "$release/install" >/dev/null
-cmake -S tests/consumer -B "$release/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$release/install" >/dev/null
-ninja -C "$release/consumer"
-"$release/consumer/engine_example"
-/usr/bin/python3 -m venv --system-site-packages "$release/venv"
-KVFERRY_CMAKE_BUILD_DIR=build-release KVFERRY_BUILD_JOBS="$JOBS" \
-  "$release/venv/bin/pip" install -q --no-build-isolation --no-index .
-(cd "$release/venv" && KVFERRY_PYTHON_PREFIX="$release/venv" \
+pkg=$PWD/build/package
+rm -rf "$pkg"
+cmake --install build --prefix "$pkg/install" >/dev/null
+cmake -S tests/consumer -B "$pkg/consumer" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$pkg/install" >/dev/null
+ninja -C "$pkg/consumer"
+"$pkg/consumer/engine_example"
+/usr/bin/python3 -m venv --system-site-packages "$pkg/venv"
+KVFERRY_CMAKE_BUILD_DIR=build KVFERRY_BUILD_JOBS="$JOBS" \
+  "$pkg/venv/bin/pip" install -q --no-build-isolation --no-index .
+(cd "$pkg/venv" && KVFERRY_PYTHON_PREFIX="$pkg/venv" \
   bin/python -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests")
 
 if [ "$sanitizers" = 1 ]; then
