@@ -3,9 +3,9 @@
 // hands out pages from a free list.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <memory>
 #include <mutex>
@@ -182,8 +182,8 @@ inline TransportSet built_transport_set() {
 // ucx: emulated put/get (UCX's tcp, shared memory) still needs KVFERRY_UCX_ALLOW_EMULATED=1.
 inline Result<std::unique_ptr<TransferEngine>> make_worker_engine(const WorkerArgs& a,
                                                                   const std::string& name) {
-  KVF_ASSIGN_OR_RETURN(TransportKind kind, parse_worker_transport(a.transport,
-                                                                  built_transport_set()));
+  KVF_ASSIGN_OR_RETURN(TransportKind kind,
+                       parse_worker_transport(a.transport, built_transport_set()));
   EngineOptions options;
   options.name = name;
   options.listen_address = a.listen;

@@ -18,8 +18,8 @@ namespace {
 using testing::must;
 
 TEST(PdWorkerTransport, UcxInABuildWithoutUcxSaysItIsNotBuilt) {
-  const TransportSet without_ucx = {TransportKind::kLocal, TransportKind::kShm,
-                                    TransportKind::kTcp, TransportKind::kCma};
+  const TransportSet without_ucx = {TransportKind::kLocal, TransportKind::kShm, TransportKind::kTcp,
+                                    TransportKind::kCma};
   Result<TransportKind> ucx = cli::parse_worker_transport("ucx", without_ucx);
   ASSERT_FALSE(ucx.ok());
   EXPECT_EQ(ucx.status().code(), StatusCode::kNotSupported);
@@ -59,42 +59,41 @@ TEST_F(PdTwoHostsOverUcx, DecodeVerifiesEveryPage) {
   for (const std::string& word : hosts_.launcher({"UCX_NET_DEVICES=" + hosts_.peer_device()})) {
     launcher += (launcher.empty() ? "" : " ") + word;
   }
-  const std::vector<std::string> argv = {
-      "/usr/bin/env",
-      "UCX_TLS=tcp",
-      "UCX_NET_DEVICES=" + hosts_.local_device(),
-      "KVFERRY_UCX_ALLOW_EMULATED=1",
-      KVFERRY_CLI_PATH,
-      "demo",
-      "--json",
-      "--transport",
-      "ucx",
-      "--listen",
-      hosts_.local_ip() + ":0",
-      "--bootstrap-listen",
-      hosts_.local_ip() + ":0",
-      "--decode-listen",
-      hosts_.peer_ip() + ":0",
-      "--decode-launcher",
-      launcher,
-      "--heartbeat-ms",
-      "200",
-      "--model",
-      "tiny-mha",
-      "--prefill-tp",
-      "2",
-      "--requests",
-      "24",
-      "--pool-pages",
-      "128",
-      "--min-tokens",
-      "40",
-      "--max-tokens",
-      "200",
-      "--chunk-tokens",
-      "32",
-      "--timeout-s",
-      "120"};
+  const std::vector<std::string> argv = {"/usr/bin/env",
+                                         "UCX_TLS=tcp",
+                                         "UCX_NET_DEVICES=" + hosts_.local_device(),
+                                         "KVFERRY_UCX_ALLOW_EMULATED=1",
+                                         KVFERRY_CLI_PATH,
+                                         "demo",
+                                         "--json",
+                                         "--transport",
+                                         "ucx",
+                                         "--listen",
+                                         hosts_.local_ip() + ":0",
+                                         "--bootstrap-listen",
+                                         hosts_.local_ip() + ":0",
+                                         "--decode-listen",
+                                         hosts_.peer_ip() + ":0",
+                                         "--decode-launcher",
+                                         launcher,
+                                         "--heartbeat-ms",
+                                         "200",
+                                         "--model",
+                                         "tiny-mha",
+                                         "--prefill-tp",
+                                         "2",
+                                         "--requests",
+                                         "24",
+                                         "--pool-pages",
+                                         "128",
+                                         "--min-tokens",
+                                         "40",
+                                         "--max-tokens",
+                                         "200",
+                                         "--chunk-tokens",
+                                         "32",
+                                         "--timeout-s",
+                                         "120"};
   ChildProcess demo = must(ChildProcess::spawn(argv));
   const std::string line = must(demo.read_line(std::chrono::seconds(150)));
   auto s = nlohmann::json::parse(line, nullptr, false);

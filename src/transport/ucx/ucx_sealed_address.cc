@@ -30,7 +30,8 @@ std::array<unsigned char, kKeyBytes> derive_key(std::string_view secret) {
 
 std::array<unsigned char, 8> associated_data(uint64_t incarnation) {
   std::array<unsigned char, 8> out{};
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<unsigned char>(incarnation >> (8 * i));
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<unsigned char>(incarnation >> (8 * i));
   return out;
 }
 
@@ -58,8 +59,7 @@ Result<std::string> seal_worker_address(std::string_view secret, std::string_vie
   CipherContext ctx(EVP_CIPHER_CTX_new(), &EVP_CIPHER_CTX_free);
   int length = 0;
   int final_length = 0;
-  if (!ctx ||
-      EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, key.data(), nonce) != 1 ||
+  if (!ctx || EVP_EncryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, key.data(), nonce) != 1 ||
       EVP_EncryptUpdate(ctx.get(), nullptr, &length, aad.data(), static_cast<int>(aad.size())) !=
           1 ||
       EVP_EncryptUpdate(ctx.get(), cipher, &length, bytes(address),
@@ -77,23 +77,21 @@ Result<std::string> open_sealed_worker_address(std::string_view secret, std::str
   if (!is_sealed_worker_address(sealed) ||
       sealed.size() < kSealedAddressMagic.size() + kNonceBytes + kTagBytes) {
     return InvalidArgument(fmt::format(
-        "ucx: a worker address of {} bytes is not sealed (no {} header of {} bytes)",
-        sealed.size(), kSealedAddressMagic, kSealedAddressMagic.size() + kNonceBytes + kTagBytes));
+        "ucx: a worker address of {} bytes is not sealed (no {} header of {} bytes)", sealed.size(),
+        kSealedAddressMagic, kSealedAddressMagic.size() + kNonceBytes + kTagBytes));
   }
   const auto key = derive_key(secret);
   const auto aad = associated_data(incarnation);
   const unsigned char* nonce = bytes(sealed) + kSealedAddressMagic.size();
   const unsigned char* cipher = nonce + kNonceBytes;
-  const size_t cipher_bytes =
-      sealed.size() - kSealedAddressMagic.size() - kNonceBytes - kTagBytes;
+  const size_t cipher_bytes = sealed.size() - kSealedAddressMagic.size() - kNonceBytes - kTagBytes;
   std::array<unsigned char, kTagBytes> tag{};
   std::copy_n(cipher + cipher_bytes, kTagBytes, tag.begin());
   std::string address(cipher_bytes, '\0');
   CipherContext ctx(EVP_CIPHER_CTX_new(), &EVP_CIPHER_CTX_free);
   int length = 0;
   int final_length = 0;
-  if (!ctx ||
-      EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, key.data(), nonce) != 1 ||
+  if (!ctx || EVP_DecryptInit_ex(ctx.get(), EVP_aes_256_gcm(), nullptr, key.data(), nonce) != 1 ||
       EVP_DecryptUpdate(ctx.get(), nullptr, &length, aad.data(), static_cast<int>(aad.size())) !=
           1 ||
       EVP_DecryptUpdate(ctx.get(), reinterpret_cast<unsigned char*>(address.data()), &length,

@@ -215,8 +215,7 @@ class UcxTransport final : public Transport {
       return Status(address.status().code(),
                     fmt::format("peer {}: {}", peer.name, address.status().message()));
     }
-    auto channel =
-        std::make_shared<UcxChannel>(*worker_, peer.name, *address, peer.liveness);
+    auto channel = std::make_shared<UcxChannel>(*worker_, peer.name, *address, peer.liveness);
     return std::shared_ptr<TransportLink>(
         std::make_shared<UcxLink>(worker_, std::move(channel), peer.name));
   }
