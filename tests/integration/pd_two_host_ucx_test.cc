@@ -42,7 +42,9 @@ TEST(PdWorkerTransport, DemoOverUcxSaysItIsNotBuilt) {
   EXPECT_EQ(must(demo.finish(std::chrono::seconds(30))), 1);
 }
 #else
-class PdTwoHostsOverUcx : public ::testing::Test {
+// Without a secret, and with KVFERRY_SECRET set on both hosts (the worker addresses then
+// travel sealed and each side opens the other's before using it).
+class PdTwoHostsOverUcx : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
     const std::string why_not = hosts_.setup("kvu");
@@ -52,48 +54,54 @@ class PdTwoHostsOverUcx : public ::testing::Test {
 };
 
 // Several chunks per request, prefill TP 2 to decode TP 1 (head slicing across hosts).
-TEST_F(PdTwoHostsOverUcx, DecodeVerifiesEveryPage) {
+TEST_P(PdTwoHostsOverUcx, DecodeVerifiesEveryPage) {
+  const std::string secret = GetParam();
   // Each side's UCX uses its own end of the veth pair only (this host has other interfaces,
   // the other host's loopback is not ours).
+  std::vector<std::string> peer_env = {"UCX_NET_DEVICES=" + hosts_.peer_device()};
+  std::vector<std::string> argv = {"/usr/bin/env", "UCX_TLS=tcp",
+                                   "UCX_NET_DEVICES=" + hosts_.local_device(),
+                                   "KVFERRY_UCX_ALLOW_EMULATED=1"};
+  if (!secret.empty()) {
+    peer_env.push_back("KVFERRY_SECRET=" + secret);
+    argv.push_back("KVFERRY_SECRET=" + secret);
+  }
   std::string launcher;
-  for (const std::string& word : hosts_.launcher({"UCX_NET_DEVICES=" + hosts_.peer_device()})) {
+  for (const std::string& word : hosts_.launcher(peer_env)) {
     launcher += (launcher.empty() ? "" : " ") + word;
   }
-  const std::vector<std::string> argv = {"/usr/bin/env",
-                                         "UCX_TLS=tcp",
-                                         "UCX_NET_DEVICES=" + hosts_.local_device(),
-                                         "KVFERRY_UCX_ALLOW_EMULATED=1",
-                                         KVFERRY_CLI_PATH,
-                                         "demo",
-                                         "--json",
-                                         "--transport",
-                                         "ucx",
-                                         "--listen",
-                                         hosts_.local_ip() + ":0",
-                                         "--bootstrap-listen",
-                                         hosts_.local_ip() + ":0",
-                                         "--decode-listen",
-                                         hosts_.peer_ip() + ":0",
-                                         "--decode-launcher",
-                                         launcher,
-                                         "--heartbeat-ms",
-                                         "200",
-                                         "--model",
-                                         "tiny-mha",
-                                         "--prefill-tp",
-                                         "2",
-                                         "--requests",
-                                         "24",
-                                         "--pool-pages",
-                                         "128",
-                                         "--min-tokens",
-                                         "40",
-                                         "--max-tokens",
-                                         "200",
-                                         "--chunk-tokens",
-                                         "32",
-                                         "--timeout-s",
-                                         "120"};
+  const std::vector<std::string> demo_args = {KVFERRY_CLI_PATH,
+                                              "demo",
+                                              "--json",
+                                              "--transport",
+                                              "ucx",
+                                              "--listen",
+                                              hosts_.local_ip() + ":0",
+                                              "--bootstrap-listen",
+                                              hosts_.local_ip() + ":0",
+                                              "--decode-listen",
+                                              hosts_.peer_ip() + ":0",
+                                              "--decode-launcher",
+                                              launcher,
+                                              "--heartbeat-ms",
+                                              "200",
+                                              "--model",
+                                              "tiny-mha",
+                                              "--prefill-tp",
+                                              "2",
+                                              "--requests",
+                                              "24",
+                                              "--pool-pages",
+                                              "128",
+                                              "--min-tokens",
+                                              "40",
+                                              "--max-tokens",
+                                              "200",
+                                              "--chunk-tokens",
+                                              "32",
+                                              "--timeout-s",
+                                              "120"};
+  argv.insert(argv.end(), demo_args.begin(), demo_args.end());
   ChildProcess demo = must(ChildProcess::spawn(argv));
   const std::string line = must(demo.read_line(std::chrono::seconds(150)));
   auto s = nlohmann::json::parse(line, nullptr, false);
@@ -106,6 +114,11 @@ TEST_F(PdTwoHostsOverUcx, DecodeVerifiesEveryPage) {
   EXPECT_GE(s["pages_verified"].get<uint64_t>(), 24u) << line;
   EXPECT_GT(s["bytes"].get<uint64_t>(), 0u) << line;
 }
+
+INSTANTIATE_TEST_SUITE_P(Secret, PdTwoHostsOverUcx, ::testing::Values("", "s3cret"),
+                         [](const ::testing::TestParamInfo<const char*>& param) {
+                           return std::string(*param.param == '\0' ? "None" : "Shared");
+                         });
 #endif
 
 }  // namespace

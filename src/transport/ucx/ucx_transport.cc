@@ -210,12 +210,9 @@ class UcxTransport final : public Transport {
     if (!peer.descriptor.ucx) {
       return NotSupported(fmt::format("peer {} advertises no ucx worker", peer.name));
     }
-    Result<std::string> address = peer_worker_address(peer.descriptor);
-    if (!address.ok()) {
-      return Status(address.status().code(),
-                    fmt::format("peer {}: {}", peer.name, address.status().message()));
-    }
-    auto channel = std::make_shared<UcxChannel>(*worker_, peer.name, *address, peer.liveness);
+    // The caller names the peer in its message.
+    KVF_ASSIGN_OR_RETURN(std::string address, peer_worker_address(peer.descriptor));
+    auto channel = std::make_shared<UcxChannel>(*worker_, peer.name, address, peer.liveness);
     return std::shared_ptr<TransportLink>(
         std::make_shared<UcxLink>(worker_, std::move(channel), peer.name));
   }
