@@ -18,6 +18,9 @@
 #include "kvferry/kv/transfer_plan.h"
 #include "kvferry/metrics_server.h"
 #include "kvferry/transfer_engine.h"
+#ifdef KVFERRY_WITH_UCX
+#include "transport/ucx/ucx_worker.h"
+#endif
 
 namespace kvferry::python {
 
@@ -362,6 +365,18 @@ void bind_engine(py::module_& m) {
           py::arg("call_timeout_ms") = 0,
           "Runs a kvferry Plan against the peer with the plan's strategy.");
 
+  m.def(
+      "ucx_hardware_rma",
+      [] {
+#ifdef KVFERRY_WITH_UCX
+        Result<detail::UcxResources> resources = detail::query_ucx_resources();
+        return resources.ok() && resources->hardware_rma;
+#else
+        return false;
+#endif
+      },
+      "Whether this build has ucx and UCX here reports a hardware RMA transport (rc, dc, ud, "
+      "verbs): where both peers have one, the engine routes cross-host ops over ucx.");
   m.def(
       "copy_bytes_in",
       [](uint64_t dest, const py::bytes& data) {

@@ -58,6 +58,9 @@ if grep -q '^KVFERRY_UCX:BOOL=ON' build/CMakeCache.txt; then
   UCX_TLS=tcp KVFERRY_UCX_ALLOW_EMULATED=1 build/kvferry bench engine --transports ucx,tcp \
     --threads 2 --block-bytes 1048576,4194304 --ops 1,16 --min-time-ms 500 \
     --json "$out/engine-ucx.json" | tee "$out/engine-ucx.txt"
+  UCX_TLS=tcp KVFERRY_UCX_ALLOW_EMULATED=1 build/kvferry bench kv --preset deepseek-v3 \
+    --pages random --tokens 4096 --transport tcp,ucx --threads 2 --min-time-ms 1000 \
+    --json "$out/kv-ucx.json" | tee "$out/kv-ucx.txt"
 fi
 
 echo "== KV: deepseek-v3, random pages"

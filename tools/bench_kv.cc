@@ -4,7 +4,7 @@
 // A cell is (preset, tokens, transport, threads). The source pool is local registered memory.
 // The destination pool is shared memory: allocated by a holder engine in this process for
 // transport local (and reused as the memcpy reference's destination, so engine and memcpy
-// write the same kind of pages), or by a `kvferry serve` child for transports shm and tcp
+// write the same kind of pages), or by a `kvferry serve` child for transports shm, tcp, ucx
 // (with `--memory host`, plain registered memory, for cma). Pools hold
 // pool_slack x the request's pages so random and run placements spread over a realistic
 // address range. Each strategy row reports the plan (calls, blocks after coalescing, build
@@ -38,6 +38,7 @@
 #include "kvferry/transfer_engine.h"
 #include "progress.h"
 #include "serve_client.h"
+#include "transport/built_transports.h"
 
 namespace kvferry::cli {
 namespace {
@@ -541,6 +542,26 @@ Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
   return Status::Ok();
 }
 
+// Transports the bench drives: this engine's own memory (local) or a serve child's pool.
+constexpr TransportSet kKvBenchTransports = {TransportKind::kLocal, TransportKind::kShm,
+                                             TransportKind::kTcp, TransportKind::kCma,
+                                             TransportKind::kUcx};
+
+TransportSet built_transport_kinds() {
+  TransportSet built;
+  for (const BuiltTransport& t : built_transports()) built.insert(t.kind);
+  return built;
+}
+
+std::string kv_bench_transport_names(const TransportSet& built) {
+  std::string names;
+  for (TransportKind kind : kAllTransportKinds) {
+    if (!kKvBenchTransports.contains(kind) || !built.contains(kind)) continue;
+    names += (names.empty() ? "" : ", ") + std::string(transport_kind_name(kind));
+  }
+  return names;
+}
+
 Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
                 std::vector<CallCostRow>& call_rows) {
   if (args.page_size == 0) return InvalidArgument("--page-size must be > 0, got 0");
@@ -559,12 +580,12 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
     strategies.push_back(strategy);
   }
   bool any_shm = false;
+  const TransportSet built = built_transport_kinds();
   for (const std::string& name : args.transports) {
     KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(name));
-    if (transport != TransportKind::kLocal && transport != TransportKind::kShm &&
-        transport != TransportKind::kTcp && transport != TransportKind::kCma) {
-      return NotSupported("bench kv: transport " + name +
-                          " is not built (valid: local, shm, tcp, cma)");
+    if (!kKvBenchTransports.contains(transport) || !built.contains(transport)) {
+      return NotSupported("bench kv: transport " + name + " is not built or not benchable here " +
+                          "(valid: " + kv_bench_transport_names(built) + ")");
     }
     any_shm = any_shm || transport != TransportKind::kLocal;
   }
@@ -710,7 +731,10 @@ void add_bench_kv_command(CLI::App& bench) {
       ->delimiter(',');
   cmd->add_option("--max-pages-per-call", args->max_pages_per_call,
                   "pages per call for index_sharded");
-  cmd->add_option("--transport", args->transports, "local, shm, tcp, cma")->delimiter(',');
+  cmd->add_option("--transport", args->transports,
+                  "built here: " + kv_bench_transport_names(built_transport_kinds()) +
+                      " (ucx over UCX's tcp or shared memory: KVFERRY_UCX_ALLOW_EMULATED=1)")
+      ->delimiter(',');
   cmd->add_option("--threads", args->threads, "engine worker threads (and memcpy threads)")
       ->delimiter(',');
   cmd->add_option("--cma-peer-memory", args->cma_peer_memory,

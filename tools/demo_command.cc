@@ -42,6 +42,12 @@ struct DemoArgs {
   uint64_t seed = 2026;
   int timeout_s = 120;
   bool json = false;
+  // Two hosts on one machine (tests: network namespaces): where the bootstrap server and the
+  // decode workers listen, and words put in front of each decode worker's command line
+  // (e.g. "ip netns exec NS"). Prefill listens on --listen.
+  std::string bootstrap_listen = "127.0.0.1:0";
+  std::string decode_listen;  // empty: --listen
+  std::string decode_launcher;
 };
 
 struct DemoSummary {
@@ -66,18 +72,28 @@ struct Request {
   double transfer_ms = 0;
 };
 
-Result<Worker> spawn_worker(std::vector<std::string> argv, uint32_t instance) {
+std::vector<std::string> split_words(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string word; in >> word;) words.push_back(std::move(word));
+  return words;
+}
+
+Result<Worker> spawn_worker(const std::vector<std::string>& launcher,
+                            const std::vector<std::string>& command, uint32_t instance) {
+  std::vector<std::string> argv = launcher;
+  argv.insert(argv.end(), command.begin(), command.end());
   KVF_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::spawn(argv));
   KVF_ASSIGN_OR_RETURN(std::string hello, child.read_line(kHelloTimeout));
   auto j = nlohmann::json::parse(hello, nullptr, false);
   if (j.is_discarded() || !j.contains("ready")) {
-    return ProtocolError(argv[1] + " said '" + hello + "', expected its ready line");
+    return ProtocolError(command[1] + " said '" + hello + "', expected its ready line");
   }
   return Worker{std::move(child), instance};
 }
 
 std::vector<std::string> worker_argv(const DemoArgs& a, const char* role, uint32_t tp_size,
-                                     uint32_t tp_rank) {
+                                     uint32_t tp_rank, const std::string& listen) {
   std::vector<std::string> argv = {self_executable(), role,
                                    "--model",         a.worker.model,
                                    "--page-tokens",   std::to_string(a.worker.page_tokens),
@@ -86,17 +102,20 @@ std::vector<std::string> worker_argv(const DemoArgs& a, const char* role, uint32
                                    "--tp-rank",       std::to_string(tp_rank),
                                    "--transport",     a.worker.transport,
                                    "--heartbeat-ms",  std::to_string(a.worker.heartbeat_ms),
-                                   "--threads",       std::to_string(a.worker.threads)};
+                                   "--threads",       std::to_string(a.worker.threads),
+                                   "--listen",        listen};
   if (a.worker.integrity) argv.emplace_back("--integrity");
   if (a.worker.corrupt_for_test) argv.emplace_back("--corrupt-for-test");
   return argv;
 }
 
 Status run_demo(const DemoArgs& args, DemoSummary& out) {
-  KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(args.worker.transport));
-  if (!kPdWorkerTransports.contains(transport)) {
-    return NotSupported("demo: transport " + args.worker.transport +
-                        " is not available to the PD demo (valid: shm, tcp)");
+  {
+    Result<TransportKind> transport =
+        parse_worker_transport(args.worker.transport, built_transport_set());
+    if (!transport.ok()) {
+      return Status(transport.status().code(), "demo: " + transport.status().message());
+    }
   }
   KVF_ASSIGN_OR_RETURN(ModelPreset model, find_model(args.worker.model));
   const uint32_t page = args.worker.page_tokens;
@@ -113,6 +132,7 @@ Status run_demo(const DemoArgs& args, DemoSummary& out) {
                                        args.max_tokens, max_pages, args.worker.pool_pages));
   }
   pd::BootstrapServerOptions bootstrap_options;
+  bootstrap_options.listen_address = args.bootstrap_listen;
   bootstrap_options.rank_stale_after = std::chrono::milliseconds(args.worker.heartbeat_ms * 3);
   KVF_ASSIGN_OR_RETURN(auto bootstrap, pd::BootstrapServer::start(bootstrap_options));
   std::cerr << fmt::format(
@@ -121,18 +141,22 @@ Status run_demo(const DemoArgs& args, DemoSummary& out) {
       model.name, model.kind == ModelKind::kMla ? "MLA" : "MHA", args.prefill_tp, args.decode_tp,
       args.decode_instances, args.worker.pool_pages, page, bootstrap->address());
 
+  const std::string decode_listen =
+      args.decode_listen.empty() ? args.worker.listen : args.decode_listen;
   std::vector<Worker> prefills, decodes;
   for (uint32_t r = 0; r < args.prefill_tp; ++r) {
-    auto argv = worker_argv(args, "pd-prefill", args.prefill_tp, r);
+    auto argv = worker_argv(args, "pd-prefill", args.prefill_tp, r, args.worker.listen);
     argv.insert(argv.end(), {"--bootstrap", bootstrap->address(), "--chunk-tokens",
                              std::to_string(args.chunk_tokens)});
-    KVF_ASSIGN_OR_RETURN(Worker w, spawn_worker(argv, 0));
+    KVF_ASSIGN_OR_RETURN(Worker w, spawn_worker({}, argv, 0));
     prefills.push_back(std::move(w));
   }
   for (uint32_t i = 0; i < args.decode_instances; ++i) {
     for (uint32_t r = 0; r < args.decode_tp; ++r) {
-      KVF_ASSIGN_OR_RETURN(Worker w,
-                           spawn_worker(worker_argv(args, "pd-decode", args.decode_tp, r), i));
+      KVF_ASSIGN_OR_RETURN(
+          Worker w,
+          spawn_worker(split_words(args.decode_launcher),
+                       worker_argv(args, "pd-decode", args.decode_tp, r, decode_listen), i));
       decodes.push_back(std::move(w));
     }
   }
@@ -303,6 +327,12 @@ void add_demo_command(CLI::App& app) {
   cmd->add_option("--seed", args->seed, "seed for prompt lengths");
   cmd->add_option("--timeout-s", args->timeout_s, "give up after this long");
   cmd->add_flag("--json", args->json, "print the summary as one JSON object");
+  cmd->add_option("--bootstrap-listen", args->bootstrap_listen,
+                  "bootstrap server listen address host:port");
+  cmd->add_option("--decode-listen", args->decode_listen,
+                  "decode workers' handshake listener host:port (default: --listen)");
+  cmd->add_option("--decode-launcher", args->decode_launcher,
+                  "words put in front of each decode worker's command, e.g. \"ip netns exec NS\"");
   cmd->callback([args] {
     DemoSummary s;
     Status status = run_demo(*args, s);

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <memory>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include "kvferry/pd/pd_options.h"
 #include "kvferry/transfer_engine.h"
 #include "pd/page_pattern.h"
+#include "transport/built_transports.h"
 
 namespace kvferry::cli {
 
@@ -149,17 +151,39 @@ inline pd::PdTimeouts worker_timeouts(const WorkerArgs& a) {
   return t;
 }
 
-// Transports a demo worker can be told to use between processes.
-inline constexpr TransportSet kPdWorkerTransports = {TransportKind::kShm, TransportKind::kTcp};
+// Transports a demo worker can be told to use between processes (ucx only where built).
+inline constexpr TransportSet kPdWorkerTransports = {TransportKind::kShm, TransportKind::kTcp,
+                                                     TransportKind::kUcx};
+
+// Parses a worker's --transport once, at the edge. `built` is the set compiled into this
+// binary (a parameter, so a test can ask what a build without UCX says).
+inline Result<TransportKind> parse_worker_transport(const std::string& name,
+                                                    const TransportSet& built) {
+  KVF_ASSIGN_OR_RETURN(TransportKind kind, parse_transport_kind(name));
+  if (!kPdWorkerTransports.contains(kind)) {
+    return NotSupported("transport " + name +
+                        " is not available to the PD workers (valid: shm, tcp, ucx)");
+  }
+  if (!built.contains(kind)) {
+    return NotSupported("transport " + name +
+                        " is not built into this kvferry (the build found no UCX: install "
+                        "libucx-dev and rebuild, or pass --transport tcp)");
+  }
+  return kind;
+}
+
+inline TransportSet built_transport_set() {
+  TransportSet built;
+  for (const BuiltTransport& t : built_transports()) built.insert(t.kind);
+  return built;
+}
 
 // An engine restricted to the chosen transport (a typed kind parsed once, here at the edge).
+// ucx: emulated put/get (UCX's tcp, shared memory) still needs KVFERRY_UCX_ALLOW_EMULATED=1.
 inline Result<std::unique_ptr<TransferEngine>> make_worker_engine(const WorkerArgs& a,
                                                                   const std::string& name) {
-  KVF_ASSIGN_OR_RETURN(TransportKind kind, parse_transport_kind(a.transport));
-  if (!kPdWorkerTransports.contains(kind)) {
-    return NotSupported("transport " + a.transport +
-                        " is not available to the PD workers (valid: shm, tcp)");
-  }
+  KVF_ASSIGN_OR_RETURN(TransportKind kind,
+                       parse_worker_transport(a.transport, built_transport_set()));
   EngineOptions options;
   options.name = name;
   options.listen_address = a.listen;

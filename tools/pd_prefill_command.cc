@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "core/net.h"
 #include "core/thread_pool.h"
 #include "kvferry/pd/prefill_server.h"
 #include "pd_model.h"
@@ -63,6 +64,10 @@ int run_prefill(const PrefillArgs& args) {
   options.buffers = rank->buffers;
   options.tp = rank->tp;
   options.bootstrap_address = args.bootstrap;
+  // Control messages on the engine's host (another host must reach both).
+  Result<Endpoint> listen = parse_endpoint(args.worker.listen, true);
+  if (!listen.ok()) return fail(listen.status());
+  options.control_listen = fmt::format("{}:0", listen->host);
   options.timeouts = worker_timeouts(args.worker);
   options.integrity.enabled = args.worker.integrity;
   auto server = pd::PrefillServer::create(options);

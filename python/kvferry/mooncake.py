@@ -11,8 +11,10 @@ Differences from Mooncake, on purpose:
 
 * ``protocol``: "auto", "rdma" and "shm" let the engine route each op (cuda_ipc for device
   memory on one host, shm for a same-host peer's allocate_managed_buffer memory, cma —
-  cross-memory attach — for its other registered host memory, tcp otherwise); "rdma" is what
-  sglang passes (this build has no RDMA transport: across hosts it means tcp), and "shm" no
+  cross-memory attach — for its other registered host memory, ucx across hosts where UCX
+  reports hardware RMA on both sides, tcp otherwise). "rdma" is what sglang passes: it means
+  ucx for a cross-host peer wherever UCX has hardware RMA on both sides (``ucx_info -d``: rc,
+  dc, ud), and tcp otherwise, with a one-time warning when this host has none. "shm" no
   longer requires managed buffers (cma reaches any registered host memory of a same-host
   peer). "tcp", "cma", "local" and "cuda_ipc" (when built) force that transport. A Mooncake
   protocol kvferry does not serve ("efa", "nvmeof", ...) or any other value makes
@@ -96,6 +98,22 @@ def _timeout_ms(override_ms):
     return _DEFAULT_TIMEOUT_MS
 
 
+def _hardware_rma_here():
+    """Whether UCX here has a hardware RMA transport (the seam tests replace)."""
+    return _kvferry.ucx_hardware_rma()
+
+
+def _rdma_warning(hardware_rma_here):
+    """What protocol "rdma" means here: None when ucx can carry it (hardware RMA here; the
+    engine then picks ucx for every cross-host peer whose UCX has hardware RMA too, tcp for
+    the others, logging each route), else the one-time warning that it means tcp."""
+    if hardware_rma_here:
+        return None
+    return ("protocol 'rdma': UCX here has no hardware RMA transport (or this build has no "
+            "ucx); the engine routes each op (cuda_ipc, shm or cma on one host, tcp across "
+            "hosts)")
+
+
 class TransferEngine:
     """Mooncake's Python TransferEngine API over kvferry. Thread-safe like kvferry.Engine."""
 
@@ -143,10 +161,10 @@ class TransferEngine:
                 StatusCode.InvalidArgument, "initialize called twice"), "initialize")
         protocol = (protocol or _AUTO).lower()
         if protocol == _RDMA and not TransferEngine._rdma_warned:
-            logger.warning("protocol 'rdma': kvferry has no RDMA transport in this build; the "
-                           "engine routes each op (cuda_ipc, shm or cma on one host, tcp across "
-                           "hosts)")
-            TransferEngine._rdma_warned = True
+            warning = _rdma_warning(_hardware_rma_here())
+            if warning:
+                logger.warning(warning)
+                TransferEngine._rdma_warned = True
         if protocol not in _ROUTED and protocol not in _FORCED_TRANSPORTS:
             what = (f"protocol '{protocol}' is a Mooncake transport kvferry does not serve"
                     if protocol in _MOONCAKE_ONLY else f"unknown protocol '{protocol}'")

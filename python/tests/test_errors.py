@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import kvferry
-from kvferry import StatusCode
+from kvferry import StatusCode, mooncake
 from kvferry.engine import TransferEngine
 
 
@@ -150,3 +150,25 @@ def test_every_status_code_up_to_the_last_has_its_own_exception_class():
         err = errors.error_from_status(code, "x")
         assert type(err) is not errors.KvferryError, StatusCode(code).name
         assert err.code == code
+
+
+def test_rdma_means_ucx_where_hardware_rma_is_present_else_tcp_with_one_warning(
+        caplog, monkeypatch):
+    # The seam that decides "hardware RMA present" (no RDMA device on these machines).
+    monkeypatch.setattr(TransferEngine, "_rdma_warned", False)
+    monkeypatch.setattr(mooncake, "_hardware_rma_here", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="kvferry"):
+        engine = TransferEngine()
+        assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == 0
+    assert "protocol 'rdma'" not in caplog.text
+    assert not TransferEngine._rdma_warned
+
+    monkeypatch.setattr(mooncake, "_hardware_rma_here", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="kvferry"):
+        for _ in range(2):
+            engine = TransferEngine()
+            assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "mlx5_0") == 0
+    assert caplog.text.count("protocol 'rdma': UCX here has no hardware RMA transport") == 1
+    # Routed either way: the engine picks ucx per peer only where both sides have hardware RMA.
+    assert engine.get_engine() is not None
+

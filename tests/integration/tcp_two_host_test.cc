@@ -1,6 +1,4 @@
-// Two hosts: the peer runs in its own network namespace and its own pid namespace (so its
-// host identity, boot_id + pid namespace, differs from ours), reached over a veth pair
-// with addresses from 198.18.0.0/15, the range reserved for benchmarking. Nothing forces
+// Two hosts (two_hosts.h: network and pid namespaces joined by a veth pair). Nothing forces
 // a transport: the engine must pick tcp by itself. Bytes are verified by the peer.
 // Needs root, iproute2 and util-linux's unshare; skipped (never passed) without them.
 #include <fmt/format.h>
@@ -21,62 +19,34 @@
 #include "metadata/segment_descriptor.h"
 #include "serve_client.h"
 #include "test_support.h"
+#include "two_hosts.h"
 
 namespace kvferry {
 namespace {
 
 using testing::must;
 
-constexpr char kIp[] = "/usr/sbin/ip";
-constexpr char kUnshare[] = "/usr/bin/unshare";
 constexpr uint64_t kPeerBytes = 64ull << 20;
 constexpr auto kPeerReplyTimeout = std::chrono::seconds(60);
-
-int run_quietly(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str());
-}
 
 class TwoHosts : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root for network and pid namespaces";
-    for (const char* tool : {kIp, kUnshare}) {
-      if (::access(tool, X_OK) != 0) GTEST_SKIP() << tool << " is not installed";
-    }
-    // Per-process names and subnet, so parallel test processes do not collide.
-    const int pid = ::getpid();
-    ns_ = fmt::format("kvh{}", pid);
-    const std::string subnet = fmt::format("198.{}.{}", 18 + (pid / 256) % 2, pid % 256);
-    local_ip_ = subnet + ".1";
-    peer_ip_ = subnet + ".2";
-    namespace_created_ = true;  // from here on TearDown removes whatever got created
-    const std::string setup = fmt::format(
-        "{0} netns add {1} && {0} link add {1}a type veth peer name {1}b && "
-        "{0} link set {1}b netns {1} && {0} addr add {2}/24 dev {1}a && "
-        "{0} link set {1}a up && {0} -n {1} addr add {3}/24 dev {1}b && "
-        "{0} -n {1} link set {1}b up && {0} -n {1} link set lo up",
-        kIp, ns_, local_ip_, peer_ip_);
-    if (run_quietly(setup) != 0) {
-      GTEST_SKIP() << "cannot create a network namespace joined by a veth pair here";
-    }
-    if (run_quietly(fmt::format("{} netns exec {} {} --pid --fork --kill-child --mount-proc true",
-                                kIp, ns_, kUnshare)) != 0) {
-      GTEST_SKIP() << "cannot create a pid namespace (unshare --pid) here";
-    }
+    const std::string why_not = hosts_.setup();
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
+    local_ip_ = hosts_.local_ip();
+    peer_ip_ = hosts_.peer_ip();
   }
 
   void TearDown() override {
     peer_.reset();  // the peer leaves its namespace before the namespace goes
-    if (namespace_created_) {
-      run_quietly(fmt::format("{0} netns del {1}; {0} link del {1}a", kIp, ns_));
-    }
   }
 
   // Starts `kvferry serve` as the other host; returns its handshake endpoint.
   std::string start_peer() {
     cli::ServePeer peer = must(cli::start_serve_peer(
         KVFERRY_CLI_PATH, kPeerBytes, {"--name", "other-host", "--listen", peer_ip_ + ":0"},
-        {kIp, "netns", "exec", ns_, kUnshare, "--pid", "--fork", "--kill-child", "--mount-proc"}));
+        hosts_.launcher()));
     peer_addr_ = peer.addr;
     peer_.emplace(std::move(peer.process));
     return peer.endpoint;
@@ -93,10 +63,9 @@ class TwoHosts : public ::testing::Test {
     return must(TransferEngine::create(options));
   }
 
-  std::string ns_;
+  kvferry::testing::TwoHostNamespaces hosts_;  // destroyed last: after the peer left it
   std::string local_ip_;
   std::string peer_ip_;
-  bool namespace_created_ = false;
   std::optional<ChildProcess> peer_;
   uint64_t peer_addr_ = 0;
 };

@@ -201,8 +201,9 @@ TEST_F(UcxTwoProcess, StoppedPeerFailsAReadWithTimeoutAtItsDeadlineAndLaterBatch
   ASSERT_EQ(::kill(peer.process.pid(), SIGCONT), 0);
   // Not asserted: that nothing of the timed-out READ lands after SIGCONT. Over UCX 1.13's
   // emulated tcp path it does — the resumed peer answers the cancelled gets and this
-  // worker writes the replies (docs/TRANSPORTS.md, "ucx"); on hardware RMA the NIC
-  // completes or drops them at the force close. Let them settle before reusing dst.
+  // worker's get-reply handler copies them into dst, consulting no registration, so
+  // kvferry cannot refuse them (docs/TRANSPORTS.md, "ucx", late bytes); on hardware RMA
+  // the QPs are gone after the force close. Let them settle before reusing dst.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // Later batches reconnect and succeed, both ways.
   ASSERT_TRUE(engine->transfer_sync(handle, {&op, 1}).ok());

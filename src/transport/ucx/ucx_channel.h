@@ -18,7 +18,9 @@
 //
 // What a force close cannot take back: on hardware RMA a put the NIC already sent lands;
 // on UCX's emulated paths (tcp) a put already in the stopped peer's socket buffer lands
-// when the peer resumes (docs/TRANSPORTS.md, "ucx").
+// when the peer resumes, and a resumed peer's replies to cancelled gets are still copied
+// into the local buffer by this worker (no registration is consulted for either, so
+// revoking memh or rkey does not stop them; docs/TRANSPORTS.md, "ucx", late bytes).
 //
 // Thread-safety: everything but the constructor runs on the progress thread.
 #pragma once

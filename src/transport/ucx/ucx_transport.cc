@@ -8,6 +8,7 @@
 #include "core/logging.h"
 #include "transport/ucx/ucx_channel.h"
 #include "transport/ucx/ucx_log.h"
+#include "transport/ucx/ucx_sealed_address.h"
 #include "transport/ucx/ucx_worker.h"
 
 namespace kvferry {
@@ -105,7 +106,18 @@ class UcxTransport final : public Transport {
 
   void describe(SegmentDescriptor& self) const override {
     if (!worker_) return;
-    self.ucx = UcxEndpoint{worker_->address(), resources_.hardware_rma};
+    if (!env_.secret) {
+      self.ucx = UcxEndpoint{worker_->address(), resources_.hardware_rma};
+      return;
+    }
+    // With a secret, only peers holding it can read the address (ucx_sealed_address.h).
+    Result<std::string> sealed =
+        detail::seal_worker_address(*env_.secret, worker_->address(), env_.incarnation);
+    if (!sealed.ok()) {
+      log().warn("ucx: not advertising the worker: {}", sealed.status().to_string());
+      return;
+    }
+    self.ucx = UcxEndpoint{std::move(sealed).value(), resources_.hardware_rma};
   }
 
   Status register_region(RegionEntry& entry) override {
@@ -172,10 +184,10 @@ class UcxTransport final : public Transport {
                                     : "ucx moves host memory only (this UCX has no CUDA "
                                       "memory support: ucx_info -d lists no cuda transport)";
     }
-    if (env_.secret) {
-      return "ucx does not authenticate peers yet; with a secret set (KVFERRY_SECRET) use tcp";
-    }
     if (!peer.ucx) return "the peer advertises no ucx worker";
+    if (Result<std::string> address = peer_worker_address(peer); !address.ok()) {
+      return address.status().message();
+    }
     if (!peer.ucx->hardware_rma && !env_.ucx_allow_emulated) {
       return fmt::format(
           "the peer's UCX has no hardware RMA transport, and emulated put/get (tcp, shared "
@@ -198,13 +210,36 @@ class UcxTransport final : public Transport {
     if (!peer.descriptor.ucx) {
       return NotSupported(fmt::format("peer {} advertises no ucx worker", peer.name));
     }
-    auto channel = std::make_shared<UcxChannel>(*worker_, peer.name,
-                                                peer.descriptor.ucx->worker_address, peer.liveness);
+    // The caller names the peer in its message.
+    KVF_ASSIGN_OR_RETURN(std::string address, peer_worker_address(peer.descriptor));
+    auto channel = std::make_shared<UcxChannel>(*worker_, peer.name, address, peer.liveness);
     return std::shared_ptr<TransportLink>(
         std::make_shared<UcxLink>(worker_, std::move(channel), peer.name));
   }
 
  private:
+  // The peer's worker address, usable only once it proved the secret (if one is set here):
+  // sealed with it for the incarnation it advertises. Without a secret here, a sealed address
+  // is refused too (it cannot be used, and the peer expects authenticated peers only).
+  Result<std::string> peer_worker_address(const SegmentDescriptor& peer) const {
+    const std::string& advertised = peer.ucx->worker_address;
+    const bool sealed = detail::is_sealed_worker_address(advertised);
+    if (!env_.secret) {
+      if (sealed) {
+        return Unauthenticated(
+            "the peer's ucx worker address is sealed with a secret and this engine has none "
+            "(set KVFERRY_SECRET to the peer's)");
+      }
+      return advertised;
+    }
+    if (!sealed) {
+      return Unauthenticated(
+          "the peer advertises its ucx worker address unsealed, so it has not proved "
+          "KVFERRY_SECRET; ucx is refused (it has no secret set, or runs an older kvferry)");
+    }
+    return detail::open_sealed_worker_address(*env_.secret, advertised, peer.incarnation);
+  }
+
   TransportEnv env_;
   std::shared_ptr<UcxWorker> worker_;  // null: inert (inert_reason_ says why)
   detail::UcxResources resources_;

@@ -15,6 +15,7 @@
 #include "kvferry/transfer_engine.h"
 #include "test_support.h"
 #include "transport/tcp/tcp_transport.h"
+#include "transport/ucx/ucx_sealed_address.h"
 
 namespace kvferry {
 namespace {
@@ -118,12 +119,70 @@ TEST_F(UcxTransportTest, RegistrationPacksAnRkeyAndDescribeAdvertisesTheWorker) 
   t->unregister_region(entry);
 }
 
-TEST_F(UcxTransportTest, ASecretTurnsUcxOffUntilPeersCanProveIt) {
+// With a secret, the worker address is advertised sealed, and a peer's address is used only
+// when it opens with the same secret for the incarnation it advertises.
+TEST_F(UcxTransportTest, ASecretSealsTheWorkerAddressAndRefusesPeersThatCannotProveIt) {
   TransportEnv e = env(true);
   e.secret = "s3cret";
+  e.incarnation = 0xabcdef;
   auto t = must(make_ucx_transport(e));
-  EXPECT_TRUE(contains(t->why_not(kHostToHost, PeerPlace::kOtherHost, peer_with_ucx(true)),
-                       "does not authenticate peers"));
+  SegmentDescriptor self;
+  t->describe(self);
+  ASSERT_TRUE(self.ucx.has_value());
+  const std::string& sealed = self.ucx->worker_address;
+  ASSERT_TRUE(detail::is_sealed_worker_address(sealed));
+  const std::string address = must(detail::open_sealed_worker_address("s3cret", sealed, 0xabcdef));
+  EXPECT_EQ(sealed.find(address), std::string::npos) << "the worker address is in the clear";
+
+  SegmentDescriptor peer = peer_with_ucx(false);
+  peer.incarnation = 7;
+  const std::string unsealed = t->why_not(kHostToHost, PeerPlace::kOtherHost, peer);
+  EXPECT_TRUE(contains(unsealed, "has not proved KVFERRY_SECRET")) << unsealed;
+  peer.ucx->worker_address = must(detail::seal_worker_address("other", address, 7));
+  const std::string wrong = t->why_not(kHostToHost, PeerPlace::kOtherHost, peer);
+  EXPECT_TRUE(contains(wrong, "does not open with this engine's secret")) << wrong;
+  const std::string name = "127.0.0.1:9000";
+  PeerInfo info{peer, name, nullptr};
+  Result<std::shared_ptr<TransportLink>> link = t->connect(info);
+  ASSERT_FALSE(link.ok());
+  EXPECT_EQ(link.status().code(), StatusCode::kUnauthenticated) << link.status().to_string();
+  peer.ucx->worker_address = must(detail::seal_worker_address("s3cret", address, 7));
+  EXPECT_EQ(t->why_not(kHostToHost, PeerPlace::kOtherHost, peer), "");
+
+  // Without a secret here, a sealed address is refused too (naming the variable).
+  auto open = must(make_ucx_transport(env(true)));
+  EXPECT_TRUE(contains(open->why_not(kHostToHost, PeerPlace::kOtherHost, peer), "KVFERRY_SECRET"));
+}
+
+TEST_F(UcxTransportTest, EnginesSharingASecretMoveBytesAndOneWithoutItIsRefused) {
+  EngineOptions o;
+  o.ucx_allow_emulated = true;
+  o.secret = "s3cret";
+  o.name = "target";
+  auto target = must(TransferEngine::create(o));
+  o.name = "initiator";
+  auto initiator = must(TransferEngine::create(o));
+  constexpr size_t kBytes = 1 << 20;
+  std::vector<std::byte> src(kBytes);
+  std::vector<std::byte> dst(kBytes, std::byte{0});
+  fill_pattern(src, 23);
+  ASSERT_TRUE(initiator->register_memory(src.data(), kBytes).ok());
+  ASSERT_TRUE(target->register_memory(dst.data(), kBytes).ok());
+  PeerOptions po;
+  po.transport = TransportKind::kUcx;
+  PeerHandle peer = must(initiator->open_peer(target->endpoint(), po));
+  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()),
+                reinterpret_cast<uint64_t>(dst.data()), kBytes};
+  ASSERT_TRUE(initiator->transfer_sync(peer, {&op, 1}).ok());
+  EXPECT_EQ(checksum(dst), checksum(src));
+
+  o.name = "outsider";
+  o.secret = "guess";
+  auto outsider = must(TransferEngine::create(o));
+  auto refused = outsider->open_peer(target->endpoint(), po);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(contains(refused.status().message(), "does not open with this engine's secret"))
+      << refused.status().to_string();
 }
 
 TEST_F(UcxTransportTest, TwoEnginesInOneProcessMoveBytesBothWays) {
