@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <random>
 
+#include "core/auth.h"
 #include "core/host_identity.h"
 #include "core/logging.h"
 #include "core/net.h"
@@ -72,23 +73,18 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
     return InvalidArgument(fmt::format("forced transport {} is not among the served ones",
                                        transport_kind_name(*options.forced_transport)));
   }
+  KVF_ASSIGN_OR_RETURN(std::optional<std::string> secret, resolve_secret(options.secret));
   std::unique_ptr<EngineImpl> engine(new EngineImpl(std::move(options)));
   engine->served_ = served;
+  engine->secret_ = std::move(secret);
   EngineImpl* raw = engine.get();
+  // With a secret, the descriptor (addresses, pid, memfds) is served only to peers that
+  // prove it.
   KVF_ASSIGN_OR_RETURN(engine->handshake_,
                        HandshakeServer::start(
                            listen, [raw] { return *raw->descriptor_json_.load(); },
-                           engine->options_.handshake_timeout));
+                           engine->options_.handshake_timeout, 2, engine->secret_));
   engine->endpoint_ = engine->handshake_->endpoint().to_string();
-  engine->secret_ = engine->options_.secret;
-  if (!engine->secret_) {
-    if (const char* env = std::getenv("KVFERRY_SECRET"); env != nullptr && *env != '\0') {
-      engine->secret_ = env;
-    }
-  }
-  if (engine->secret_ && engine->secret_->empty()) {
-    return InvalidArgument("secret is empty; leave it unset to turn authentication off");
-  }
   TransportEnv env;
   env.engine_name = engine->options_.name;
   env.listen_host = listen.host;
@@ -113,6 +109,7 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   MetadataStoreOptions store_options;
   store_options.record_ttl = engine->options_.metadata_ttl;
   store_options.io_timeout = engine->options_.handshake_timeout;
+  store_options.secret = engine->secret_;
   KVF_ASSIGN_OR_RETURN(engine->store_,
                        open_metadata_store(engine->options_.metadata_uri, store_options));
   auto self = std::make_shared<PeerState>(engine->endpoint_);

@@ -40,6 +40,7 @@ class EngineImpl {
   const std::string& endpoint() const { return endpoint_; }
   const EngineOptions& options() const { return options_; }
   uint64_t incarnation() const { return incarnation_; }
+  const std::optional<std::string>& secret() const { return secret_; }
 
   Status register_memory(std::span<const MemoryRegion> regions);
   Status unregister_memory(std::span<void* const> addrs);

@@ -4,6 +4,7 @@
 
 #include "core/logging.h"
 #include "kvferry/kv/tp_slice.h"
+#include "pd/control_auth.h"
 #include "pd/decode_state.h"
 #include "pd/page_integrity.h"
 
@@ -139,7 +140,8 @@ Status DecodeClientImpl::connect_links(const std::shared_ptr<PrefillInstance>& i
   const auto deadline = Clock::now() + options_.timeouts.bootstrap_timeout;
   BootstrapClient bootstrap(
       inst->bootstrap_address,
-      std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval));
+      std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval),
+      engine_.secret());
   auto retryable = [](const Status& s) {
     return s.code() == StatusCode::kFailedPrecondition || s.code() == StatusCode::kPeerUnreachable;
   };
@@ -177,6 +179,8 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
   KVF_ASSIGN_OR_RETURN(RankRegistration reg, bootstrap.rank(prefill_rank));
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(reg.control_endpoint));
   KVF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(endpoint, deadline));
+  KVF_RETURN_IF_ERROR(answer_control_challenge(fd.get(), engine_.secret(),
+                                               rank_name(*inst, prefill_rank), deadline));
   auto link = std::make_shared<PrefillLink>();
   link->prefill_rank = prefill_rank;
   std::weak_ptr<PrefillInstance> weak_inst = inst;
@@ -243,8 +247,9 @@ void DecodeClientImpl::on_message(const std::shared_ptr<PrefillInstance>& inst, 
     settle(r);
     return;
   }
+  // A room is touched only by the prefill instance it was sent to.
   if (auto* ack = std::get_if<AbortAck>(&message)) {
-    if (auto r = find_room(ack->room)) {
+    if (auto r = find_room(ack->room); r && r->instance == inst) {
       {
         std::lock_guard lock(r->mu);
         r->ack_pending_ranks.erase(rank);
@@ -255,7 +260,7 @@ void DecodeClientImpl::on_message(const std::shared_ptr<PrefillInstance>& inst, 
     return;
   }
   if (auto* abort = std::get_if<AbortMessage>(&message)) {
-    if (auto r = find_room(abort->room)) {
+    if (auto r = find_room(abort->room); r && r->instance == inst) {
       fail(r, Cancelled(rank_name(*inst, rank) + " aborted the request: " + abort->reason));
       settle(r);
     }
@@ -332,7 +337,8 @@ std::shared_ptr<ReceiverState> DecodeClientImpl::find_room(uint64_t room) const 
 void DecodeClientImpl::check_health(const std::shared_ptr<PrefillInstance>& inst) {
   BootstrapClient bootstrap(
       inst->bootstrap_address,
-      std::max(std::chrono::milliseconds(50), options_.timeouts.heartbeat_interval / 2));
+      std::max(std::chrono::milliseconds(50), options_.timeouts.heartbeat_interval / 2),
+      engine_.secret());
   Result<HealthReport> health = bootstrap.health();
   if (metrics_ != nullptr) metrics_->on_bootstrap(health.status());
   const auto now = Clock::now();

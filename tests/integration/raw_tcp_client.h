@@ -20,7 +20,7 @@
 #include "core/net.h"
 #include "metadata/handshake.h"
 #include "metadata/segment_descriptor.h"
-#include "transport/tcp/tcp_auth.h"
+#include "core/auth.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace kvferry::testing {

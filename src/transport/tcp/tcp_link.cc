@@ -14,7 +14,7 @@
 #include <unordered_map>
 
 #include "core/logging.h"
-#include "transport/tcp/tcp_auth.h"
+#include "core/auth.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace kvferry::detail {

@@ -17,7 +17,7 @@
 #include <unordered_map>
 
 #include "core/logging.h"
-#include "transport/tcp/tcp_auth.h"
+#include "core/auth.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace kvferry {
