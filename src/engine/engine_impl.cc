@@ -1,6 +1,7 @@
 #include "engine/engine_impl.h"
 
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -85,6 +86,13 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
                            listen, [raw] { return *raw->descriptor_json_.load(); },
                            engine->options_.handshake_timeout, 2, engine->secret_));
   engine->endpoint_ = engine->handshake_->endpoint().to_string();
+  if (served.contains(TransportKind::kShm)) {
+    KVF_ASSIGN_OR_RETURN(engine->shm_fd_server_,
+                         ShmFdServer::start(
+                             engine->incarnation_,
+                             [raw](uint64_t inode) { return raw->dup_shared_fd(inode); },
+                             engine->secret_, engine->options_.handshake_timeout));
+  }
   TransportEnv env;
   env.engine_name = engine->options_.name;
   env.listen_host = listen.host;
@@ -128,6 +136,14 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   log().info("engine '{}' listening on {} (incarnation {:016x})", engine->options_.name,
              engine->endpoint_, engine->incarnation_);
   return engine;
+}
+
+Fd EngineImpl::dup_shared_fd(uint64_t inode) const {
+  std::lock_guard lock(registry_mu_);
+  for (const auto& [addr, allocation] : shared_allocations_) {
+    if (allocation->inode() == inode) return Fd(::fcntl(allocation->fd(), F_DUPFD_CLOEXEC, 0));
+  }
+  return Fd();
 }
 
 std::optional<ShmBacking> EngineImpl::shm_backing_locked(uint64_t addr, uint64_t length) const {
@@ -198,6 +214,7 @@ Status EngineImpl::publish_locked() {
   d.pid = ::getpid();
   d.transports = served_;
   d.version = ++descriptor_version_;
+  if (shm_fd_server_) d.shm_socket = shm_fd_server_->name();
   for (const auto& t : transports_) {
     if (t) t->describe(d);
   }

@@ -198,11 +198,16 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
         if (auto i = weak_inst.lock()) on_message(i, prefill_rank, std::move(m));
       },
       [this, weak_inst, weak_link, prefill_rank](const Status& reason) {
+        bool accepted = false;
         if (auto l = weak_link.lock()) {
           l->alive = false;
           std::lock_guard lock(l->mu);
+          accepted = l->reply && l->reply->code == StatusCode::kOk;
           l->cv.notify_all();
         }
+        // A registration prefill refused (e.g. Unauthenticated) is reported by connect_link
+        // with its own code; only an accepted link's loss fails the instance.
+        if (!accepted) return;
         if (auto i = weak_inst.lock()) on_link_lost(i, prefill_rank, reason);
       });
   link->channel->start({options_.timeouts, engine_.incarnation()});
