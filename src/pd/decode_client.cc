@@ -211,11 +211,14 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
         if (auto i = weak_inst.lock()) on_link_lost(i, prefill_rank, reason);
       });
   link->channel->start({options_.timeouts, engine_.incarnation()});
-  KVF_RETURN_IF_ERROR(link->channel->send(registration()));
+  // A send that fails because prefill refused us and closed still gets its reply (the reader
+  // hands it over before it sees the end of the stream).
+  Status sent = link->channel->send(registration());
   std::unique_lock lock(link->mu);
   link->cv.wait_until(lock, deadline, [&] { return link->reply.has_value() || !link->alive; });
   if (!link->reply) {
     link->channel->close();
+    if (!sent.ok()) return sent;
     return PeerUnreachable(rank_name(*inst, prefill_rank) + " did not accept the registration");
   }
   if (link->reply->code != StatusCode::kOk) {

@@ -11,9 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
+#include "core/net.h"
 #include "core/pattern.h"
 #include "serve_client.h"
 #include "test_support.h"
