@@ -1,7 +1,7 @@
 #include "engine/engine_impl.h"
 
-#include <fmt/format.h>
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -87,11 +87,11 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
                            engine->options_.handshake_timeout, 2, engine->secret_));
   engine->endpoint_ = engine->handshake_->endpoint().to_string();
   if (served.contains(TransportKind::kShm)) {
-    KVF_ASSIGN_OR_RETURN(engine->shm_fd_server_,
-                         ShmFdServer::start(
-                             engine->incarnation_,
-                             [raw](uint64_t inode) { return raw->dup_shared_fd(inode); },
-                             engine->secret_, engine->options_.handshake_timeout));
+    KVF_ASSIGN_OR_RETURN(
+        engine->shm_fd_server_,
+        ShmFdServer::start(
+            engine->incarnation_, [raw](uint64_t inode) { return raw->dup_shared_fd(inode); },
+            engine->secret_, engine->options_.handshake_timeout));
   }
   TransportEnv env;
   env.engine_name = engine->options_.name;

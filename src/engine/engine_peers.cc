@@ -100,7 +100,8 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
                     fmt::format("forced transport shm cannot reach peer {}: {}", name,
                                 segment.status().message()));
     }
-    peer->shm_refused = "the peer's shared memory cannot be mapped here: " + segment.status().message();
+    peer->shm_refused =
+        "the peer's shared memory cannot be mapped here: " + segment.status().message();
     log().warn("peer {}: shm is out, its shared memory goes by the next route: {}", name,
                segment.status().message());
     connect_links(*peer, d);
@@ -227,8 +228,9 @@ Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
         KVF_ASSIGN_OR_RETURN(Fd memfd, fetch_shm_fd(d.shm_socket, r.shm->inode, secret_,
                                                     Clock::now() + options_.handshake_timeout));
         KVF_ASSIGN_OR_RETURN(
-            mapping, ShmMapping::open(std::move(memfd), "memfd inode " + std::to_string(r.shm->inode),
-                                      r.shm->file_bytes, r.shm->inode));
+            mapping,
+            ShmMapping::open(std::move(memfd), "memfd inode " + std::to_string(r.shm->inode),
+                             r.shm->file_bytes, r.shm->inode));
       }
       if (std::find(segment->mappings.begin(), segment->mappings.end(), mapping) ==
           segment->mappings.end()) {

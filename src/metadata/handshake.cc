@@ -49,9 +49,8 @@ Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(
     int threads, std::optional<std::string> secret) {
   KVF_ASSIGN_OR_RETURN(std::unique_ptr<Acceptor> acceptor,
                        Acceptor::bind(listen, Acceptor::Options::named("handshake")));
-  auto server = std::unique_ptr<HandshakeServer>(
-      new HandshakeServer(std::move(acceptor), std::move(source), io_timeout, threads,
-                          std::move(secret)));
+  auto server = std::unique_ptr<HandshakeServer>(new HandshakeServer(
+      std::move(acceptor), std::move(source), io_timeout, threads, std::move(secret)));
   // Each connection is served on the pool, so one slow client never blocks others; every
   // read and write is bounded by io_timeout_.
   server->acceptor_->start([s = server.get()](Fd conn) {
@@ -102,9 +101,9 @@ void HandshakeServer::serve(Fd connection) {
 Status HandshakeServer::authenticate(int connection, Clock::time_point deadline) {
   if (!secret_) return Status::Ok();
   KVF_ASSIGN_OR_RETURN(AuthNonce nonce, make_auth_nonce());
-  auto challenge = make_frame(
-      HandshakeFrame::kChallenge,
-      std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
+  auto challenge =
+      make_frame(HandshakeFrame::kChallenge,
+                 std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
   KVF_RETURN_IF_ERROR(send_all(connection, challenge, deadline));
   std::byte header_bytes[kHandshakeHeaderBytes];
   KVF_RETURN_IF_ERROR(recv_all(connection, header_bytes, deadline));
@@ -149,9 +148,9 @@ Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point
                              "(EngineOptions::secret or KVFERRY_SECRET)");
     }
     AuthProof proof = auth_proof(*secret, nonce);
-    auto answer = make_frame(
-        HandshakeFrame::kProof,
-        std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size()));
+    auto answer =
+        make_frame(HandshakeFrame::kProof,
+                   std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size()));
     if (Status s = send_all(conn.get(), answer, deadline); !s.ok()) return unreachable(s);
     if (Status s = recv_all(conn.get(), header_bytes, deadline); !s.ok()) return unreachable(s);
     header = decode_handshake_header(header_bytes, kMaxDescriptorBytes);

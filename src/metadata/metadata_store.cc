@@ -56,7 +56,8 @@ std::string metadata_key(std::string_view endpoint) {
 
 Result<std::unique_ptr<MetadataStore>> open_metadata_store(std::string_view uri,
                                                            const MetadataStoreOptions& options) {
-  if (uri == "p2p" || uri == "P2PHANDSHAKE") return std::unique_ptr<MetadataStore>(new P2pStore(options.secret));
+  if (uri == "p2p" || uri == "P2PHANDSHAKE")
+    return std::unique_ptr<MetadataStore>(new P2pStore(options.secret));
   auto scheme_end = uri.find("://");
   std::string_view scheme = scheme_end == std::string_view::npos ? uri : uri.substr(0, scheme_end);
   if (scheme_end != std::string_view::npos) {

@@ -62,8 +62,8 @@ Status BootstrapAuthChecker::check(std::string_view method, std::string_view tar
   std::optional<std::string> received = from_hex(signature);
   AuthProof expected = auth_signature(secret_, signed_text(method, target, time, nonce, body));
   if (!received ||
-      !auth_proof_matches(expected, {reinterpret_cast<const std::byte*>(received->data()),
-                                     received->size()})) {
+      !auth_proof_matches(
+          expected, {reinterpret_cast<const std::byte*>(received->data()), received->size()})) {
     return Unauthenticated("bad signature (wrong secret?)");
   }
   const int64_t skew_ms = now_ms() - sent_ms;
@@ -74,9 +74,8 @@ Status BootstrapAuthChecker::check(std::string_view method, std::string_view tar
   }
   const auto now = WallClock::now();
   std::lock_guard lock(mu_);
-  if (seen_.size() >= kMaxBootstrapNonces) std::erase_if(seen_, [&](const auto& e) {
-      return e.second < now;
-    });
+  if (seen_.size() >= kMaxBootstrapNonces)
+    std::erase_if(seen_, [&](const auto& e) { return e.second < now; });
   if (seen_.size() >= kMaxBootstrapNonces) {
     return Unauthenticated("too many signed requests within the window; retry later");
   }

@@ -92,10 +92,9 @@ Result<RankRegistration> BootstrapClient::rank(uint32_t tp_rank, uint32_t pp_ran
                                                uint32_t dp_rank) const {
   KVF_BOOTSTRAP_CLIENT(client);
   // The target is built here (numbers need no escaping), so what is signed is what is sent.
-  const std::string target = "/rank?tp_rank=" + std::to_string(tp_rank) +
-                             "&pp_rank=" + std::to_string(pp_rank) +
-                             "&cp_rank=" + std::to_string(cp_rank) +
-                             "&dp_rank=" + std::to_string(dp_rank);
+  const std::string target =
+      "/rank?tp_rank=" + std::to_string(tp_rank) + "&pp_rank=" + std::to_string(pp_rank) +
+      "&cp_rank=" + std::to_string(cp_rank) + "&dp_rank=" + std::to_string(dp_rank);
   KVF_ASSIGN_OR_RETURN(httplib::Headers headers, auth_headers(secret_, "GET", target, ""));
   KVF_ASSIGN_OR_RETURN(nlohmann::json body,
                        to_result(address_, "rank", client.Get(target, headers)));

@@ -112,8 +112,8 @@ class BootstrapServer::Impl {
   // With a secret: false (401 sent) unless the request is signed (pd/bootstrap_auth.h).
   bool authorized(const httplib::Request& req, httplib::Response& res) {
     if (!auth_) return true;
-    Status s = auth_->check(req.method, req.target, req.body,
-                            req.get_header_value(kBootstrapAuthHeader));
+    Status s =
+        auth_->check(req.method, req.target, req.body, req.get_header_value(kBootstrapAuthHeader));
     if (s.ok()) return true;
     reply_error(res, kHttpUnauthorized, req.method + " " + req.path + ": " + s.message());
     return false;

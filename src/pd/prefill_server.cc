@@ -133,13 +133,13 @@ bool PrefillServerImpl::authenticate(const std::shared_ptr<DecodePeer>& peer,
     peer->authenticated = true;
     return false;  // consumed
   }
-  Status why = Unauthenticated(proof != nullptr ? "wrong secret"
-                                                : std::string(message_type_name(
-                                                      message_type(message))) +
-                                                      " before the AuthProof of the secret");
+  Status why =
+      Unauthenticated(proof != nullptr ? "wrong secret"
+                                       : std::string(message_type_name(message_type(message))) +
+                                             " before the AuthProof of the secret");
   log().warn("prefill: refused {}: {}", peer->name(), why.message());
-  peer->channel->send(RegisterReply{options_.tp.rank, engine_.incarnation(), why.code(),
-                                    why.message()})
+  peer->channel
+      ->send(RegisterReply{options_.tp.rank, engine_.incarnation(), why.code(), why.message()})
       .ignore();
   peer->channel->close();
   return false;

@@ -211,10 +211,10 @@ void ShmFdServer::serve(Fd connection) {
     if (::getsockopt(connection.get(), SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0) {
       refused = ErrnoStatus(StatusCode::kInternal, "SO_PEERCRED", errno);
     } else if (peer.uid != ::geteuid() && peer.uid != 0) {
-      refused = Unauthenticated(fmt::format(
-          "uid {} (pid {}) may not map the shared memory of uid {} without a secret "
-          "(set the same KVFERRY_SECRET on both engines)",
-          peer.uid, peer.pid, ::geteuid()));
+      refused = Unauthenticated(
+          fmt::format("uid {} (pid {}) may not map the shared memory of uid {} without a secret "
+                      "(set the same KVFERRY_SECRET on both engines)",
+                      peer.uid, peer.pid, ::geteuid()));
     }
   }
   const auto inode = load_le<uint64_t>(payload.data() + (expected - sizeof(uint64_t)));
@@ -248,9 +248,10 @@ Result<Fd> fetch_shm_fd(const std::string& name, uint64_t inode,
   sockaddr_un address = abstract_address(name, length);
   // A local connect either succeeds or fails at once (a full backlog blocks: not here).
   if (::connect(conn.get(), reinterpret_cast<sockaddr*>(&address), length) != 0) {
-    return NotSupported(fmt::format("cannot reach the peer's {}: {} (another network namespace, "
-                                    "or the peer is gone)",
-                                    where, std::strerror(errno)));
+    return NotSupported(
+        fmt::format("cannot reach the peer's {}: {} (another network namespace, "
+                    "or the peer is gone)",
+                    where, std::strerror(errno)));
   }
   std::byte header_bytes[kFrameHeaderBytes];
   KVF_RETURN_IF_ERROR(recv_all(conn.get(), header_bytes, deadline));
@@ -265,8 +266,9 @@ Result<Fd> fetch_shm_fd(const std::string& name, uint64_t inode,
     AuthNonce nonce{};
     KVF_RETURN_IF_ERROR(recv_all(conn.get(), nonce, deadline));
     if (!secret) {
-      return Unauthenticated("the peer's shared memory requires the secret; none is configured "
-                             "here (EngineOptions::secret or KVFERRY_SECRET)");
+      return Unauthenticated(
+          "the peer's shared memory requires the secret; none is configured "
+          "here (EngineOptions::secret or KVFERRY_SECRET)");
     }
     AuthProof proof = auth_proof(*secret, nonce);
     request.insert(request.end(), proof.begin(), proof.end());
@@ -284,12 +286,13 @@ Result<Fd> fetch_shm_fd(const std::string& name, uint64_t inode,
   std::vector<std::byte> payload(reply.payload_bytes);
   KVF_RETURN_IF_ERROR(recv_with_fd(conn.get(), payload, received, deadline));
   const auto code = static_cast<uint8_t>(payload[0]);
-  if (!is_valid_status_code(code)) return ProtocolError(where + ": status code " + std::to_string(code));
+  if (!is_valid_status_code(code))
+    return ProtocolError(where + ": status code " + std::to_string(code));
   if (code != 0) {
-    return Status(static_cast<StatusCode>(code),
-                  "the peer refused its shared memory: " +
-                      std::string(reinterpret_cast<const char*>(payload.data()) + 1,
-                                  payload.size() - 1));
+    return Status(
+        static_cast<StatusCode>(code),
+        "the peer refused its shared memory: " +
+            std::string(reinterpret_cast<const char*>(payload.data()) + 1, payload.size() - 1));
   }
   if (!received.valid()) return ProtocolError(where + ": OK without a descriptor attached");
   return received;

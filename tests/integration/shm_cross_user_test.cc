@@ -38,10 +38,10 @@ std::string ask(ServePeer& peer, const std::string& line) {
 
 // What the unprivileged initiator saw, one line each.
 struct Outcome {
-  std::string transport;    // of the host -> shared_host route
-  std::string reason;       // that route's reason
-  std::string write;        // "ok" or the status of one WRITE of kWriteBytes
-  std::string forced_shm;   // open_peer with shm forced: "ok" or the status code's name
+  std::string transport;   // of the host -> shared_host route
+  std::string reason;      // that route's reason
+  std::string write;       // "ok" or the status of one WRITE of kWriteBytes
+  std::string forced_shm;  // open_peer with shm forced: "ok" or the status code's name
 };
 
 // In the forked child: drops to uid/gid 65534, opens the root-owned peer, reports.

@@ -145,8 +145,8 @@ struct AuthProofMessage {
 };
 
 using ControlMessage =
-    std::variant<RegisterLayout, RegisterReply, TransferRequest, RequestStatusMessage,
-                 AbortMessage, AbortAck, Heartbeat, AuthChallengeMessage, AuthProofMessage>;
+    std::variant<RegisterLayout, RegisterReply, TransferRequest, RequestStatusMessage, AbortMessage,
+                 AbortAck, Heartbeat, AuthChallengeMessage, AuthProofMessage>;
 
 MessageType message_type(const ControlMessage& message);
 std::string_view message_type_name(MessageType type);

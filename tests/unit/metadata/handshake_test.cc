@@ -132,13 +132,15 @@ TEST(HandshakeAuth, DescriptorIsServedOnlyWithTheSecret) {
        {std::optional<std::string>(), std::optional<std::string>("another-secret")}) {
     auto refused = fetch_descriptor(e, deadline(), secret);
     ASSERT_FALSE(refused.ok());
-    EXPECT_EQ(refused.status().code(), StatusCode::kUnauthenticated) << refused.status().to_string();
+    EXPECT_EQ(refused.status().code(), StatusCode::kUnauthenticated)
+        << refused.status().to_string();
     EXPECT_FALSE(contains(refused.status().message(), "regions")) << refused.status().message();
   }
   // A raw client that sends GetDescriptor and reads whatever comes gets the challenge only.
   Fd raw = testing::must(connect_tcp(e, deadline()));
   std::string request = frame(HandshakeFrame::kGetDescriptor, "", 0);
-  ASSERT_TRUE(send_all(raw.get(), {reinterpret_cast<const std::byte*>(request.data()), request.size()},
+  ASSERT_TRUE(send_all(raw.get(),
+                       {reinterpret_cast<const std::byte*>(request.data()), request.size()},
                        deadline())
                   .ok());
   std::byte header[kHandshakeHeaderBytes];

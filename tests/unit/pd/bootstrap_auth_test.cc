@@ -1,11 +1,12 @@
 // The bootstrap server's trust rules: with a secret every route wants a signed request (no
 // replays); without one, a live rank cannot be repointed by another incarnation.
+#include "pd/bootstrap_auth.h"
+
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include "core/net.h"
 #include "kvferry/pd/bootstrap.h"
-#include "pd/bootstrap_auth.h"
 #include "pd/bootstrap_json.h"
 #include "test_support.h"
 
@@ -45,8 +46,7 @@ TEST(BootstrapAuth, WithASecretUnsignedOrWronglySignedRequestsAreRefused) {
     EXPECT_EQ(get->status, 401) << path;
   }
   BootstrapClient wrong(server->address(), std::chrono::milliseconds(2000), "another-secret");
-  EXPECT_EQ(wrong.register_rank(rank_at("127.0.0.1:5000", 1)).code(),
-            StatusCode::kUnauthenticated);
+  EXPECT_EQ(wrong.register_rank(rank_at("127.0.0.1:5000", 1)).code(), StatusCode::kUnauthenticated);
   // Nothing was registered by any of them.
   BootstrapClient right(server->address(), std::chrono::milliseconds(2000), "bootstrap-secret");
   EXPECT_EQ(right.layout().status().code(), StatusCode::kFailedPrecondition);

@@ -131,8 +131,8 @@ TEST(PdSecurity, WithASecretNothingIsAcceptedBeforeTheProof) {
     auto challenge = wrong.read();
     ASSERT_TRUE(challenge.ok());
     const std::string& nonce = std::get<AuthChallengeMessage>(*challenge).nonce;
-    AuthProof proof = auth_proof("not-the-secret", {reinterpret_cast<const std::byte*>(nonce.data()),
-                                                    nonce.size()});
+    AuthProof proof = auth_proof("not-the-secret",
+                                 {reinterpret_cast<const std::byte*>(nonce.data()), nonce.size()});
     ASSERT_TRUE(
         wrong.send(AuthProofMessage{std::string(reinterpret_cast<char*>(proof.data()), 32)}).ok());
     ASSERT_TRUE(wrong.send(AbortMessage{r.room, "hostile"}).ok());
@@ -151,8 +151,8 @@ TEST(PdSecurity, ADecodeWithoutTheSecretIsRefusedUnauthenticated) {
   ModelShape m;
   TestRank p = testing::make_rank("prefill", m, 1, 0, kSecret);
   auto prefill = testing::make_prefill(p, bootstrap->address());
-  for (std::optional<std::string> secret : {std::optional<std::string>(),
-                                            std::optional<std::string>("another-secret")}) {
+  for (std::optional<std::string> secret :
+       {std::optional<std::string>(), std::optional<std::string>("another-secret")}) {
     TestRank d = testing::make_rank("decode", m, 1, 0, secret);
     auto decode = testing::make_decode(d);
     KvReceiver receiver = testing::must(decode->create_receiver(bootstrap->address(), 3));

@@ -35,14 +35,16 @@ struct Served {
         bytes(random_bytes(allocation->bytes(), 7)) {
     std::memcpy(allocation->addr(), bytes.data(), bytes.size());
     server = must(ShmFdServer::start(
-        0x1234, [this](uint64_t inode) {
+        0x1234,
+        [this](uint64_t inode) {
           return inode == allocation->inode() ? Fd(::dup(allocation->fd())) : Fd();
         },
         std::move(secret), kTimeout));
   }
   // Maps what fetch_shm_fd returned and compares it with the allocation's bytes.
   bool maps_the_same_bytes(Fd fd) const {
-    auto mapping = ShmMapping::open(std::move(fd), "test", allocation->bytes(), allocation->inode());
+    auto mapping =
+        ShmMapping::open(std::move(fd), "test", allocation->bytes(), allocation->inode());
     return mapping.ok() && std::memcmp((*mapping)->base(), bytes.data(), bytes.size()) == 0;
   }
   std::unique_ptr<ShmAllocation> allocation;
@@ -52,8 +54,8 @@ struct Served {
 
 TEST(ShmFdServer, WithoutASecretTheSameUserGetsTheMemfd) {
   Served s(std::nullopt);
-  auto fd = fetch_shm_fd(s.server->name(), s.allocation->inode(), std::nullopt,
-                         Clock::now() + kTimeout);
+  auto fd =
+      fetch_shm_fd(s.server->name(), s.allocation->inode(), std::nullopt, Clock::now() + kTimeout);
   ASSERT_TRUE(fd.ok()) << fd.status().to_string();
   EXPECT_TRUE(s.maps_the_same_bytes(std::move(*fd)));
   auto unknown = fetch_shm_fd(s.server->name(), s.allocation->inode() + 1, std::nullopt,
@@ -65,8 +67,8 @@ TEST(ShmFdServer, WithASecretOnlyAProvenPeerGetsTheMemfd) {
   Served s(std::string("shm-secret"));
   for (std::optional<std::string> secret :
        {std::optional<std::string>(), std::optional<std::string>("another-secret")}) {
-    auto refused = fetch_shm_fd(s.server->name(), s.allocation->inode(), secret,
-                                Clock::now() + kTimeout);
+    auto refused =
+        fetch_shm_fd(s.server->name(), s.allocation->inode(), secret, Clock::now() + kTimeout);
     ASSERT_FALSE(refused.ok());
     EXPECT_EQ(refused.status().code(), StatusCode::kUnauthenticated)
         << refused.status().to_string();
