@@ -56,7 +56,7 @@ Result<httplib::Headers> auth_headers(const std::optional<std::string>& secret,
 }  // namespace
 
 BootstrapClient::BootstrapClient(std::string address, std::chrono::milliseconds timeout,
-                                 std::optional<std::string> secret)
+                                 const std::optional<std::string>& secret)
     : address_(std::move(address)), timeout_(timeout) {
   // An empty configured secret is refused where it is configured (the engine); here it
   // means none.

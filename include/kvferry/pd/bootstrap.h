@@ -97,7 +97,7 @@ class BootstrapClient {
   // `secret` (none: KVFERRY_SECRET when set) signs every request.
   explicit BootstrapClient(std::string address,
                            std::chrono::milliseconds timeout = kDefaultHandshakeTimeout,
-                           std::optional<std::string> secret = {});
+                           const std::optional<std::string>& secret = {});
 
   // Errors: PeerUnreachable (no answer), InvalidArgument (400), Unauthenticated (401: no or
   // another secret), OutOfRange (404, unknown rank), AlreadyExists (409: the rank is held by
