@@ -125,6 +125,16 @@ TEST(PdSecurity, WithASecretNothingIsAcceptedBeforeTheProof) {
     EXPECT_EQ(std::get<RegisterReply>(*reply).code, StatusCode::kUnauthenticated);
     EXPECT_FALSE(hostile.read_skipping_heartbeats().ok());  // closed
   }
+  // Nor can it register a layout (and so send requests) without the proof.
+  {
+    RawControlClient hostile(r.prefill->control_endpoint());
+    ASSERT_TRUE(hostile.read().ok());
+    ASSERT_TRUE(hostile.send(RegisterLayout{}).ok());
+    auto reply = hostile.read_skipping_heartbeats();
+    ASSERT_TRUE(reply.ok()) << reply.status().to_string();
+    ASSERT_TRUE(std::holds_alternative<RegisterReply>(*reply));
+    EXPECT_EQ(std::get<RegisterReply>(*reply).code, StatusCode::kUnauthenticated);
+  }
   // A client with a wrong proof is refused the same way.
   {
     RawControlClient wrong(r.prefill->control_endpoint());
