@@ -106,13 +106,15 @@ void bind_pd(py::module_& m) {
            py::arg("transfer_call_timeout_ms") = 10'000);
 
   py::class_<pd::BootstrapServer>(m, "BootstrapServer")
-      .def(py::init([](std::string listen_address, int64_t rank_stale_after_ms) {
+      .def(py::init([](std::string listen_address, int64_t rank_stale_after_ms,
+                       std::optional<std::string> secret) {
              pd::BootstrapServerOptions o{std::move(listen_address),
-                                          milliseconds(rank_stale_after_ms)};
+                                          milliseconds(rank_stale_after_ms), std::move(secret)};
              py::gil_scoped_release release;
              return value_or_throw(pd::BootstrapServer::start(std::move(o)));
            }),
-           py::arg("listen_address") = "127.0.0.1:0", py::arg("rank_stale_after_ms") = 0)
+           py::arg("listen_address") = "127.0.0.1:0", py::arg("rank_stale_after_ms") = 0,
+           py::arg("secret") = py::none())
       .def_property_readonly("address", &pd::BootstrapServer::address)
       .def("stop", &pd::BootstrapServer::stop, py::call_guard<py::gil_scoped_release>());
 

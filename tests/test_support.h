@@ -21,10 +21,12 @@ T must(Result<T> r) {
   return std::move(r).value();
 }
 
-inline std::unique_ptr<TransferEngine> make_engine(const std::string& name, int threads = 2) {
+inline std::unique_ptr<TransferEngine> make_engine(const std::string& name, int threads = 2,
+                                                   std::optional<std::string> secret = {}) {
   EngineOptions options;
   options.name = name;
   options.worker_threads = threads;
+  options.secret = std::move(secret);
   return must(TransferEngine::create(options));
 }
 

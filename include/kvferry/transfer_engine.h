@@ -79,9 +79,12 @@ struct EngineOptions {
   std::string tcp_listen_address;
   int tcp_lanes = 2;
   int tcp_io_threads = 2;
-  // Shared secret: when set (or KVFERRY_SECRET is set in the environment), every tcp data
-  // connection must prove knowledge of it (HMAC-SHA256 challenge-response), and this
-  // engine proves it to peers that require it.
+  // Shared secret: when set (or KVFERRY_SECRET is set in the environment), nothing of this
+  // engine is served to a peer that has not proved knowledge of it (HMAC-SHA256
+  // challenge-response): its descriptor over the p2p handshake, its tcp data connections,
+  // its shared memory (the memfds are passed only to an authenticated peer). This engine
+  // proves it to peers that require it. The PD session layer on this engine uses the same
+  // secret (README, Security).
   std::optional<std::string> secret;
   // ucx transport: use UCX paths that emulate put/get in the target's software (UCX's tcp
   // and shared-memory transports) — also when KVFERRY_UCX_ALLOW_EMULATED=1 is set. Such
@@ -163,6 +166,10 @@ class TransferEngine {
   const std::string& endpoint() const;
   const EngineOptions& options() const;
   uint64_t incarnation() const;
+  // The secret this engine proves and requires (EngineOptions::secret, else KVFERRY_SECRET;
+  // none = authentication off), so the layers above it (the PD control channel and
+  // bootstrap client) prove the same one. Thread-safe (fixed at creation).
+  const std::optional<std::string>& secret() const;
 
   // Registers a region. Errors: InvalidArgument (null or zero length), AlreadyExists
   // (overlaps a registered region). The batch form registers all or none and publishes

@@ -11,9 +11,16 @@ NBYTES = 1 << 20
 PROTOCOLS = ["tcp", "shm"]
 
 
-@pytest.fixture(params=PROTOCOLS)
-def pair(request, make_peer):
-    protocol = request.param
+# Each protocol without a secret and with one (KVFERRY_SECRET, as a Mooncake user would set
+# it: both processes read it).
+@pytest.fixture(params=[(p, s) for p in PROTOCOLS for s in (None, "py-mooncake-secret")],
+                ids=lambda c: f"{c[0]}-{'secret' if c[1] else 'no-secret'}")
+def pair(request, make_peer, monkeypatch):
+    protocol, secret = request.param
+    if secret:
+        monkeypatch.setenv("KVFERRY_SECRET", secret)
+    else:
+        monkeypatch.delenv("KVFERRY_SECRET", raising=False)
     peer = make_peer(protocol, NBYTES, seed=11)
     engine = TransferEngine()
     assert engine.initialize("127.0.0.1", "P2PHANDSHAKE", protocol, "") == 0

@@ -30,12 +30,16 @@ def page(memory, layer, index):
     return memory[start:start + PAGE_BYTES]
 
 
-@pytest.fixture
-def pd_pair():
+# Every PD test runs without a secret and with one (every plane authenticated: handshake,
+# shm, control channel, signed bootstrap HTTP).
+@pytest.fixture(params=[None, "py-pd-secret"], ids=["no-secret", "secret"])
+def pd_pair(request):
+    secret = request.param
     timeouts = kvferry.PdTimeouts(heartbeat_interval_ms=100, bootstrap_timeout_ms=5000,
                                   waiting_timeout_ms=5000)
-    bootstrap = kvferry.BootstrapServer()
-    prefill_engine, decode_engine = kvferry.Engine(name="prefill"), kvferry.Engine(name="decode")
+    bootstrap = kvferry.BootstrapServer(secret=secret)
+    prefill_engine = kvferry.Engine(name="prefill", secret=secret)
+    decode_engine = kvferry.Engine(name="decode", secret=secret)
     p_mem, p_layout, p_aux, p_kv = make_rank(prefill_engine)
     d_mem, d_layout, d_aux, d_kv = make_rank(decode_engine)
     p_mem[:] = np.random.default_rng(5).integers(0, 256, p_mem.size, dtype=np.uint8)
@@ -135,4 +139,23 @@ def test_waits_release_the_gil():
     # With the GIL held by the waiting thread this loop would barely have run.
     assert spins > 10_000
     receiver.abort("test over")
+    bootstrap.stop()
+
+
+def test_a_decode_without_the_secret_is_refused():
+    timeouts = kvferry.PdTimeouts(heartbeat_interval_ms=100, bootstrap_timeout_ms=2000,
+                                  waiting_timeout_ms=2000)
+    bootstrap = kvferry.BootstrapServer(secret="py-pd-secret")
+    prefill_engine = kvferry.Engine(name="prefill", secret="py-pd-secret")
+    decode_engine = kvferry.Engine(name="decode")
+    p_mem, p_layout, p_aux, _ = make_rank(prefill_engine)
+    d_mem, d_layout, d_aux, _ = make_rank(decode_engine)
+    prefill = kvferry.PrefillServer(prefill_engine, p_layout, aux=p_aux,
+                                    bootstrap_address=bootstrap.address, timeouts=timeouts)
+    decode = kvferry.DecodeClient(decode_engine, d_layout, aux=d_aux, timeouts=timeouts)
+    receiver = decode.create_receiver(bootstrap.address, 5)
+    receiver.init(np.array([0, 1], dtype=np.uint32))
+    assert receiver.wait_final(TIMEOUT_MS) == RequestState.FAILED
+    assert isinstance(receiver.failure(), kvferry.UnauthenticatedError), receiver.failure()
+    del prefill, decode
     bootstrap.stop()

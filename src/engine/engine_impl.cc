@@ -1,5 +1,6 @@
 #include "engine/engine_impl.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 #include <cstdlib>
 #include <random>
 
+#include "core/auth.h"
 #include "core/host_identity.h"
 #include "core/logging.h"
 #include "core/net.h"
@@ -72,22 +74,24 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
     return InvalidArgument(fmt::format("forced transport {} is not among the served ones",
                                        transport_kind_name(*options.forced_transport)));
   }
+  KVF_ASSIGN_OR_RETURN(std::optional<std::string> secret, resolve_secret(options.secret));
   std::unique_ptr<EngineImpl> engine(new EngineImpl(std::move(options)));
   engine->served_ = served;
+  engine->secret_ = std::move(secret);
   EngineImpl* raw = engine.get();
+  // With a secret, the descriptor (addresses, pid, memfds) is served only to peers that
+  // prove it.
   KVF_ASSIGN_OR_RETURN(engine->handshake_,
                        HandshakeServer::start(
                            listen, [raw] { return *raw->descriptor_json_.load(); },
-                           engine->options_.handshake_timeout));
+                           engine->options_.handshake_timeout, 2, engine->secret_));
   engine->endpoint_ = engine->handshake_->endpoint().to_string();
-  engine->secret_ = engine->options_.secret;
-  if (!engine->secret_) {
-    if (const char* env = std::getenv("KVFERRY_SECRET"); env != nullptr && *env != '\0') {
-      engine->secret_ = env;
-    }
-  }
-  if (engine->secret_ && engine->secret_->empty()) {
-    return InvalidArgument("secret is empty; leave it unset to turn authentication off");
+  if (served.contains(TransportKind::kShm)) {
+    KVF_ASSIGN_OR_RETURN(
+        engine->shm_fd_server_,
+        ShmFdServer::start(
+            engine->incarnation_, [raw](uint64_t inode) { return raw->dup_shared_fd(inode); },
+            engine->secret_, engine->options_.handshake_timeout));
   }
   TransportEnv env;
   env.engine_name = engine->options_.name;
@@ -113,6 +117,7 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   MetadataStoreOptions store_options;
   store_options.record_ttl = engine->options_.metadata_ttl;
   store_options.io_timeout = engine->options_.handshake_timeout;
+  store_options.secret = engine->secret_;
   KVF_ASSIGN_OR_RETURN(engine->store_,
                        open_metadata_store(engine->options_.metadata_uri, store_options));
   auto self = std::make_shared<PeerState>(engine->endpoint_);
@@ -131,6 +136,14 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   log().info("engine '{}' listening on {} (incarnation {:016x})", engine->options_.name,
              engine->endpoint_, engine->incarnation_);
   return engine;
+}
+
+Fd EngineImpl::dup_shared_fd(uint64_t inode) const {
+  std::lock_guard lock(registry_mu_);
+  for (const auto& [addr, allocation] : shared_allocations_) {
+    if (allocation->inode() == inode) return Fd(::fcntl(allocation->fd(), F_DUPFD_CLOEXEC, 0));
+  }
+  return Fd();
 }
 
 std::optional<ShmBacking> EngineImpl::shm_backing_locked(uint64_t addr, uint64_t length) const {
@@ -201,6 +214,7 @@ Status EngineImpl::publish_locked() {
   d.pid = ::getpid();
   d.transports = served_;
   d.version = ++descriptor_version_;
+  if (shm_fd_server_) d.shm_socket = shm_fd_server_->name();
   for (const auto& t : transports_) {
     if (t) t->describe(d);
   }

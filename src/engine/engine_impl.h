@@ -23,6 +23,7 @@
 #include "metadata/metadata_store.h"
 #include "transport/built_transports.h"
 #include "transport/region_index.h"
+#include "transport/shm_fd_server.h"
 #include "transport/shm_mapping.h"
 #include "transport/transport.h"
 
@@ -40,6 +41,7 @@ class EngineImpl {
   const std::string& endpoint() const { return endpoint_; }
   const EngineOptions& options() const { return options_; }
   uint64_t incarnation() const { return incarnation_; }
+  const std::optional<std::string>& secret() const { return secret_; }
 
   Status register_memory(std::span<const MemoryRegion> regions);
   Status unregister_memory(std::span<void* const> addrs);
@@ -71,6 +73,9 @@ class EngineImpl {
     return transports_[static_cast<size_t>(kind)].get();
   }
 
+  // A duplicate of the memfd of the shared allocation with this inode (invalid: none), for
+  // the shm fd server. Takes registry_mu_.
+  Fd dup_shared_fd(uint64_t inode) const;
   // Registration helpers; registry_mu_ held.
   Status add_regions_locked(std::span<const MemoryRegion> regions);
   Status unregister_locked(std::span<void* const> addrs);
@@ -88,13 +93,14 @@ class EngineImpl {
   // Peers.
   Result<std::shared_ptr<PeerState>> connect_peer(const std::string& name,
                                                   const PeerOptions& options);
-  // The peer's links (one per transport both serve) and its route chooser.
+  // The peer's links (one per transport both serve) and its route chooser; no shm link when
+  // peer.shm_refused says why not.
   void connect_links(PeerState& peer, const SegmentDescriptor& d);
   // Builds the reachable view of a peer's regions; `map_shm` maps their memfds.
   Result<std::shared_ptr<const RemoteSegment>> attach_segment(SegmentDescriptor d,
                                                               const RemoteSegment* previous,
                                                               bool map_shm) const;
-  // Whether a link of the peer needs its shareable host memory mapped here.
+  // Whether a link of the peer needs its shareable host memory mapped here (and may).
   bool maps_remote_host_memory(const PeerState& peer) const;
   Status refresh_peer(PeerState& peer);
   // Drops what was opened for a peer incarnation that is gone (its IPC handles).
@@ -134,6 +140,9 @@ class EngineImpl {
   // use them are gone (handles must not outlive the engine).
   std::array<std::unique_ptr<Transport>, kAllTransportKinds.size()> transports_;
   std::unique_ptr<HandshakeServer> handshake_;
+  // Hands this engine's memfds to authorised same-host peers; declared after
+  // shared_allocations_, so it stops (and its threads stop looking them up) first.
+  std::unique_ptr<ShmFdServer> shm_fd_server_;
   std::unique_ptr<MetadataStore> store_;  // destroyed first: withdraws our record
 };
 

@@ -86,6 +86,28 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
   peer->incarnation = d.incarnation;
   peer->pid = d.pid;
   connect_links(*peer, d);
+  // Its shared memory is mapped first: a peer that will not hand this process its memfds
+  // (another user without the secret, another network namespace) is reached by the next
+  // route, and a forced shm gets the typed refusal.
+  Result<std::shared_ptr<const RemoteSegment>> segment =
+      attach_segment(d, nullptr, maps_remote_host_memory(*peer));
+  const TransportLink* shm_link = peer->link(TransportKind::kShm);
+  if (!segment.ok() && shm_link != nullptr &&
+      (segment.status().code() == StatusCode::kUnauthenticated ||
+       segment.status().code() == StatusCode::kNotSupported)) {
+    if (forced == TransportKind::kShm) {
+      return Status(segment.status().code(),
+                    fmt::format("forced transport shm cannot reach peer {}: {}", name,
+                                segment.status().message()));
+    }
+    peer->shm_refused =
+        "the peer's shared memory cannot be mapped here: " + segment.status().message();
+    log().warn("peer {}: shm is out, its shared memory goes by the next route: {}", name,
+               segment.status().message());
+    connect_links(*peer, d);
+    segment = attach_segment(d, nullptr, maps_remote_host_memory(*peer));
+  }
+  if (!segment.ok()) return segment.status();
   // A peer nothing reaches is refused now. Routes to device memory are asked only when the
   // peer advertises some (or a transport is forced): asking one initialises CUDA.
   const bool ask_device = forced.has_value() || advertises(d, MemoryKind::kDevice);
@@ -102,9 +124,7 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
     const Route& host = peer->routes.get({MemoryKind::kHost, MemoryKind::kHost});
     return NotSupported(fmt::format("cannot reach peer {}: {}", name, host.reason));
   }
-  KVF_ASSIGN_OR_RETURN(auto segment,
-                       attach_segment(std::move(d), nullptr, maps_remote_host_memory(*peer)));
-  peer->segment.store(std::move(segment));
+  peer->segment.store(std::move(*segment));
   // A same-host peer's death is seen through its pidfd; across hosts, through its
   // connections.
   if (same_host && !is_self) KVF_RETURN_IF_ERROR(monitor_.watch(peer));
@@ -123,6 +143,11 @@ void EngineImpl::connect_links(PeerState& peer, const SegmentDescriptor& d) {
     if (t == nullptr) continue;
     served[i] = t;
     if (!d.transports.contains(t->kind())) continue;
+    if (t->kind() == TransportKind::kShm && !peer.shm_refused.empty()) {
+      peer.links[i].reset();
+      link_errors[i] = peer.shm_refused;
+      continue;
+    }
     Result<std::shared_ptr<TransportLink>> link = t->connect(info);
     if (link.ok()) {
       peer.links[i] = std::move(*link);
@@ -147,7 +172,7 @@ void EngineImpl::connect_links(PeerState& peer, const SegmentDescriptor& d) {
 }
 
 bool EngineImpl::maps_remote_host_memory(const PeerState& peer) const {
-  if (peer.place != PeerPlace::kSameHost) return false;
+  if (peer.place != PeerPlace::kSameHost || !peer.shm_refused.empty()) return false;
   for (size_t i = 0; i < transports_.size(); ++i) {
     if (peer.links[i] && transports_[i]->capabilities().maps_remote_host_memory) return true;
   }
@@ -197,8 +222,15 @@ Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
       mapping = reuse(segment->mappings);
       if (!mapping && previous != nullptr) mapping = reuse(previous->mappings);
       if (!mapping) {
-        KVF_ASSIGN_OR_RETURN(mapping,
-                             ShmMapping::open(d.pid, r.shm->fd, r.shm->file_bytes, r.shm->inode));
+        if (d.shm_socket.empty()) {
+          return NotSupported("the peer serves no shm socket to hand out its memfds");
+        }
+        KVF_ASSIGN_OR_RETURN(Fd memfd, fetch_shm_fd(d.shm_socket, r.shm->inode, secret_,
+                                                    Clock::now() + options_.handshake_timeout));
+        KVF_ASSIGN_OR_RETURN(
+            mapping,
+            ShmMapping::open(std::move(memfd), "memfd inode " + std::to_string(r.shm->inode),
+                             r.shm->file_bytes, r.shm->inode));
       }
       if (std::find(segment->mappings.begin(), segment->mappings.end(), mapping) ==
           segment->mappings.end()) {

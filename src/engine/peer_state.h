@@ -72,6 +72,9 @@ struct PeerState {
   std::array<std::shared_ptr<TransportLink>, kAllTransportKinds.size()> links;
   RouteTable routes;
   std::mutex refresh_mu;  // one descriptor refresh at a time
+  // Why this process may not map the peer's shared memory (it refused us, or its shm socket
+  // is out of reach); set once at open, before the peer is published. Empty: it may.
+  std::string shm_refused;
 
   TransportLink* link(TransportKind kind) const { return links[static_cast<size_t>(kind)].get(); }
   bool is_disconnected() const { return liveness->is_disconnected(); }

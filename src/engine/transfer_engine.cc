@@ -23,6 +23,7 @@ TransferEngine::~TransferEngine() = default;
 const std::string& TransferEngine::endpoint() const { return impl_->endpoint(); }
 const EngineOptions& TransferEngine::options() const { return impl_->options(); }
 uint64_t TransferEngine::incarnation() const { return impl_->incarnation(); }
+const std::optional<std::string>& TransferEngine::secret() const { return impl_->secret(); }
 MetricsSnapshot TransferEngine::metrics() const { return impl_->metrics(); }
 
 Status TransferEngine::register_memory(void* addr, size_t length, MemoryLocation location) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/auth.h"
 #include "core/frame_header.h"
 #include "core/logging.h"
 #include "metadata/segment_descriptor.h"
@@ -15,7 +16,7 @@ namespace {
 
 constexpr size_t kMaxRequestPayload = 4096;
 constexpr FrameFormat kHandshakeFormat{"handshake", kHandshakeMagic, kHandshakeVersion,
-                                       static_cast<uint16_t>(HandshakeFrame::kError)};
+                                       static_cast<uint16_t>(HandshakeFrame::kProof)};
 static_assert(kHandshakeHeaderBytes == kFrameHeaderBytes);
 
 std::vector<std::byte> make_frame(HandshakeFrame type, std::string_view payload) {
@@ -45,11 +46,11 @@ Result<HandshakeHeader> decode_handshake_header(const std::byte* in, size_t max_
 
 Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(
     const Endpoint& listen, DescriptorSource source, std::chrono::milliseconds io_timeout,
-    int threads) {
+    int threads, std::optional<std::string> secret) {
   KVF_ASSIGN_OR_RETURN(std::unique_ptr<Acceptor> acceptor,
                        Acceptor::bind(listen, Acceptor::Options::named("handshake")));
-  auto server = std::unique_ptr<HandshakeServer>(
-      new HandshakeServer(std::move(acceptor), std::move(source), io_timeout, threads));
+  auto server = std::unique_ptr<HandshakeServer>(new HandshakeServer(
+      std::move(acceptor), std::move(source), io_timeout, threads, std::move(secret)));
   // Each connection is served on the pool, so one slow client never blocks others; every
   // read and write is bounded by io_timeout_.
   server->acceptor_->start([s = server.get()](Fd conn) {
@@ -60,10 +61,12 @@ Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(
 }
 
 HandshakeServer::HandshakeServer(std::unique_ptr<Acceptor> acceptor, DescriptorSource source,
-                                 std::chrono::milliseconds io_timeout, int threads)
+                                 std::chrono::milliseconds io_timeout, int threads,
+                                 std::optional<std::string> secret)
     : acceptor_(std::move(acceptor)),
       source_(std::move(source)),
       io_timeout_(io_timeout),
+      secret_(std::move(secret)),
       pool_(threads) {}
 
 HandshakeServer::~HandshakeServer() {
@@ -84,12 +87,41 @@ void HandshakeServer::serve(Fd connection) {
   } else {
     std::vector<std::byte> ignored(header->length);
     if (!recv_all(connection.get(), ignored, deadline).ok()) return;
-    reply = make_frame(HandshakeFrame::kDescriptor, source_());
+    if (Status auth = authenticate(connection.get(), deadline); !auth.ok()) {
+      if (auth.code() != StatusCode::kUnauthenticated) return;  // the connection broke
+      log().warn("handshake: refused the descriptor: {}", auth.message());
+      reply = make_frame(HandshakeFrame::kError, auth.message());
+    } else {
+      reply = make_frame(HandshakeFrame::kDescriptor, source_());
+    }
   }
   send_all(connection.get(), reply, deadline).ignore();
 }
 
-Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point deadline) {
+Status HandshakeServer::authenticate(int connection, Clock::time_point deadline) {
+  if (!secret_) return Status::Ok();
+  KVF_ASSIGN_OR_RETURN(AuthNonce nonce, make_auth_nonce());
+  auto challenge =
+      make_frame(HandshakeFrame::kChallenge,
+                 std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
+  KVF_RETURN_IF_ERROR(send_all(connection, challenge, deadline));
+  std::byte header_bytes[kHandshakeHeaderBytes];
+  KVF_RETURN_IF_ERROR(recv_all(connection, header_bytes, deadline));
+  auto header = decode_handshake_header(header_bytes, sizeof(AuthProof));
+  if (!header.ok()) return Unauthenticated("no proof of the secret: " + header.status().message());
+  if (header->type != HandshakeFrame::kProof || header->length != sizeof(AuthProof)) {
+    return Unauthenticated("expected a Proof of the secret");
+  }
+  AuthProof proof{};
+  KVF_RETURN_IF_ERROR(recv_all(connection, proof, deadline));
+  if (!auth_proof_matches(auth_proof(*secret_, nonce), proof)) {
+    return Unauthenticated("wrong secret");
+  }
+  return Status::Ok();
+}
+
+Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point deadline,
+                                     const std::optional<std::string>& secret) {
   KVF_ASSIGN_OR_RETURN(Fd conn, connect_tcp(endpoint, deadline));
   auto request = make_frame(HandshakeFrame::kGetDescriptor, {});
   auto unreachable = [&](const Status& s) {
@@ -101,9 +133,37 @@ Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point
   if (Status s = recv_all(conn.get(), header_bytes, deadline); !s.ok()) return unreachable(s);
   auto header = decode_handshake_header(header_bytes, kMaxDescriptorBytes);
   if (!header.ok()) return unreachable(header.status());
+  bool proved = false;
+  if (header->type == HandshakeFrame::kChallenge) {
+    if (header->length != sizeof(AuthNonce)) {
+      return ProtocolError("handshake with " + endpoint.to_string() + ": challenge of " +
+                           std::to_string(header->length) + " bytes (expected " +
+                           std::to_string(sizeof(AuthNonce)) + ")");
+    }
+    AuthNonce nonce{};
+    if (Status s = recv_all(conn.get(), nonce, deadline); !s.ok()) return unreachable(s);
+    if (!secret) {
+      return Unauthenticated("peer " + endpoint.to_string() +
+                             " requires authentication; no secret is configured here "
+                             "(EngineOptions::secret or KVFERRY_SECRET)");
+    }
+    AuthProof proof = auth_proof(*secret, nonce);
+    auto answer =
+        make_frame(HandshakeFrame::kProof,
+                   std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size()));
+    if (Status s = send_all(conn.get(), answer, deadline); !s.ok()) return unreachable(s);
+    if (Status s = recv_all(conn.get(), header_bytes, deadline); !s.ok()) return unreachable(s);
+    header = decode_handshake_header(header_bytes, kMaxDescriptorBytes);
+    if (!header.ok()) return unreachable(header.status());
+    proved = true;
+  }
   std::string payload(header->length, '\0');
   std::span<std::byte> payload_bytes(reinterpret_cast<std::byte*>(payload.data()), payload.size());
   if (Status s = recv_all(conn.get(), payload_bytes, deadline); !s.ok()) return unreachable(s);
+  if (header->type == HandshakeFrame::kError && proved) {
+    return Unauthenticated("peer " + endpoint.to_string() +
+                           " refused our credentials (wrong secret?): " + payload);
+  }
   if (header->type == HandshakeFrame::kError) {
     return ProtocolError("handshake with " + endpoint.to_string() + " refused: " + payload);
   }

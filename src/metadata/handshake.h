@@ -6,6 +6,11 @@
 // has no payload; the reply is a kDescriptor frame carrying JSON, or kError with a message. Both
 // sides bound the payload size and every read and write by a deadline.
 //
+// Authentication (a server started with a secret): the server answers GetDescriptor with
+// kChallenge (a 32-byte nonce, core/auth.h); the client answers kProof
+// (HMAC-SHA256(secret, nonce)); only then does the server send the descriptor. A wrong or
+// missing proof gets kError and nothing else; fetch_descriptor returns Unauthenticated.
+//
 // Thread-safety: HandshakeServer's methods are thread-safe; it serves connections
 // concurrently on its own threads. fetch_descriptor is a free function.
 #pragma once
@@ -14,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/acceptor.h"
@@ -26,7 +32,13 @@ namespace kvferry {
 
 inline constexpr uint32_t kHandshakeMagic = 0x4846564B;  // "KVFH" in memory order
 inline constexpr uint16_t kHandshakeVersion = 1;
-enum class HandshakeFrame : uint16_t { kGetDescriptor = 1, kDescriptor = 2, kError = 3 };
+enum class HandshakeFrame : uint16_t {
+  kGetDescriptor = 1,
+  kDescriptor = 2,
+  kError = 3,
+  kChallenge = 4,  // server -> client: payload = 32-byte nonce (authentication on)
+  kProof = 5,      // client -> server: payload = HMAC-SHA256(secret, nonce)
+};
 inline constexpr size_t kHandshakeHeaderBytes = 12;
 
 struct HandshakeHeader {
@@ -48,7 +60,8 @@ class HandshakeServer {
   static Result<std::unique_ptr<HandshakeServer>> start(const Endpoint& listen,
                                                         DescriptorSource source,
                                                         std::chrono::milliseconds io_timeout,
-                                                        int threads = 2);
+                                                        int threads = 2,
+                                                        std::optional<std::string> secret = {});
   ~HandshakeServer();
   HandshakeServer(const HandshakeServer&) = delete;
   HandshakeServer& operator=(const HandshakeServer&) = delete;
@@ -57,17 +70,24 @@ class HandshakeServer {
 
  private:
   HandshakeServer(std::unique_ptr<Acceptor> acceptor, DescriptorSource source,
-                  std::chrono::milliseconds io_timeout, int threads);
+                  std::chrono::milliseconds io_timeout, int threads,
+                  std::optional<std::string> secret);
   void serve(Fd connection);
+  // With a secret: challenges the client; OK once it proved the secret.
+  Status authenticate(int connection, Clock::time_point deadline);
 
   std::unique_ptr<Acceptor> acceptor_;
   DescriptorSource source_;
   std::chrono::milliseconds io_timeout_;
+  std::optional<std::string> secret_;  // authentication on when set
   ThreadPool pool_;
 };
 
-// Asks the engine at `endpoint` for its descriptor JSON. PeerUnreachable when nothing
-// answers before the deadline, ProtocolError for a malformed or oversized reply.
-Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point deadline);
+// Asks the engine at `endpoint` for its descriptor JSON, proving `secret` when the engine
+// asks for it. PeerUnreachable when nothing answers before the deadline, ProtocolError for a
+// malformed or oversized reply, Unauthenticated when the engine requires a secret and none
+// (or another one) is configured here.
+Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point deadline,
+                                     const std::optional<std::string>& secret = {});
 
 }  // namespace kvferry

@@ -16,14 +16,16 @@ constexpr std::string_view kValidSchemes =
 // engine's own business and fetching asks the peer directly.
 class P2pStore final : public MetadataStore {
  public:
+  explicit P2pStore(std::optional<std::string> secret) : secret_(std::move(secret)) {}
   const std::string& uri() const override { return uri_; }
   Status publish(const std::string&, const std::string&) override { return Status::Ok(); }
   Result<std::string> fetch(const std::string& key, Clock::time_point deadline) override {
     KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(key));
-    return fetch_descriptor(endpoint, deadline);
+    return fetch_descriptor(endpoint, deadline, secret_);
   }
 
  private:
+  std::optional<std::string> secret_;
   std::string uri_ = "p2p";
 };
 
@@ -54,7 +56,8 @@ std::string metadata_key(std::string_view endpoint) {
 
 Result<std::unique_ptr<MetadataStore>> open_metadata_store(std::string_view uri,
                                                            const MetadataStoreOptions& options) {
-  if (uri == "p2p" || uri == "P2PHANDSHAKE") return std::unique_ptr<MetadataStore>(new P2pStore());
+  if (uri == "p2p" || uri == "P2PHANDSHAKE")
+    return std::unique_ptr<MetadataStore>(new P2pStore(options.secret));
   auto scheme_end = uri.find("://");
   std::string_view scheme = scheme_end == std::string_view::npos ? uri : uri.substr(0, scheme_end);
   if (scheme_end != std::string_view::npos) {

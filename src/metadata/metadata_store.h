@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -28,6 +29,9 @@ namespace kvferry {
 struct MetadataStoreOptions {
   std::chrono::seconds record_ttl{10};
   std::chrono::milliseconds io_timeout = kDefaultHandshakeTimeout;
+  // p2p: proved to peers whose handshake asks for it (core/auth.h). etcd and Redis records
+  // are guarded by the store's own access control, not by this.
+  std::optional<std::string> secret;
 };
 
 class MetadataStore {

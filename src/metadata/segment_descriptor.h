@@ -19,8 +19,9 @@
 
 namespace kvferry {
 
-// How a same-host peer reaches a region: the memfd /proc/<pid>/fd/<fd> of the owner,
-// mapped whole; the region starts `file_offset` bytes into it.
+// How a same-host peer reaches a region: the owner's memfd with this inode, which the peer
+// asks for on the owner's shm socket (SegmentDescriptor::shm_socket), mapped whole; the region
+// starts `file_offset` bytes into it. `fd` is the owner's descriptor number (informational).
 struct ShmBacking {
   int fd = -1;
   uint64_t file_offset = 0;
@@ -73,6 +74,9 @@ struct SegmentDescriptor {
   std::string name;
   std::string endpoint;      // "host:port" of the handshake listener
   std::string tcp_endpoint;  // "host:port" of the tcp data listener; empty if not served
+  // The abstract Unix socket that hands this engine's memfds to authorised same-host peers
+  // (transport/shm_fd_server.h); empty when shm is not served.
+  std::string shm_socket;
   uint64_t incarnation = 0;
   std::string host_id;  // see core/host_identity.h
   int64_t pid = 0;
@@ -88,6 +92,7 @@ bool advertises(const SegmentDescriptor& descriptor, MemoryKind kind);
 // Upper bounds a parser enforces.
 inline constexpr size_t kMaxDescriptorBytes = 16u << 20;
 inline constexpr size_t kMaxDescriptorRegions = 1u << 16;
+inline constexpr size_t kMaxShmSocketNameBytes = 100;  // below sun_path's 108 bytes
 
 std::string serialize_segment_descriptor(const SegmentDescriptor& descriptor);
 Result<SegmentDescriptor> parse_segment_descriptor(std::string_view json);

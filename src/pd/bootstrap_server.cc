@@ -8,9 +8,11 @@
 #include <thread>
 #include <tuple>
 
+#include "core/auth.h"
 #include "core/logging.h"
 #include "core/net.h"
 #include "kvferry/pd/bootstrap.h"
+#include "pd/bootstrap_auth.h"
 #include "pd/bootstrap_json.h"
 
 namespace kvferry::pd {
@@ -19,6 +21,11 @@ namespace {
 
 constexpr int kHttpOk = 200;
 constexpr int kHttpBadRequest = 400;
+constexpr int kHttpUnauthorized = 401;
+constexpr int kHttpConflict = 409;
+// How long the server tries to reach a registered rank's control listener before it lets a
+// new incarnation take the rank over (no secret).
+constexpr auto kRankProbeTimeout = std::chrono::milliseconds(300);
 constexpr int kHttpNotFound = 404;
 constexpr int kHttpUnavailable = 503;
 // A registration is a few hundred bytes; anything far larger is refused (413) unread.
@@ -63,6 +70,8 @@ class BootstrapServer::Impl {
 
   Status start() {
     KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(options_.listen_address, true));
+    KVF_ASSIGN_OR_RETURN(std::optional<std::string> secret, resolve_secret(options_.secret));
+    if (secret) auth_.emplace(std::move(*secret));
     install_routes();
     server_.set_payload_max_length(kMaxRequestBodyBytes);
     int port = endpoint.port;
@@ -100,12 +109,61 @@ class BootstrapServer::Impl {
     Clock::time_point last_seen;
   };
 
+  // With a secret: false (401 sent) unless the request is signed (pd/bootstrap_auth.h).
+  bool authorized(const httplib::Request& req, httplib::Response& res) {
+    if (!auth_) return true;
+    Status s =
+        auth_->check(req.method, req.target, req.body, req.get_header_value(kBootstrapAuthHeader));
+    if (s.ok()) return true;
+    reply_error(res, kHttpUnauthorized, req.method + " " + req.path + ": " + s.message());
+    return false;
+  }
+
+  // Whether `rank` may replace `current` (same slot). A request signed with the secret may
+  // (the server has one), and so may one at the same control endpoint (a heartbeat, or a
+  // restart on that port); another endpoint only once the registered rank is stale or no
+  // longer listening, so an unauthenticated client cannot repoint a live rank. Called
+  // without mu_ held.
+  Status may_replace(const Registered& current, const RankRegistration& rank) const {
+    const RankRegistration& c = current.rank;
+    if (auth_ || c.control_endpoint == rank.control_endpoint) {
+      // Signed; or whoever now listens on the rank's control endpoint (a live rank holds its
+      // port, so only a restart on that port gets here).
+      return Status::Ok();
+    }
+    if (options_.rank_stale_after.count() > 0 &&
+        Clock::now() - current.last_seen > options_.rank_stale_after) {
+      return Status::Ok();
+    }
+    Result<Endpoint> old_endpoint = parse_endpoint(c.control_endpoint);
+    if (!old_endpoint.ok() || !connect_tcp(*old_endpoint, Clock::now() + kRankProbeTimeout).ok()) {
+      return Status::Ok();  // the registered rank is gone: a restart
+    }
+    return AlreadyExists("tp rank " + std::to_string(c.tp_rank) + " is registered by incarnation " +
+                         std::to_string(c.incarnation) + ", still listening at " +
+                         c.control_endpoint +
+                         "; another incarnation or endpoint takes it over only once it is stale "
+                         "or gone, or with the secret");
+  }
+
   void install_routes() {
     server_.Put("/register", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
       auto body = nlohmann::json::parse(req.body, nullptr, false);
       if (body.is_discarded()) return reply_error(res, kHttpBadRequest, "body is not JSON");
       Result<RankRegistration> rank = rank_from_json(body);
       if (!rank.ok()) return reply_error(res, kHttpBadRequest, rank.status().message());
+      RankKey key{rank->dp_rank, rank->pp_rank, rank->cp_rank, rank->tp_rank};
+      std::optional<Registered> current;
+      {
+        std::lock_guard lock(mu_);
+        if (auto it = ranks_.find(key); it != ranks_.end()) current = it->second;
+      }
+      if (current) {
+        if (Status may = may_replace(*current, *rank); !may.ok()) {
+          return reply_error(res, kHttpConflict, may.message());
+        }
+      }
       std::lock_guard lock(mu_);
       if (!ranks_.empty()) {
         const RankRegistration& first = ranks_.begin()->second.rank;
@@ -117,14 +175,14 @@ class BootstrapServer::Impl {
                                  std::to_string(first.tp_size) + ")");
         }
       }
-      RankKey key{rank->dp_rank, rank->pp_rank, rank->cp_rank, rank->tp_rank};
       auto [it, inserted] = ranks_.insert_or_assign(key, Registered{*rank, Clock::now()});
       if (inserted) {
         log().info("bootstrap: registered tp rank {} at {}", rank->tp_rank, rank->control_endpoint);
       }
       reply(res, kHttpOk, {{"ok", true}});
     });
-    server_.Get("/layout", [this](const httplib::Request&, httplib::Response& res) {
+    server_.Get("/layout", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
       std::lock_guard lock(mu_);
       if (!complete_locked()) return reply_error(res, kHttpUnavailable, waiting_message_locked());
       const RankRegistration& r = ranks_.begin()->second.rank;
@@ -133,6 +191,7 @@ class BootstrapServer::Impl {
                                    r.dtype_bytes}));
     });
     server_.Get("/rank", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
       uint32_t tp = 0, pp = 0, cp = 0, dp = 0;
       if (!query_uint(req, res, "tp_rank", true, tp) ||
           !query_uint(req, res, "pp_rank", false, pp) ||
@@ -157,7 +216,8 @@ class BootstrapServer::Impl {
       }
       reply(res, kHttpOk, to_json(it->second.rank));
     });
-    server_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    server_.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
+      if (!authorized(req, res)) return;
       std::lock_guard lock(mu_);
       HealthReport report;
       report.healthy = complete_locked();
@@ -200,6 +260,7 @@ class BootstrapServer::Impl {
   }
 
   BootstrapServerOptions options_;
+  std::optional<BootstrapAuthChecker> auth_;  // set when the server has a secret
   httplib::Server server_;
   std::thread thread_;
   std::string address_;

@@ -102,6 +102,8 @@ void encode(ByteWriter& w, const Heartbeat& m) {
   w.put(m.sequence);
   w.put(m.incarnation);
 }
+void encode(ByteWriter& w, const AuthChallengeMessage& m) { w.put_string(m.nonce); }
+void encode(ByteWriter& w, const AuthProofMessage& m) { w.put_string(m.proof); }
 
 Status malformed(MessageType type, std::string_view what) {
   return ProtocolError("malformed " + std::string(message_type_name(type)) +
@@ -266,6 +268,16 @@ Result<ControlMessage> decode_payload(MessageType type, ByteReader& r) {
       if (!(r.get(m.sequence) && r.get(m.incarnation))) return malformed(type, "truncated");
       return ControlMessage(m);
     }
+    case MessageType::kAuthChallenge: {
+      AuthChallengeMessage m;
+      if (!r.get_string(m.nonce, kMaxAuthBytes)) return malformed(type, "truncated or too long");
+      return ControlMessage(std::move(m));
+    }
+    case MessageType::kAuthProof: {
+      AuthProofMessage m;
+      if (!r.get_string(m.proof, kMaxAuthBytes)) return malformed(type, "truncated or too long");
+      return ControlMessage(std::move(m));
+    }
   }
   return ProtocolError("unknown message type " + std::to_string(static_cast<uint16_t>(type)));
 }
@@ -285,6 +297,8 @@ std::string_view message_type_name(MessageType type) {
     case MessageType::kAbort: return "Abort";
     case MessageType::kAbortAck: return "AbortAck";
     case MessageType::kHeartbeat: return "Heartbeat";
+    case MessageType::kAuthChallenge: return "AuthChallenge";
+    case MessageType::kAuthProof: return "AuthProof";
   }
   return "Unknown";
 }

@@ -4,6 +4,7 @@
 
 #include "core/logging.h"
 #include "kvferry/kv/tp_slice.h"
+#include "pd/control_auth.h"
 #include "pd/decode_state.h"
 #include "pd/page_integrity.h"
 
@@ -139,7 +140,8 @@ Status DecodeClientImpl::connect_links(const std::shared_ptr<PrefillInstance>& i
   const auto deadline = Clock::now() + options_.timeouts.bootstrap_timeout;
   BootstrapClient bootstrap(
       inst->bootstrap_address,
-      std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval));
+      std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval),
+      engine_.secret());
   auto retryable = [](const Status& s) {
     return s.code() == StatusCode::kFailedPrecondition || s.code() == StatusCode::kPeerUnreachable;
   };
@@ -177,6 +179,8 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
   KVF_ASSIGN_OR_RETURN(RankRegistration reg, bootstrap.rank(prefill_rank));
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(reg.control_endpoint));
   KVF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(endpoint, deadline));
+  KVF_RETURN_IF_ERROR(answer_control_challenge(fd.get(), engine_.secret(),
+                                               rank_name(*inst, prefill_rank), deadline));
   auto link = std::make_shared<PrefillLink>();
   link->prefill_rank = prefill_rank;
   std::weak_ptr<PrefillInstance> weak_inst = inst;
@@ -194,19 +198,27 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
         if (auto i = weak_inst.lock()) on_message(i, prefill_rank, std::move(m));
       },
       [this, weak_inst, weak_link, prefill_rank](const Status& reason) {
+        bool accepted = false;
         if (auto l = weak_link.lock()) {
           l->alive = false;
           std::lock_guard lock(l->mu);
+          accepted = l->reply && l->reply->code == StatusCode::kOk;
           l->cv.notify_all();
         }
+        // A registration prefill refused (e.g. Unauthenticated) is reported by connect_link
+        // with its own code; only an accepted link's loss fails the instance.
+        if (!accepted) return;
         if (auto i = weak_inst.lock()) on_link_lost(i, prefill_rank, reason);
       });
   link->channel->start({options_.timeouts, engine_.incarnation()});
-  KVF_RETURN_IF_ERROR(link->channel->send(registration()));
+  // A send that fails because prefill refused us and closed still gets its reply (the reader
+  // hands it over before it sees the end of the stream).
+  Status sent = link->channel->send(registration());
   std::unique_lock lock(link->mu);
   link->cv.wait_until(lock, deadline, [&] { return link->reply.has_value() || !link->alive; });
   if (!link->reply) {
     link->channel->close();
+    if (!sent.ok()) return sent;
     return PeerUnreachable(rank_name(*inst, prefill_rank) + " did not accept the registration");
   }
   if (link->reply->code != StatusCode::kOk) {
@@ -243,8 +255,9 @@ void DecodeClientImpl::on_message(const std::shared_ptr<PrefillInstance>& inst, 
     settle(r);
     return;
   }
+  // A room is touched only by the prefill instance it was sent to.
   if (auto* ack = std::get_if<AbortAck>(&message)) {
-    if (auto r = find_room(ack->room)) {
+    if (auto r = find_room(ack->room); r && r->instance == inst) {
       {
         std::lock_guard lock(r->mu);
         r->ack_pending_ranks.erase(rank);
@@ -255,7 +268,7 @@ void DecodeClientImpl::on_message(const std::shared_ptr<PrefillInstance>& inst, 
     return;
   }
   if (auto* abort = std::get_if<AbortMessage>(&message)) {
-    if (auto r = find_room(abort->room)) {
+    if (auto r = find_room(abort->room); r && r->instance == inst) {
       fail(r, Cancelled(rank_name(*inst, rank) + " aborted the request: " + abort->reason));
       settle(r);
     }
@@ -332,7 +345,8 @@ std::shared_ptr<ReceiverState> DecodeClientImpl::find_room(uint64_t room) const 
 void DecodeClientImpl::check_health(const std::shared_ptr<PrefillInstance>& inst) {
   BootstrapClient bootstrap(
       inst->bootstrap_address,
-      std::max(std::chrono::milliseconds(50), options_.timeouts.heartbeat_interval / 2));
+      std::max(std::chrono::milliseconds(50), options_.timeouts.heartbeat_interval / 2),
+      engine_.secret());
   Result<HealthReport> health = bootstrap.health();
   if (metrics_ != nullptr) metrics_->on_bootstrap(health.status());
   const auto now = Clock::now();

@@ -5,6 +5,7 @@
 #include "core/logging.h"
 #include "kvferry/kv/tp_slice.h"
 #include "kvferry/pd/bootstrap.h"
+#include "pd/control_auth.h"
 #include "pd/prefill_state.h"
 
 namespace kvferry::pd {
@@ -60,7 +61,8 @@ Status PrefillServerImpl::register_with_bootstrap() {
   r.dtype_bytes = options_.buffers.layout.info().dtype_bytes;
   BootstrapClient client(
       options_.bootstrap_address,
-      std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval));
+      std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval),
+      engine_.secret());
   Status result = client.register_rank(r);
   if (metrics_ != nullptr) metrics_->on_bootstrap(result);
   return result;
@@ -105,6 +107,16 @@ void PrefillServerImpl::on_accepted(Fd fd) {
       [this, weak](const Status& reason) {
         if (auto self = weak.lock()) on_close(self, reason);
       });
+  // The challenge goes first, before the heartbeat thread can send anything (a few bytes
+  // into a fresh socket's buffer: this does not wait on the peer).
+  Result<AuthChallengeMessage> challenge = make_control_challenge(engine_.secret());
+  if (!challenge.ok() || !peer->channel->send(*challenge).ok()) {
+    log().warn("prefill: cannot challenge {}: {}", peer->name(),
+               challenge.ok() ? "send failed" : challenge.status().to_string());
+    return;  // the channel (and its socket) goes with `peer`; no thread was started
+  }
+  peer->challenge = std::move(*challenge);
+  peer->authenticated = !engine_.secret().has_value();
   // Published (channel set, peer listed) before the first callback can use either.
   {
     std::lock_guard lock(mu_);
@@ -113,8 +125,29 @@ void PrefillServerImpl::on_accepted(Fd fd) {
   peer->channel->start({options_.timeouts, engine_.incarnation()});
 }
 
+bool PrefillServerImpl::authenticate(const std::shared_ptr<DecodePeer>& peer,
+                                     const ControlMessage& message) {
+  if (peer->authenticated) return true;
+  const auto* proof = std::get_if<AuthProofMessage>(&message);
+  if (proof != nullptr && control_proof_matches(*engine_.secret(), peer->challenge, *proof)) {
+    peer->authenticated = true;
+    return false;  // consumed
+  }
+  Status why =
+      Unauthenticated(proof != nullptr ? "wrong secret"
+                                       : std::string(message_type_name(message_type(message))) +
+                                             " before the AuthProof of the secret");
+  log().warn("prefill: refused {}: {}", peer->name(), why.message());
+  peer->channel
+      ->send(RegisterReply{options_.tp.rank, engine_.incarnation(), why.code(), why.message()})
+      .ignore();
+  peer->channel->close();
+  return false;
+}
+
 void PrefillServerImpl::on_message(const std::shared_ptr<DecodePeer>& peer,
                                    ControlMessage&& message) {
+  if (!authenticate(peer, message)) return;
   if (auto* reg = std::get_if<RegisterLayout>(&message)) return on_register(peer, std::move(*reg));
   if (auto* req = std::get_if<TransferRequest>(&message)) return on_request(peer, std::move(*req));
   if (auto* abort = std::get_if<AbortMessage>(&message)) return on_abort(peer, *abort);
@@ -206,13 +239,22 @@ void PrefillServerImpl::on_abort(const std::shared_ptr<DecodePeer>& peer,
     auto it = rooms_.find(abort.room);
     if (it != rooms_.end()) s = it->second;
   }
-  if (!s) {
-    send_status(peer, AbortAck{abort.room});  // nothing of it in flight
-    return;
-  }
-  {
+  bool owner = false;
+  if (s) {
     std::lock_guard lock(s->mu);
-    s->ack_to.push_back(peer);
+    for (const Destination& d : s->dsts) owner = owner || d.peer == peer;
+    if (owner) s->ack_to.push_back(peer);
+  }
+  if (!owner) {
+    // Only a connection that sent a TransferRequest for the room may abort it: another
+    // decode (or anyone who guessed the room) cannot cancel it. None of this connection's
+    // writes are in flight for the room, which is all the AbortAck says.
+    if (s) {
+      log().warn("prefill: refused the Abort of room {} from {}: not a destination of it",
+                 abort.room, peer->name());
+    }
+    send_status(peer, AbortAck{abort.room});
+    return;
   }
   log().info("prefill: room {} aborted by {}: {}", abort.room, peer->name(), abort.reason);
   fail(s, Cancelled("room " + std::to_string(abort.room) + " aborted by " + peer->name() + ": " +

@@ -41,6 +41,10 @@ struct DecodePeer {
   const uint64_t id;
   std::shared_ptr<ControlChannel> channel;  // set before the reader starts; never reassigned
   bool registered = false;                  // reader thread only
+  // The connection's authentication challenge (pd/control_auth.h), and whether it was
+  // answered: with a secret, nothing else is accepted before. Reader thread only.
+  AuthChallengeMessage challenge;
+  bool authenticated = false;
   RegisterLayout registration;
   kv::KvLayout layout;
   PeerHandle engine_peer;
@@ -113,6 +117,9 @@ class PrefillServerImpl {
   void on_accepted(Fd fd);
   void monitor_loop();
   void on_message(const std::shared_ptr<DecodePeer>& peer, ControlMessage&& message);
+  // With a secret: true once `peer` proved it (an AuthProof is consumed: false). Anything
+  // else before the proof is refused (Unauthenticated) and closes the connection.
+  bool authenticate(const std::shared_ptr<DecodePeer>& peer, const ControlMessage& message);
   void on_close(const std::shared_ptr<DecodePeer>& peer, const Status& reason);
   void on_register(const std::shared_ptr<DecodePeer>& peer, RegisterLayout&& reg);
   void on_request(const std::shared_ptr<DecodePeer>& peer, TransferRequest&& request);

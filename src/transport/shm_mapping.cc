@@ -44,16 +44,9 @@ Result<std::unique_ptr<ShmAllocation>> ShmAllocation::create(const std::string& 
 
 ShmAllocation::~ShmAllocation() { ::munmap(addr_, bytes_); }
 
-Result<std::shared_ptr<ShmMapping>> ShmMapping::open(int64_t pid, int fd, uint64_t file_bytes,
-                                                     uint64_t inode) {
-  std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
-  Fd file(::open(path.c_str(), O_RDWR | O_CLOEXEC));
-  if (!file.valid()) {
-    if (errno == ENOENT) {
-      return PeerDisconnected("shared memory " + path + " is gone (peer exited?)");
-    }
-    return ErrnoStatus(StatusCode::kInternal, "open " + path, errno);
-  }
+Result<std::shared_ptr<ShmMapping>> ShmMapping::open(Fd file, const std::string& what,
+                                                     uint64_t file_bytes, uint64_t inode) {
+  const std::string& path = what;
   // Our own view of the file tells what it really is.
   std::array<char, 256> target{};
   std::string self = "/proc/self/fd/" + std::to_string(file.get());
@@ -83,7 +76,7 @@ Result<std::shared_ptr<ShmMapping>> ShmMapping::open(int64_t pid, int fd, uint64
       ::mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, file.get(), 0);
   if (base == MAP_FAILED) return ErrnoStatus(StatusCode::kInternal, "mmap " + path, errno);
   return std::shared_ptr<ShmMapping>(
-      new ShmMapping(static_cast<char*>(base), file_bytes, fd, static_cast<uint64_t>(st.st_ino)));
+      new ShmMapping(static_cast<char*>(base), file_bytes, static_cast<uint64_t>(st.st_ino)));
 }
 
 ShmMapping::~ShmMapping() { ::munmap(base_, bytes_); }

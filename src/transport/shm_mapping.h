@@ -1,7 +1,8 @@
 // Shared-memory pieces of the shm transport.
 //
 // ShmAllocation: memory this engine hands out with allocate_shared — a memfd named
-// "kvferry:<engine>", mapped MAP_SHARED. Same-host peers reach it as /proc/<pid>/fd/<fd>.
+// "kvferry:<engine>", mapped MAP_SHARED. Same-host peers get the memfd itself from this
+// engine's ShmFdServer (SCM_RIGHTS over a Unix socket, transport/shm_fd_server.h).
 //
 // ShmMapping: this process's mapping of a peer's memfd. Before mapping, the file is
 // checked to really be a kvferry memfd and at least as large as the descriptor claims, so
@@ -44,25 +45,24 @@ class ShmAllocation {
 
 class ShmMapping {
  public:
-  // Maps /proc/<pid>/fd/<fd> whole. PeerDisconnected when the process or fd is gone,
-  // ProtocolError when the file is not a kvferry memfd or is smaller than `file_bytes`.
-  static Result<std::shared_ptr<ShmMapping>> open(int64_t pid, int fd, uint64_t file_bytes,
-                                                  uint64_t inode);
+  // Maps `file` (a peer's memfd, received over its shm socket) whole. `what` names it in
+  // messages. PeerDisconnected when it is not the advertised inode, ProtocolError when the
+  // file is not a kvferry memfd, is not sealed or is smaller than `file_bytes`.
+  static Result<std::shared_ptr<ShmMapping>> open(Fd file, const std::string& what,
+                                                  uint64_t file_bytes, uint64_t inode);
   ~ShmMapping();
   ShmMapping(const ShmMapping&) = delete;
   ShmMapping& operator=(const ShmMapping&) = delete;
 
   char* base() const { return base_; }
   uint64_t bytes() const { return bytes_; }
-  int peer_fd() const { return peer_fd_; }
   uint64_t inode() const { return inode_; }
 
  private:
-  ShmMapping(char* base, uint64_t bytes, int peer_fd, uint64_t inode)
-      : base_(base), bytes_(bytes), peer_fd_(peer_fd), inode_(inode) {}
+  ShmMapping(char* base, uint64_t bytes, uint64_t inode)
+      : base_(base), bytes_(bytes), inode_(inode) {}
   char* base_;
   uint64_t bytes_;
-  int peer_fd_;
   uint64_t inode_;
 };
 

@@ -16,22 +16,24 @@
 #include <string>
 #include <vector>
 
+#include "core/auth.h"
 #include "core/fd.h"
 #include "core/net.h"
 #include "metadata/handshake.h"
 #include "metadata/segment_descriptor.h"
-#include "transport/tcp/tcp_auth.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace kvferry::testing {
 
 inline constexpr std::chrono::seconds kRawReadTimeout{1};
 
-// The tcp data endpoint an engine advertises in its descriptor (fetched over the handshake).
-inline Result<Endpoint> fetch_tcp_endpoint(const std::string& handshake_endpoint) {
+// The tcp data endpoint an engine advertises in its descriptor (fetched over the handshake,
+// proving `secret` when the engine has one).
+inline Result<Endpoint> fetch_tcp_endpoint(const std::string& handshake_endpoint,
+                                           const std::optional<std::string>& secret = {}) {
   KVF_ASSIGN_OR_RETURN(Endpoint handshake, parse_endpoint(handshake_endpoint));
   KVF_ASSIGN_OR_RETURN(std::string json,
-                       fetch_descriptor(handshake, Clock::now() + std::chrono::seconds(5)));
+                       fetch_descriptor(handshake, Clock::now() + std::chrono::seconds(5), secret));
   KVF_ASSIGN_OR_RETURN(SegmentDescriptor descriptor, parse_segment_descriptor(json));
   if (descriptor.tcp_endpoint.empty()) {
     return NotSupported("engine " + handshake_endpoint + " advertises no tcp endpoint");

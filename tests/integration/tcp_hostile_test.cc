@@ -67,7 +67,7 @@ class HostileFrames : public ::testing::Test {
     buffer_.resize(kGuardBytes + kRegionBytes + kGuardBytes);
     fill_pattern(buffer_, kPatternSeed);
     ASSERT_TRUE(engine_->register_memory(buffer_.data() + kGuardBytes, kRegionBytes).ok());
-    tcp_endpoint_ = must(testing::fetch_tcp_endpoint(engine_->endpoint()));
+    tcp_endpoint_ = must(testing::fetch_tcp_endpoint(engine_->endpoint(), secret_));
   }
 
   uint64_t region() const { return reinterpret_cast<uint64_t>(buffer_.data() + kGuardBytes); }

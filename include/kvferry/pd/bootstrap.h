@@ -4,10 +4,16 @@
 // itself (and re-registers every heartbeat interval, which is its liveness); decode asks for
 // the instance's parallel layout, then for the control endpoint of each rank it needs.
 //
-//   PUT /register   JSON RankRegistration            200 | 400 missing or bad field
+//   PUT /register   JSON RankRegistration            200 | 400 missing or bad field | 409 the
+//                                                    rank is held by another live incarnation
 //   GET /layout                                      200 InstanceLayout | 503 not all ranks yet
 //   GET /rank?tp_rank=N[&pp_rank=&cp_rank=&dp_rank=] 200 RankRegistration | 400 | 404 | 503
 //   GET /health                                      200 | 503 (a rank missing or stale)
+//
+// With a secret (BootstrapServerOptions::secret or KVFERRY_SECRET) every route answers 401 to
+// a request that is not signed with it (pd/bootstrap_auth.h). Without one, a registered rank
+// is taken over by another incarnation or endpoint only once it is stale or its control
+// listener no longer accepts connections (409 otherwise).
 //
 // Ownership: the server owns its listener thread. BootstrapClient holds only an address.
 // Thread-safety: BootstrapServer's methods are thread-safe; a BootstrapClient may be used
@@ -17,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +67,9 @@ struct BootstrapServerOptions {
   std::string listen_address = "127.0.0.1:0";
   // A rank whose last registration is older than this is reported stale; 0 = never.
   std::chrono::milliseconds rank_stale_after{0};
+  // Shared secret (none: KVFERRY_SECRET when set): every request must be signed with it
+  // (401 otherwise; docs/PROTOCOL.md). The prefill and decode engines' secret.
+  std::optional<std::string> secret;
 };
 
 class BootstrapServer {
@@ -84,11 +94,15 @@ class BootstrapServer {
 class BootstrapClient {
  public:
   // `address` is "host:port". `timeout` bounds connect, read and write of every call.
+  // `secret` (none: KVFERRY_SECRET when set) signs every request.
   explicit BootstrapClient(std::string address,
-                           std::chrono::milliseconds timeout = kDefaultHandshakeTimeout);
+                           std::chrono::milliseconds timeout = kDefaultHandshakeTimeout,
+                           const std::optional<std::string>& secret = {});
 
-  // Errors: PeerUnreachable (no answer), InvalidArgument (400), OutOfRange (404, unknown
-  // rank), FailedPrecondition (503, not every rank registered yet), ProtocolError (bad body).
+  // Errors: PeerUnreachable (no answer), InvalidArgument (400), Unauthenticated (401: no or
+  // another secret), OutOfRange (404, unknown rank), AlreadyExists (409: the rank is held by
+  // another live incarnation), FailedPrecondition (503, not every rank registered yet),
+  // ProtocolError (bad body).
   Status register_rank(const RankRegistration& rank) const;
   Result<InstanceLayout> layout() const;
   Result<RankRegistration> rank(uint32_t tp_rank, uint32_t pp_rank = 0, uint32_t cp_rank = 0,
@@ -99,6 +113,7 @@ class BootstrapClient {
  private:
   std::string address_;
   std::chrono::milliseconds timeout_;
+  std::optional<std::string> secret_;
 };
 
 }  // namespace kvferry::pd

@@ -48,8 +48,12 @@ enum class MessageType : uint16_t {
   kAbort,               // either way
   kAbortAck,            // prefill -> decode, after the request's in-flight writes drained
   kHeartbeat,           // either way, every heartbeat interval
+  kAuthChallenge,       // prefill -> decode, the first frame of every connection
+  kAuthProof,           // decode -> prefill, the answer to a non-empty challenge
 };
-inline constexpr uint16_t kMaxMessageType = static_cast<uint16_t>(MessageType::kHeartbeat);
+inline constexpr uint16_t kMaxMessageType = static_cast<uint16_t>(MessageType::kAuthProof);
+// Nonce and proof sizes of the control channel's authentication (core/auth.h).
+inline constexpr uint32_t kMaxAuthBytes = 64;
 
 // Decode's KV, aux and state buffers, as it registers them with one prefill rank.
 struct RegisterLayout {
@@ -130,8 +134,19 @@ struct Heartbeat {
   uint64_t incarnation = 0;
 };
 
-using ControlMessage = std::variant<RegisterLayout, RegisterReply, TransferRequest,
-                                    RequestStatusMessage, AbortMessage, AbortAck, Heartbeat>;
+// Authentication (a prefill with a secret): the challenge carries a 32-byte nonce, and
+// nothing but a matching proof (HMAC-SHA256(secret, nonce)) is accepted before it. An empty
+// nonce means authentication is off on that prefill.
+struct AuthChallengeMessage {
+  std::string nonce;  // raw bytes; empty = no authentication
+};
+struct AuthProofMessage {
+  std::string proof;  // raw bytes
+};
+
+using ControlMessage =
+    std::variant<RegisterLayout, RegisterReply, TransferRequest, RequestStatusMessage, AbortMessage,
+                 AbortAck, Heartbeat, AuthChallengeMessage, AuthProofMessage>;
 
 MessageType message_type(const ControlMessage& message);
 std::string_view message_type_name(MessageType type);

@@ -16,8 +16,8 @@
 #include <thread>
 #include <unordered_map>
 
+#include "core/auth.h"
 #include "core/logging.h"
-#include "transport/tcp/tcp_auth.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace kvferry {

@@ -120,6 +120,48 @@ TEST(Handshake, ServesManyClientsConcurrently) {
   EXPECT_EQ(ok.load(), 16);
 }
 
+// With a secret the descriptor (addresses, pid, memfds) goes only to a client that proves
+// it; the refused ones receive no byte of it.
+TEST(HandshakeAuth, DescriptorIsServedOnlyWithTheSecret) {
+  auto server = make_engine("server", 2, "handshake-secret");
+  std::vector<char> region(4096);
+  ASSERT_TRUE(server->register_memory(region.data(), region.size()).ok());
+  const Endpoint e = testing::must(parse_endpoint(server->endpoint()));
+  const auto deadline = [] { return Clock::now() + std::chrono::seconds(5); };
+  for (std::optional<std::string> secret :
+       {std::optional<std::string>(), std::optional<std::string>("another-secret")}) {
+    auto refused = fetch_descriptor(e, deadline(), secret);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kUnauthenticated)
+        << refused.status().to_string();
+    EXPECT_FALSE(contains(refused.status().message(), "regions")) << refused.status().message();
+  }
+  // A raw client that sends GetDescriptor and reads whatever comes gets the challenge only.
+  Fd raw = testing::must(connect_tcp(e, deadline()));
+  std::string request = frame(HandshakeFrame::kGetDescriptor, "", 0);
+  ASSERT_TRUE(send_all(raw.get(),
+                       {reinterpret_cast<const std::byte*>(request.data()), request.size()},
+                       deadline())
+                  .ok());
+  std::byte header[kHandshakeHeaderBytes];
+  ASSERT_TRUE(recv_all(raw.get(), header, deadline()).ok());
+  auto h = decode_handshake_header(header, 1 << 20);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->type, HandshakeFrame::kChallenge);
+  // An engine without the secret cannot open it; one with it can.
+  auto stranger = make_engine("stranger");
+  auto opened = stranger->open_peer(server->endpoint());
+  ASSERT_FALSE(opened.ok());
+  EXPECT_EQ(opened.status().code(), StatusCode::kUnauthenticated) << opened.status().to_string();
+  auto json = fetch_descriptor(e, deadline(), std::string("handshake-secret"));
+  ASSERT_TRUE(json.ok()) << json.status().to_string();
+  auto d = parse_segment_descriptor(*json);
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->regions.size(), 1u);
+  auto friend_engine = make_engine("friend", 2, "handshake-secret");
+  EXPECT_TRUE(friend_engine->open_peer(server->endpoint()).ok());
+}
+
 TEST(PeerNames, MalformedNamesAreInvalidArgumentNamingThem) {
   auto engine = make_engine("h");
   for (const char* bad : {"nohost", ":123", "host:", "host:abc", "host:70000", "host:0", "a b:1"}) {

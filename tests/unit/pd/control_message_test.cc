@@ -31,7 +31,9 @@ TEST(ControlMessage, EveryTypeRoundTrips) {
       RequestStatusMessage{42, RequestState::kFailed, StatusCode::kTimeout, "slow", std::nullopt},
       AbortMessage{42, "user"},
       AbortAck{42},
-      Heartbeat{7, 8}};
+      Heartbeat{7, 8},
+      AuthChallengeMessage{std::string(32, '\x5a')},
+      AuthProofMessage{std::string(32, '\x11')}};
   for (const ControlMessage& m : messages) {
     std::vector<std::byte> frame = encode_control_message(m);
     auto decoded = decode_control_message(frame);

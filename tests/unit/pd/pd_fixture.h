@@ -32,9 +32,9 @@ struct TestRank {
 };
 
 inline TestRank make_rank(const std::string& name, const ModelShape& m, uint32_t tp_size,
-                          uint32_t tp_rank) {
+                          uint32_t tp_rank, std::optional<std::string> secret = {}) {
   TestRank r;
-  r.engine = kvferry::testing::make_engine(name);
+  r.engine = kvferry::testing::make_engine(name, 2, std::move(secret));
   r.tp = {tp_rank, tp_size, m.mla ? 0 : m.total_kv_heads};
   r.heads = head_range_for_rank(r.tp.total_kv_heads, tp_size, tp_rank);
   uint64_t kv_bytes = 0;

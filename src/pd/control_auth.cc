@@ -1,0 +1,60 @@
+#include "pd/control_auth.h"
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "core/auth.h"
+
+namespace kvferry::pd {
+namespace {
+
+std::span<const std::byte> as_bytes(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+}  // namespace
+
+Result<AuthChallengeMessage> make_control_challenge(const std::optional<std::string>& secret) {
+  AuthChallengeMessage challenge;
+  if (!secret) return challenge;
+  KVF_ASSIGN_OR_RETURN(AuthNonce nonce, make_auth_nonce());
+  challenge.nonce.assign(reinterpret_cast<const char*>(nonce.data()), nonce.size());
+  return challenge;
+}
+
+bool control_proof_matches(const std::string& secret, const AuthChallengeMessage& challenge,
+                           const AuthProofMessage& proof) {
+  return !challenge.nonce.empty() &&
+         auth_proof_matches(auth_proof(secret, as_bytes(challenge.nonce)), as_bytes(proof.proof));
+}
+
+Status answer_control_challenge(int fd, const std::optional<std::string>& secret,
+                                const std::string& peer_name, Clock::time_point deadline) {
+  std::byte header_bytes[kFrameHeaderBytes];
+  KVF_RETURN_IF_ERROR(recv_all(fd, header_bytes, deadline));
+  KVF_ASSIGN_OR_RETURN(FrameHeader header, decode_frame_header(header_bytes));
+  // The challenge is tiny: a larger claim is refused before anything is allocated for it.
+  if (header.type != MessageType::kAuthChallenge ||
+      header.payload_bytes > sizeof(uint32_t) + kMaxAuthBytes) {
+    return ProtocolError(peer_name + " did not open with an AuthChallenge (got " +
+                         std::string(message_type_name(header.type)) + ", " +
+                         std::to_string(header.payload_bytes) + " bytes)");
+  }
+  std::vector<std::byte> payload(header.payload_bytes);
+  KVF_RETURN_IF_ERROR(recv_all(fd, payload, deadline));
+  KVF_ASSIGN_OR_RETURN(ControlMessage message, decode_control_payload(header.type, payload));
+  const auto& challenge = std::get<AuthChallengeMessage>(message);
+  if (challenge.nonce.empty()) return Status::Ok();  // authentication off on that prefill
+  if (!secret) {
+    return Unauthenticated(peer_name +
+                           " requires authentication; no secret is configured here "
+                           "(EngineOptions::secret or KVFERRY_SECRET)");
+  }
+  AuthProof proof = auth_proof(*secret, as_bytes(challenge.nonce));
+  std::vector<std::byte> frame = encode_control_message(
+      AuthProofMessage{std::string(reinterpret_cast<const char*>(proof.data()), proof.size())});
+  return send_all(fd, frame, deadline);
+}
+
+}  // namespace kvferry::pd

@@ -1,0 +1,301 @@
+#include "transport/shm_fd_server.h"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "core/auth.h"
+#include "core/byte_codec.h"
+#include "core/frame_header.h"
+#include "core/logging.h"
+
+namespace kvferry {
+namespace {
+
+constexpr FrameFormat kShmFdFormat{"shm fd", kShmFdMagic, kShmFdVersion,
+                                   static_cast<uint16_t>(ShmFdFrame::kReply)};
+constexpr uint32_t kMaxRequestBytes = sizeof(AuthProof) + sizeof(uint64_t);
+constexpr uint32_t kMaxReplyBytes = 4096;
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(50);
+
+sockaddr_un abstract_address(const std::string& name, socklen_t& length) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  // sun_path[0] = '\0' marks the abstract namespace; the name follows, unterminated.
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return address;
+}
+
+std::vector<std::byte> frame(ShmFdFrame type, std::span<const std::byte> payload) {
+  std::vector<std::byte> out(kFrameHeaderBytes + payload.size());
+  encode_frame_header(make_frame_header(kShmFdFormat, static_cast<uint16_t>(type),
+                                        static_cast<uint32_t>(payload.size())),
+                      std::span<std::byte, kFrameHeaderBytes>(out.data(), kFrameHeaderBytes));
+  if (!payload.empty()) std::memcpy(out.data() + kFrameHeaderBytes, payload.data(), payload.size());
+  return out;
+}
+
+std::vector<std::byte> reply_frame(const Status& status) {
+  ByteWriter w;
+  w.put(static_cast<uint8_t>(status.code()));
+  const std::string& message = status.message();
+  const size_t n = std::min<size_t>(message.size(), kMaxReplyBytes - 1);
+  w.bytes().insert(w.bytes().end(), reinterpret_cast<const std::byte*>(message.data()),
+                   reinterpret_cast<const std::byte*>(message.data()) + n);
+  return frame(ShmFdFrame::kReply, w.bytes());
+}
+
+// Sends `bytes` with `fd` attached (SCM_RIGHTS) in one message.
+Status send_with_fd(int socket, std::span<const std::byte> bytes, int fd,
+                    Clock::time_point deadline) {
+  pollfd p{socket, POLLOUT, 0};
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) != 1) {
+    return Timeout("shm fd: the peer does not read its reply");
+  }
+  iovec iov{const_cast<std::byte*>(bytes.data()), bytes.size()};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  ssize_t n = ::sendmsg(socket, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  if (n < 0) return ErrnoStatus(StatusCode::kPeerDisconnected, "shm fd: sendmsg", errno);
+  // The fd went with the first byte; the rest (if the buffer took only part) follows plainly.
+  if (static_cast<size_t>(n) < bytes.size()) return send_all(socket, bytes.subspan(n), deadline);
+  return Status::Ok();
+}
+
+// Receives exactly `out`, keeping a descriptor that came attached to any of it.
+Status recv_with_fd(int socket, std::span<std::byte> out, Fd& received,
+                    Clock::time_point deadline) {
+  size_t done = 0;
+  while (done < out.size()) {
+    pollfd p{socket, POLLIN, 0};
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) != 1) {
+      return Timeout("shm fd: no reply before the deadline");
+    }
+    iovec iov{out.data() + done, out.size() - done};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (n < 0) return ErrnoStatus(StatusCode::kPeerDisconnected, "shm fd: recvmsg", errno);
+    if (n == 0) return PeerDisconnected("shm fd: the engine closed the connection");
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+          c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+        received = Fd(fd);
+      }
+    }
+    done += static_cast<size_t>(n);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ShmFdServer>> ShmFdServer::start(uint64_t incarnation, Lookup lookup,
+                                                        std::optional<std::string> secret,
+                                                        std::chrono::milliseconds io_timeout) {
+  std::string name = fmt::format("kvferry-shm/{}/{:016x}", ::getpid(), incarnation);
+  Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!listener.valid()) return ErrnoStatus(StatusCode::kInternal, "shm fd: socket", errno);
+  socklen_t length = 0;
+  sockaddr_un address = abstract_address(name, length);
+  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+      ::listen(listener.get(), 64) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "shm fd: listen on @" + name, errno);
+  }
+  Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return ErrnoStatus(StatusCode::kInternal, "shm fd: eventfd", errno);
+  std::unique_ptr<ShmFdServer> server(new ShmFdServer(std::move(listener), std::move(wake),
+                                                      std::move(name), std::move(lookup),
+                                                      std::move(secret), io_timeout));
+  server->thread_ = std::thread([s = server.get()] { s->accept_loop(); });
+  return server;
+}
+
+ShmFdServer::ShmFdServer(Fd listener, Fd wake, std::string name, Lookup lookup,
+                         std::optional<std::string> secret, std::chrono::milliseconds io_timeout)
+    : listener_(std::move(listener)),
+      wake_(std::move(wake)),
+      name_(std::move(name)),
+      lookup_(std::move(lookup)),
+      secret_(std::move(secret)),
+      io_timeout_(io_timeout),
+      pool_(2) {}
+
+ShmFdServer::~ShmFdServer() {
+  uint64_t one = 1;
+  if (::write(wake_.get(), &one, sizeof(one)) < 0) {
+    log().warn("shm fd: cannot wake the accept thread: {}", std::strerror(errno));
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void ShmFdServer::accept_loop() {
+  for (;;) {
+    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
+    if (fds[1].revents != 0) return;
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    int conn = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (conn < 0) {
+      // Out of descriptors: pause instead of spinning on a listener that stays readable.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        pollfd w{wake_.get(), POLLIN, 0};
+        if (::poll(&w, 1, static_cast<int>(kAcceptBackoff.count())) > 0) return;
+      }
+      continue;
+    }
+    auto holder = std::make_shared<Fd>(conn);
+    pool_.post([this, holder] { serve(std::move(*holder)); });
+  }
+}
+
+void ShmFdServer::serve(Fd connection) {
+  const auto deadline = Clock::now() + io_timeout_;
+  AuthNonce nonce{};
+  if (secret_) {
+    Result<AuthNonce> fresh = make_auth_nonce();
+    if (!fresh.ok()) return;
+    nonce = *fresh;
+  }
+  std::span<const std::byte> challenge =
+      secret_ ? std::span<const std::byte>(nonce) : std::span<const std::byte>();
+  if (!send_all(connection.get(), frame(ShmFdFrame::kChallenge, challenge), deadline).ok()) return;
+  std::byte header_bytes[kFrameHeaderBytes];
+  if (!recv_all(connection.get(), header_bytes, deadline).ok()) return;
+  auto header = decode_frame_header(kShmFdFormat, header_bytes, kMaxRequestBytes);
+  const uint32_t expected = (secret_ ? sizeof(AuthProof) : 0) + sizeof(uint64_t);
+  if (!header.ok() || header->type != static_cast<uint16_t>(ShmFdFrame::kRequest) ||
+      header->payload_bytes != expected) {
+    send_all(connection.get(), reply_frame(ProtocolError("shm fd: expected a Request")), deadline)
+        .ignore();
+    return;
+  }
+  std::vector<std::byte> payload(expected);
+  if (!recv_all(connection.get(), payload, deadline).ok()) return;
+  Status refused;
+  if (secret_) {
+    if (!auth_proof_matches(auth_proof(*secret_, nonce),
+                            std::span<const std::byte>(payload).first(sizeof(AuthProof)))) {
+      refused = Unauthenticated("wrong secret");
+    }
+  } else {
+    ucred peer{};
+    socklen_t length = sizeof(peer);
+    if (::getsockopt(connection.get(), SOL_SOCKET, SO_PEERCRED, &peer, &length) != 0) {
+      refused = ErrnoStatus(StatusCode::kInternal, "SO_PEERCRED", errno);
+    } else if (peer.uid != ::geteuid() && peer.uid != 0) {
+      refused = Unauthenticated(
+          fmt::format("uid {} (pid {}) may not map the shared memory of uid {} without a secret "
+                      "(set the same KVFERRY_SECRET on both engines)",
+                      peer.uid, peer.pid, ::geteuid()));
+    }
+  }
+  const auto inode = load_le<uint64_t>(payload.data() + (expected - sizeof(uint64_t)));
+  if (!refused.ok()) {
+    log().warn("shm fd: refused a peer: {}", refused.message());
+    send_all(connection.get(), reply_frame(refused), deadline).ignore();
+    return;
+  }
+  Fd memfd = lookup_(inode);
+  if (!memfd.valid()) {
+    send_all(connection.get(),
+             reply_frame(PeerDisconnected("no shared allocation with inode " +
+                                          std::to_string(inode) + " (freed?)")),
+             deadline)
+        .ignore();
+    return;
+  }
+  send_with_fd(connection.get(), reply_frame(Status::Ok()), memfd.get(), deadline).ignore();
+}
+
+Result<Fd> fetch_shm_fd(const std::string& name, uint64_t inode,
+                        const std::optional<std::string>& secret, Clock::time_point deadline) {
+  const std::string where = "shm socket @" + name;
+  if (name.empty() || name.size() > sizeof(sockaddr_un::sun_path) - 1) {
+    return ProtocolError("peer's shm socket name of " + std::to_string(name.size()) +
+                         " bytes is empty or too long");
+  }
+  Fd conn(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!conn.valid()) return ErrnoStatus(StatusCode::kInternal, "shm fd: socket", errno);
+  socklen_t length = 0;
+  sockaddr_un address = abstract_address(name, length);
+  // A local connect either succeeds or fails at once (a full backlog blocks: not here).
+  if (::connect(conn.get(), reinterpret_cast<sockaddr*>(&address), length) != 0) {
+    return NotSupported(
+        fmt::format("cannot reach the peer's {}: {} (another network namespace, "
+                    "or the peer is gone)",
+                    where, std::strerror(errno)));
+  }
+  std::byte header_bytes[kFrameHeaderBytes];
+  KVF_RETURN_IF_ERROR(recv_all(conn.get(), header_bytes, deadline));
+  KVF_ASSIGN_OR_RETURN(FrameHeader challenge,
+                       decode_frame_header(kShmFdFormat, header_bytes, sizeof(AuthNonce)));
+  if (challenge.type != static_cast<uint16_t>(ShmFdFrame::kChallenge) ||
+      (challenge.payload_bytes != 0 && challenge.payload_bytes != sizeof(AuthNonce))) {
+    return ProtocolError(where + ": expected a Challenge");
+  }
+  std::vector<std::byte> request;
+  if (challenge.payload_bytes != 0) {
+    AuthNonce nonce{};
+    KVF_RETURN_IF_ERROR(recv_all(conn.get(), nonce, deadline));
+    if (!secret) {
+      return Unauthenticated(
+          "the peer's shared memory requires the secret; none is configured "
+          "here (EngineOptions::secret or KVFERRY_SECRET)");
+    }
+    AuthProof proof = auth_proof(*secret, nonce);
+    request.insert(request.end(), proof.begin(), proof.end());
+  }
+  request.resize(request.size() + sizeof(inode));
+  store_le(request.data() + request.size() - sizeof(inode), inode);
+  KVF_RETURN_IF_ERROR(send_all(conn.get(), frame(ShmFdFrame::kRequest, request), deadline));
+  Fd received;
+  KVF_RETURN_IF_ERROR(recv_with_fd(conn.get(), header_bytes, received, deadline));
+  KVF_ASSIGN_OR_RETURN(FrameHeader reply,
+                       decode_frame_header(kShmFdFormat, header_bytes, kMaxReplyBytes));
+  if (reply.type != static_cast<uint16_t>(ShmFdFrame::kReply) || reply.payload_bytes == 0) {
+    return ProtocolError(where + ": expected a Reply");
+  }
+  std::vector<std::byte> payload(reply.payload_bytes);
+  KVF_RETURN_IF_ERROR(recv_with_fd(conn.get(), payload, received, deadline));
+  const auto code = static_cast<uint8_t>(payload[0]);
+  if (!is_valid_status_code(code))
+    return ProtocolError(where + ": status code " + std::to_string(code));
+  if (code != 0) {
+    return Status(
+        static_cast<StatusCode>(code),
+        "the peer refused its shared memory: " +
+            std::string(reinterpret_cast<const char*>(payload.data()) + 1, payload.size() - 1));
+  }
+  if (!received.valid()) return ProtocolError(where + ": OK without a descriptor attached");
+  return received;
+}
+
+}  // namespace kvferry
