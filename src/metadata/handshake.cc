@@ -29,6 +29,11 @@ std::vector<std::byte> make_frame(HandshakeFrame type, std::string_view payload)
   return frame;
 }
 
+std::string frame_string(HandshakeFrame type, std::string_view payload) {
+  std::vector<std::byte> frame = make_frame(type, payload);
+  return {reinterpret_cast<const char*>(frame.data()), frame.size()};
+}
+
 }  // namespace
 
 void encode_handshake_header(const HandshakeHeader& h, std::byte* out) {
@@ -43,50 +48,35 @@ Result<HandshakeHeader> decode_handshake_header(const std::byte* in, size_t max_
   return HandshakeHeader{h.magic, h.version, static_cast<HandshakeFrame>(h.type), h.payload_bytes};
 }
 
-Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(
-    const Endpoint& listen, DescriptorSource source, std::chrono::milliseconds io_timeout,
-    int threads) {
-  KVF_ASSIGN_OR_RETURN(std::unique_ptr<Acceptor> acceptor,
-                       Acceptor::bind(listen, Acceptor::Options::named("handshake")));
-  auto server = std::unique_ptr<HandshakeServer>(
-      new HandshakeServer(std::move(acceptor), std::move(source), io_timeout, threads));
-  // Each connection is served on the pool, so one slow client never blocks others; every
-  // read and write is bounded by io_timeout_.
-  server->acceptor_->start([s = server.get()](Fd conn) {
-    auto holder = std::make_shared<Fd>(std::move(conn));
-    s->pool_.post([s, holder] { s->serve(std::move(*holder)); });
-  });
+Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(const Endpoint& listen,
+                                                                DescriptorSource source,
+                                                                const ListenerLimits& limits) {
+  auto server = std::unique_ptr<HandshakeServer>(new HandshakeServer(std::move(source)));
+  RequestServerOptions options;
+  options.name = "handshake";
+  options.limits = limits;
+  options.max_request_bytes = kHandshakeHeaderBytes + kMaxRequestPayload;
+  auto frame = [](std::span<const std::byte> received) {
+    if (received.size() < kHandshakeHeaderBytes) return RequestFraming::need_more();
+    auto header = decode_handshake_header(received.data(), kMaxRequestPayload);
+    if (!header.ok()) {
+      log().warn("handshake: rejected a request: {}", header.status().message());
+      return RequestFraming::refuse(
+          frame_string(HandshakeFrame::kError, header.status().message()));
+    }
+    if (header->type != HandshakeFrame::kGetDescriptor) {
+      return RequestFraming::refuse(
+          frame_string(HandshakeFrame::kError, "expected a GetDescriptor request"));
+    }
+    const size_t whole = kHandshakeHeaderBytes + header->length;  // the payload is ignored
+    return received.size() < whole ? RequestFraming::need_more() : RequestFraming::complete(whole);
+  };
+  auto handle = [s = server.get()](std::span<const std::byte>, const std::string&) {
+    return frame_string(HandshakeFrame::kDescriptor, s->source_());
+  };
+  KVF_ASSIGN_OR_RETURN(server->server_,
+                       RequestServer::start(listen, std::move(options), frame, handle));
   return server;
-}
-
-HandshakeServer::HandshakeServer(std::unique_ptr<Acceptor> acceptor, DescriptorSource source,
-                                 std::chrono::milliseconds io_timeout, int threads)
-    : acceptor_(std::move(acceptor)),
-      source_(std::move(source)),
-      io_timeout_(io_timeout),
-      pool_(threads) {}
-
-HandshakeServer::~HandshakeServer() {
-  acceptor_->stop();  // before the pool goes: the acceptor posts to it
-}
-
-void HandshakeServer::serve(Fd connection) {
-  auto deadline = Clock::now() + io_timeout_;
-  std::byte header_bytes[kHandshakeHeaderBytes];
-  if (!recv_all(connection.get(), header_bytes, deadline).ok()) return;
-  auto header = decode_handshake_header(header_bytes, kMaxRequestPayload);
-  std::vector<std::byte> reply;
-  if (!header.ok()) {
-    log().warn("handshake: rejected a request: {}", header.status().message());
-    reply = make_frame(HandshakeFrame::kError, header.status().message());
-  } else if (header->type != HandshakeFrame::kGetDescriptor) {
-    reply = make_frame(HandshakeFrame::kError, "expected a GetDescriptor request");
-  } else {
-    std::vector<std::byte> ignored(header->length);
-    if (!recv_all(connection.get(), ignored, deadline).ok()) return;
-    reply = make_frame(HandshakeFrame::kDescriptor, source_());
-  }
-  send_all(connection.get(), reply, deadline).ignore();
 }
 
 Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point deadline) {

@@ -6,8 +6,12 @@
 // has no payload; the reply is a kDescriptor frame carrying JSON, or kError with a message. Both
 // sides bound the payload size and every read and write by a deadline.
 //
+// The server is a RequestServer (core/request_server.h): one epoll thread serves every
+// connection at once, each bounded by ListenerLimits::hello_timeout and counted against the
+// limits per listener and per source, so slow or idle clients cannot keep others waiting.
+//
 // Thread-safety: HandshakeServer's methods are thread-safe; it serves connections
-// concurrently on its own threads. fetch_descriptor is a free function.
+// concurrently on its own thread. fetch_descriptor is a free function.
 #pragma once
 
 #include <chrono>
@@ -16,10 +20,9 @@
 #include <memory>
 #include <string>
 
-#include "core/acceptor.h"
-#include "core/fd.h"
 #include "core/net.h"
-#include "core/thread_pool.h"
+#include "core/request_server.h"
+#include "kvferry/listener_limits.h"
 #include "kvferry/status.h"
 
 namespace kvferry {
@@ -45,25 +48,22 @@ class HandshakeServer {
   // Returns the descriptor JSON to serve now.
   using DescriptorSource = std::function<std::string()>;
 
+  // `limits.hello_timeout` bounds each connection from accept to the last reply byte.
   static Result<std::unique_ptr<HandshakeServer>> start(const Endpoint& listen,
                                                         DescriptorSource source,
-                                                        std::chrono::milliseconds io_timeout,
-                                                        int threads = 2);
-  ~HandshakeServer();
+                                                        const ListenerLimits& limits);
+  ~HandshakeServer() = default;
   HandshakeServer(const HandshakeServer&) = delete;
   HandshakeServer& operator=(const HandshakeServer&) = delete;
 
-  const Endpoint& endpoint() const { return acceptor_->endpoint(); }
+  const Endpoint& endpoint() const { return server_->endpoint(); }
+  uint32_t open_connections() const { return server_->open_connections(); }
 
  private:
-  HandshakeServer(std::unique_ptr<Acceptor> acceptor, DescriptorSource source,
-                  std::chrono::milliseconds io_timeout, int threads);
-  void serve(Fd connection);
+  explicit HandshakeServer(DescriptorSource source) : source_(std::move(source)) {}
 
-  std::unique_ptr<Acceptor> acceptor_;
   DescriptorSource source_;
-  std::chrono::milliseconds io_timeout_;
-  ThreadPool pool_;
+  std::unique_ptr<RequestServer> server_;  // last: stopped before source_ goes
 };
 
 // Asks the engine at `endpoint` for its descriptor JSON. PeerUnreachable when nothing

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kvferry/defaults.h"
+#include "kvferry/listener_limits.h"
 #include "kvferry/status.h"
 
 namespace kvferry::pd {
@@ -60,6 +61,9 @@ struct BootstrapServerOptions {
   std::string listen_address = "127.0.0.1:0";
   // A rank whose last registration is older than this is reported stale; 0 = never.
   std::chrono::milliseconds rank_stale_after{0};
+  // Connections in total and per source; hello_timeout bounds one connection from accept to
+  // its answer (one request per connection). kvferry/listener_limits.h.
+  ListenerLimits limits{.max_connections = 256, .max_connections_per_source = 64};
 };
 
 class BootstrapServer {

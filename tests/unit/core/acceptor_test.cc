@@ -45,7 +45,7 @@ TEST(Acceptor, HandsEveryConnectionToTheCallback) {
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test")));
   EXPECT_NE(acceptor->endpoint().port, 0);
   Inbox inbox;
-  acceptor->start([&](Fd fd) { inbox.add(std::move(fd)); });
+  acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
   Fd a = connect_to(*acceptor);
   Fd b = connect_to(*acceptor);
   ASSERT_TRUE(inbox.wait_for(2, 5s));
@@ -57,7 +57,7 @@ TEST(Acceptor, HandsEveryConnectionToTheCallback) {
 TEST(Acceptor, StopEndsTheThreadPromptlyAndTheCallbackNeverRunsAfter) {
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test")));
   std::atomic<int> calls{0};
-  acceptor->start([&](Fd) { calls.fetch_add(1); });
+  acceptor->start([&](Fd, ConnectionSlot) { calls.fetch_add(1); });
   const auto t0 = std::chrono::steady_clock::now();
   acceptor->stop();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
@@ -83,7 +83,7 @@ TEST(Acceptor, BacksOffWhileOutOfDescriptorsAndRecoversAfter) {
   };
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
   Inbox inbox;
-  acceptor->start([&](Fd fd) { inbox.add(std::move(fd)); });
+  acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
   Fd client = connect_to(*acceptor);
   std::this_thread::sleep_for(300ms);
   const int during = attempts.load();
@@ -109,7 +109,7 @@ TEST(Acceptor, StopInterruptsABackOff) {
     return -1;
   };
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
-  acceptor->start([](Fd) {});
+  acceptor->start([](Fd, ConnectionSlot) {});
   Fd client = connect_to(*acceptor);
   while (acceptor->backoffs() == 0) std::this_thread::sleep_for(1ms);
   const auto t0 = std::chrono::steady_clock::now();
@@ -130,7 +130,7 @@ TEST(Acceptor, RetriesAtOnceWhenOnlyOneConnectionWasLost) {
   };
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
   Inbox inbox;
-  acceptor->start([&](Fd fd) { inbox.add(std::move(fd)); });
+  acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
   Fd client = connect_to(*acceptor);
   ASSERT_TRUE(inbox.wait_for(1, 2s));
   EXPECT_EQ(acceptor->backoffs(), 0u);
