@@ -175,8 +175,8 @@ struct RequestServer::Loop {
           continue;
         case RequestFraming::Kind::kRefuse: c.out = std::move(framing.reply); break;
         case RequestFraming::Kind::kComplete:
-          c.out = handle_(std::as_bytes(std::span(c.in).first(framing.request_bytes)),
-                          c.slot.source());
+          c.out =
+              handle_(std::as_bytes(std::span(c.in).first(framing.request_bytes)), c.slot.source());
           break;
       }
       c.replying = true;
@@ -223,7 +223,8 @@ Result<std::unique_ptr<RequestServer>> RequestServer::start(const Endpoint& list
                                                                        options.limits)));
   auto loop = std::make_unique<Loop>(std::move(options), std::move(frame), std::move(handle));
   KVF_RETURN_IF_ERROR(loop->start());
-  auto server = std::unique_ptr<RequestServer>(new RequestServer(std::move(acceptor), std::move(loop)));
+  auto server =
+      std::unique_ptr<RequestServer>(new RequestServer(std::move(acceptor), std::move(loop)));
   server->acceptor_->start([l = server->loop_.get()](Fd fd, ConnectionSlot slot) {
     l->adopt(std::move(fd), std::move(slot));
   });

@@ -214,19 +214,22 @@ struct TcpServer::IoThread {
       const bool established = c.hello_done && (!options_.secret || c.authenticated);
       const bool mid_frame = c.in != InState::kHeader || c.header_have != 0 || c.in_pos < c.in_end;
       if (!established && now - c.accepted_ns > hello_ns) {
-        closing.emplace_back(fd, "did not finish its hello in time");
+        closing.emplace_back(fd, "hello not finished in time");
       } else if (mid_frame && !c.reading_paused && now - c.last_in_ns > stall_ns) {
-        closing.emplace_back(fd, "stopped sending in the middle of a request");
+        closing.emplace_back(fd, "request payload stalled");
       } else if (!c.out.empty() && now - c.out_since_ns > stall_ns) {
-        closing.emplace_back(fd, "does not read its replies");
+        closing.emplace_back(fd, "replies not read");
       } else if (idle_ns != 0 && !mid_frame && c.out.empty() && now - c.last_in_ns > idle_ns) {
         closing.emplace_back(fd, nullptr);  // idle: its initiator reopens a lane on next use
       }
     }
+    // One line per reason and pass: a flood must not flood the log too.
+    std::unordered_map<const char*, size_t> counts;
     for (auto [fd, why] : closing) {
-      if (why != nullptr) log().warn("tcp: closing a connection that {}", why);
+      if (why != nullptr) ++counts[why];
       drop(fd);
     }
+    for (auto [why, count] : counts) log().warn("tcp: closed {} connection(s): {}", count, why);
   }
 
   static int64_t nanoseconds(std::chrono::milliseconds d) {
