@@ -29,6 +29,9 @@ struct Conn {
   std::string out;  // the reply, once the request is complete
   size_t out_sent = 0;
   bool replying = false;
+  bool broken = false;  // a send failed
+  bool out_sent_all() const { return !broken && out_sent == out.size(); }
+  bool draining = false;  // reply out and half-closed: discarding input until the client closes
 };
 
 }  // namespace
@@ -148,9 +151,31 @@ struct RequestServer::Loop {
 
   // False: the connection is done (served, refused, closed by the client, or broken).
   bool serve(Conn& c, uint32_t events) {
+    if (c.draining) return discard_input(c);
     if (!c.replying && (events & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0 && !receive(c)) return false;
-    if (c.replying) return send_reply(c);
-    return true;
+    if (!c.replying || send_reply(c)) return true;
+    // The reply is out. Closing now, with input unread (a refused request's rest), would send
+    // a reset that can destroy the reply before the client reads it: half-close instead and
+    // discard what still comes until the client closes (or the deadline).
+    if (!c.out_sent_all()) return false;
+    ::shutdown(c.fd.get(), SHUT_WR);
+    c.draining = true;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = c.fd.get();
+    return ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) == 0 && discard_input(c);
+  }
+
+  // False once the client has closed (or the connection broke).
+  static bool discard_input(Conn& c) {
+    for (;;) {
+      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init): drained into, never read
+      std::array<char, kReceiveChunkBytes> sink;
+      ssize_t n = ::recv(c.fd.get(), sink.data(), sink.size(), MSG_DONTWAIT);
+      if (n > 0) continue;
+      if (n < 0 && errno == EINTR) continue;
+      return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
   }
 
   bool receive(Conn& c) {
@@ -188,14 +213,17 @@ struct RequestServer::Loop {
     }
   }
 
-  // False once the reply is out (or cannot be sent).
+  // True while some of the reply is still to go; false once it is out (out_sent_all()) or
+  // cannot be sent.
   static bool send_reply(Conn& c) {
     while (c.out_sent < c.out.size()) {
       ssize_t n = ::send(c.fd.get(), c.out.data() + c.out_sent, c.out.size() - c.out_sent,
                          MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EINTR) continue;
-        return errno == EAGAIN || errno == EWOULDBLOCK;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        c.broken = true;
+        return false;
       }
       c.out_sent += static_cast<size_t>(n);
     }

@@ -111,15 +111,52 @@ TEST(BootstrapListener, SlowAndIdleClientsDoNotDelayHealth) {
       std::this_thread::sleep_for(20ms);
     }
     std::string answer(12, '\0');
-    ASSERT_TRUE(recv_all(piecewise.get(), std::as_writable_bytes(std::span(answer)),
-                         Clock::now() + 1s)
-                    .ok());
+    ASSERT_TRUE(
+        recv_all(piecewise.get(), std::as_writable_bytes(std::span(answer)), Clock::now() + 1s)
+            .ok());
     EXPECT_EQ(answer, "HTTP/1.1 200");
     EXPECT_TRUE(eventually([&] { return idle.closed_by_server() == idle.connected(); }));
   }
   EXPECT_TRUE(eventually([&] { return open_fd_count() <= fds_before + kFdSlack; }))
       << open_fd_count() << " descriptors open, " << fds_before << " before";
   EXPECT_LT(resident_bytes(), rss_before + kRssSlackBytes);
+}
+
+// Sends `request` from 127.0.0.1 and reads the answer until the server closes (1 s at most).
+std::string answer_to(const Endpoint& server, const std::string& request) {
+  Fd fd = connect_from("127.0.0.1", server);
+  send_all(fd.get(), bytes_of(request), Clock::now() + 1s).ignore();
+  std::string answer;
+  const auto deadline = Clock::now() + 1s;
+  while (Clock::now() < deadline) {
+    char chunk[4096];
+    ssize_t n = ::recv(fd.get(), chunk, sizeof(chunk), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) break;
+    if (n > 0) answer.append(chunk, static_cast<size_t>(n));
+    if (n < 0) std::this_thread::sleep_for(5ms);
+  }
+  return answer;
+}
+
+TEST(BootstrapListener, RefusesWhatItCannotFrameNamingItAndKeepsServing) {
+  auto server = must(pd::BootstrapServer::start({}));
+  const Endpoint endpoint = must(parse_endpoint(server->address()));
+  const std::string chunked = answer_to(endpoint,
+                                        "PUT /register HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+                                        "chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n");
+  EXPECT_EQ(chunked.substr(0, 12), "HTTP/1.1 411") << chunked;
+  EXPECT_TRUE(contains(chunked, "Transfer-Encoding 'chunked'")) << chunked;
+  // A head that never ends within 16 KiB, sent whole: refused, and the refusal arrives.
+  const std::string endless_head =
+      answer_to(endpoint, "GET /health HTTP/1.1\r\nX-Pad: " + std::string(24 << 10, 'a'));
+  EXPECT_EQ(endless_head.substr(0, 12), "HTTP/1.1 431") << endless_head.substr(0, 200);
+  const std::string big_body =
+      answer_to(endpoint, "PUT /register HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000\r\n\r\n{");
+  EXPECT_EQ(big_body.substr(0, 12), "HTTP/1.1 413") << big_body;
+  EXPECT_TRUE(contains(big_body, "1000000 bytes")) << big_body;
+  const std::string health =
+      answer_to(endpoint, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  EXPECT_EQ(health.substr(0, 12), "HTTP/1.1 503") << health;  // no rank registered yet
 }
 
 // A PD control header claiming a 16 MiB payload, then a few bytes of it.
@@ -159,8 +196,8 @@ TEST(ControlListener, LengthClaimsCostNothingAndConnectionsAreBounded) {
     const uint64_t threads = thread_count();
     EXPECT_LT(rss, rss_before + kRssSlackBytes) << "resident " << (rss >> 20) << " MiB";
     // Two threads per connection (reader, heartbeat), at most max_connections of them.
-    EXPECT_LE(threads, threads_before + 2 * 48) << threads << " threads, " << threads_before
-                                                << " before";
+    EXPECT_LE(threads, threads_before + 2 * 48)
+        << threads << " threads, " << threads_before << " before";
     // The server still answers a legitimate client: a request before the layout is refused.
     Fd fd = connect_from("127.0.0.1", endpoint);
     pd::TransferRequest early;
@@ -196,9 +233,9 @@ TEST(ControlListener, AConnectionThatNeverRegistersIsClosed) {
   const auto until = Clock::now() + 3s;
   bool closed = false;
   for (uint64_t seq = 0; Clock::now() < until && !closed; ++seq) {
-    closed = !send_all(fd.get(), pd::encode_control_message(pd::Heartbeat{seq, 1}),
-                       Clock::now() + 1s)
-                  .ok();
+    closed =
+        !send_all(fd.get(), pd::encode_control_message(pd::Heartbeat{seq, 1}), Clock::now() + 1s)
+             .ok();
     std::byte drain[256];
     ssize_t n = ::recv(fd.get(), drain, sizeof(drain), MSG_DONTWAIT);
     while (n > 0) n = ::recv(fd.get(), drain, sizeof(drain), MSG_DONTWAIT);

@@ -105,12 +105,14 @@ TEST_F(TcpListenerLimits, APeerThatDoesNotReadItsRepliesIsNotReadEither) {
     block.insert(block.end(), frame.begin(), frame.end());
   }
   uint64_t sent = 0;
+  size_t at = 0;  // where in the block the stream stands: frames stay whole
   auto last_progress = Clock::now();
   while (sent < uint64_t{1024} * 1024 * kTcpHeaderBytes && Clock::now() - last_progress < 300ms) {
-    const size_t n = send_now(flood.fd(), block);
+    const size_t n = send_now(flood.fd(), std::span(block).subspan(at));
     if (n != 0) last_progress = Clock::now();
     sent += n;
-    if (n < block.size()) std::this_thread::sleep_for(1ms);
+    at = (at + n) % block.size();
+    if (n == 0) std::this_thread::sleep_for(1ms);
   }
   const uint64_t rss = resident_bytes();
   EXPECT_LT(rss, rss_before + kRssSlackBytes)
@@ -136,10 +138,13 @@ TEST_F(TcpListenerLimits, AWriteWithoutDeadlineWhosePayloadNeverComesReleasesIts
   stalled.send(encode_frame(write, std::vector<std::byte>(100, std::byte{0xAB})));
   // Pinned while the payload may still come; released once it has stalled.
   Status unregistered;
-  EXPECT_TRUE(eventually([&] {
-    unregistered = target_->unregister_memory(region_.data());
-    return unregistered.ok();
-  }, 3s)) << unregistered.to_string();
+  EXPECT_TRUE(eventually(
+      [&] {
+        unregistered = target_->unregister_memory(region_.data());
+        return unregistered.ok();
+      },
+      3s))
+      << unregistered.to_string();
   std::string what;
   EXPECT_TRUE(stalled.closed_by_peer(what, 1s)) << what;
 }

@@ -136,5 +136,37 @@ TEST(Acceptor, RetriesAtOnceWhenOnlyOneConnectionWasLost) {
   EXPECT_EQ(acceptor->backoffs(), 0u);
 }
 
+TEST(Acceptor, ConnectionsOverTheLimitAreClosedUntilAPlaceIsFreed) {
+  ListenerLimits limits;
+  limits.max_connections = 2;
+  auto acceptor =
+      testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test", 0, limits)));
+  std::mutex mu;
+  std::vector<ConnectionSlot> slots;
+  Inbox inbox;
+  acceptor->start([&](Fd fd, ConnectionSlot slot) {
+    {
+      std::lock_guard lock(mu);
+      slots.push_back(std::move(slot));
+    }
+    inbox.add(std::move(fd));
+  });
+  Fd a = connect_to(*acceptor);
+  Fd b = connect_to(*acceptor);
+  ASSERT_TRUE(inbox.wait_for(2, 5s));
+  Fd over = connect_to(*acceptor);  // the listener's queue takes it; the acceptor closes it
+  std::byte probe[1];
+  EXPECT_EQ(recv_all(over.get(), probe, Clock::now() + 5s).code(), StatusCode::kPeerDisconnected);
+  EXPECT_EQ(acceptor->refused(), 1u);
+  EXPECT_EQ(acceptor->open_connections(), 2u);
+  {
+    std::lock_guard lock(mu);
+    slots.pop_back();  // one connection is done with: its place is free
+  }
+  Fd next = connect_to(*acceptor);
+  ASSERT_TRUE(inbox.wait_for(3, 5s));
+  EXPECT_EQ(acceptor->open_connections(), 2u);
+}
+
 }  // namespace
 }  // namespace kvferry
