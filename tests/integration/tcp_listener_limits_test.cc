@@ -4,11 +4,16 @@
 // closed; a write whose payload never comes releases its region (unregister succeeds). A
 // legitimate engine's transfer, every byte verified, succeeds meanwhile, and afterwards the
 // descriptors and memory this process holds return to where they were.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
 
 #include "core/pattern.h"
 #include "hostile_clients.h"
 #include "raw_tcp_client.h"
+#include "serve_client.h"
 #include "test_support.h"
 
 namespace kvferry::testing {
@@ -147,6 +152,61 @@ TEST_F(TcpListenerLimits, AWriteWithoutDeadlineWhosePayloadNeverComesReleasesIts
       << unregistered.to_string();
   std::string what;
   EXPECT_TRUE(stalled.closed_by_peer(what, 1s)) << what;
+}
+
+// CPU time (user + system) of process `pid` so far, in clock ticks.
+uint64_t cpu_ticks(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  std::istringstream fields(text.substr(text.rfind(')') + 2));  // after "pid (comm) "
+  std::string field;
+  uint64_t utime = 0;
+  uint64_t stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {  // fields 14 and 15: utime, stime
+    if (i == 14) utime = std::stoull(field);
+    if (i == 15) stime = std::stoull(field);
+  }
+  return utime + stime;
+}
+
+// A `kvferry serve` child limited to 128 descriptors, flooded with 200 idle tcp connections
+// that stay open: it runs out of descriptors, backs off instead of spinning, closes the idle
+// connections at their hello deadline, and a legitimate peer's write gets through while the
+// crowd is still there.
+TEST(TcpListenerUnderADescriptorLimit, IdleFloodNeitherSpinsNorLocksPeersOut) {
+  constexpr uint64_t kBytes = 1ull << 20;
+  cli::ServePeer peer = must(
+      cli::start_serve_peer(KVFERRY_CLI_PATH, kBytes, {}, {"/usr/bin/prlimit", "--nofile=128"}));
+  const Endpoint tcp = must(fetch_tcp_endpoint(peer.endpoint));
+  HostileCrowd crowd(tcp, 200, 4);  // 50 per source, under the per-source limit
+  ASSERT_EQ(crowd.connected(), 200u);
+  const uint64_t ticks_before = cpu_ticks(peer.process.pid());
+  std::this_thread::sleep_for(1s);
+  const uint64_t ticks = cpu_ticks(peer.process.pid()) - ticks_before;
+  EXPECT_LT(ticks, static_cast<uint64_t>(::sysconf(_SC_CLK_TCK)) / 2)
+      << "the child used " << ticks << " ticks of CPU in one second";
+  EngineOptions options;
+  options.name = "descriptor-limit-initiator";
+  options.handshake_timeout = 1s;
+  auto engine = must(TransferEngine::create(options));
+  std::vector<std::byte> source(kBytes);
+  fill_pattern(source, 77);
+  ASSERT_TRUE(engine->register_memory(source.data(), kBytes).ok());
+  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(source.data()), peer.addr, kBytes};
+  // Attempts while the crowd holds its connections: the child's descriptors come free at
+  // each hello deadline (2 s), so one of these gets through.
+  Status last;
+  bool written = false;
+  for (int attempt = 0; attempt < 10 && !written; ++attempt) {
+    PeerOptions tcp_only;
+    tcp_only.transport = TransportKind::kTcp;
+    auto handle = engine->open_peer(peer.endpoint, tcp_only);
+    last = handle.ok() ? engine->transfer_sync(*handle, {&op, 1}) : handle.status();
+    written = last.ok();
+    if (!written) std::this_thread::sleep_for(200ms);
+  }
+  ASSERT_TRUE(written) << last.to_string();
+  EXPECT_EQ(must(peer.process.ask(fmt::format("verify 77 0 {}", kBytes), 10s)), "ok");
 }
 
 }  // namespace
