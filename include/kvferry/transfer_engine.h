@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "kvferry/defaults.h"
+#include "kvferry/listener_limits.h"
 #include "kvferry/metrics.h"
 #include "kvferry/status.h"
 #include "kvferry/transfer_types.h"
@@ -86,6 +87,19 @@ struct EngineOptions {
   // proves it to peers that require it. The PD session layer on this engine uses the same
   // secret (README, Security).
   std::optional<std::string> secret;
+  // What clients of this engine's listeners may hold and how long they may take
+  // (kvferry/listener_limits.h; docs/PROTOCOL.md, "Listener limits"): the p2p handshake
+  // (hello_timeout bounds one whole request and reply) and the tcp data receiver
+  // (hello_timeout bounds the hello and authentication; an idle lane is closed after
+  // idle_timeout and reopened by its initiator on next use).
+  ListenerLimits handshake_limits;
+  ListenerLimits tcp_limits{.idle_timeout = std::chrono::minutes(5)};
+  // tcp receiver: replies queued on one connection before it stops reading from a peer
+  // that does not read them; and how long a request whose payload stopped coming, or a
+  // queued reply the peer does not take, may go without progress before the connection is
+  // closed, releasing the region it pinned (also for requests without a deadline).
+  uint32_t tcp_max_queued_replies = 1024;
+  std::chrono::milliseconds tcp_stall_timeout{10'000};
   // ucx transport: use UCX paths that emulate put/get in the target's software (UCX's tcp
   // and shared-memory transports) — also when KVFERRY_UCX_ALLOW_EMULATED=1 is set. Such
   // paths neither bounds-check a put against the target's registration nor authenticate

@@ -26,16 +26,40 @@
 
 #include "core/fd.h"
 #include "core/net.h"
+#include "kvferry/listener_limits.h"
 #include "kvferry/status.h"
 
 namespace kvferry {
+
+struct ConnectionCounts;
+
+// One accepted connection's place against its listener's limits; destroying (or
+// release()-ing) it frees the place. Empty (default-constructed) slots count nothing.
+class ConnectionSlot {
+ public:
+  ConnectionSlot() = default;
+  ConnectionSlot(std::shared_ptr<ConnectionCounts> counts, std::string source);
+  ConnectionSlot(ConnectionSlot&& other) noexcept = default;
+  ConnectionSlot& operator=(ConnectionSlot&& other) noexcept;
+  ConnectionSlot(const ConnectionSlot&) = delete;
+  ConnectionSlot& operator=(const ConnectionSlot&) = delete;
+  ~ConnectionSlot() { release(); }
+
+  void release();
+  // The client's address (IP literal), "" when unknown.
+  const std::string& source() const { return source_; }
+
+ private:
+  std::shared_ptr<ConnectionCounts> counts_;
+  std::string source_;
+};
 
 // How long the accept thread pauses after accept failed for lack of resources.
 inline constexpr std::chrono::milliseconds kAcceptBackoff{50};
 
 class Acceptor {
  public:
-  using OnConnection = std::function<void(Fd connection)>;
+  using OnConnection = std::function<void(Fd connection, ConnectionSlot slot)>;
   // The accept call: a new descriptor, or -1 with errno set. Tests inject failures here.
   using AcceptCall = std::function<int(int listen_fd, int flags)>;
 
@@ -44,11 +68,15 @@ class Acceptor {
     int flags = 0;                  // accept4 flags besides SOCK_CLOEXEC (SOCK_NONBLOCK)
     std::chrono::milliseconds backoff = kAcceptBackoff;
     AcceptCall accept_call;  // empty = ::accept4
+    // Only max_connections and max_connections_per_source are the acceptor's business.
+    ListenerLimits limits;
 
-    static Options named(std::string name, int flags = 0) {
+    static Options named(std::string name, int flags = 0,
+                         const ListenerLimits& limits = ListenerLimits{}) {
       Options options;
       options.name = std::move(name);
       options.flags = flags;
+      options.limits = limits;
       return options;
     }
   };
@@ -67,12 +95,19 @@ class Acceptor {
   const Endpoint& endpoint() const { return bound_; }
   // How many times the thread has backed off so far.
   uint64_t backoffs() const { return backoffs_.load(); }
+  // How many connections were closed at once for being over a limit.
+  uint64_t refused() const { return refused_.load(); }
+  // Connections holding a slot now.
+  uint32_t open_connections() const;
 
  private:
   Acceptor(Fd listener, Fd wake, Endpoint bound, Options options);
   void accept_loop();
   // Sleeps for the back-off; false when stop() was called meanwhile.
   bool back_off(int error);
+  // A slot for a connection from `source`, or an empty optional-like slot and false when
+  // over a limit.
+  bool take_slot(const std::string& source, ConnectionSlot& slot);
 
   Fd listener_;
   Fd wake_;  // eventfd: readable once stop() was called
@@ -80,7 +115,10 @@ class Acceptor {
   Options options_;
   OnConnection on_connection_;
   std::atomic<uint64_t> backoffs_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::shared_ptr<ConnectionCounts> counts_;
   bool backing_off_ = false;  // accept thread only: logged the current episode
+  bool refusing_ = false;     // accept thread only: logged the current refusal episode
   std::thread thread_;
 };
 

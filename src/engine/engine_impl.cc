@@ -84,7 +84,7 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   KVF_ASSIGN_OR_RETURN(engine->handshake_,
                        HandshakeServer::start(
                            listen, [raw] { return *raw->descriptor_json_.load(); },
-                           engine->options_.handshake_timeout, 2, engine->secret_));
+                           engine->options_.handshake_limits, engine->secret_));
   engine->endpoint_ = engine->handshake_->endpoint().to_string();
   if (served.contains(TransportKind::kShm)) {
     KVF_ASSIGN_OR_RETURN(
@@ -101,6 +101,9 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   env.tcp_io_threads = engine->options_.tcp_io_threads;
   env.connect_timeout = engine->options_.handshake_timeout;
   env.secret = engine->secret_;
+  env.tcp_limits = engine->options_.tcp_limits;
+  env.tcp_max_queued_replies = engine->options_.tcp_max_queued_replies;
+  env.tcp_stall_timeout = engine->options_.tcp_stall_timeout;
   env.ucx_allow_emulated = engine->options_.ucx_allow_emulated;
   if (const char* allow = std::getenv("KVFERRY_UCX_ALLOW_EMULATED");
       allow != nullptr && std::string_view(allow) == "1") {

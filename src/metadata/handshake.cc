@@ -30,6 +30,11 @@ std::vector<std::byte> make_frame(HandshakeFrame type, std::string_view payload)
   return frame;
 }
 
+std::string frame_string(HandshakeFrame type, std::string_view payload) {
+  std::vector<std::byte> frame = make_frame(type, payload);
+  return {reinterpret_cast<const char*>(frame.data()), frame.size()};
+}
+
 }  // namespace
 
 void encode_handshake_header(const HandshakeHeader& h, std::byte* out) {
@@ -45,79 +50,78 @@ Result<HandshakeHeader> decode_handshake_header(const std::byte* in, size_t max_
 }
 
 Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(
-    const Endpoint& listen, DescriptorSource source, std::chrono::milliseconds io_timeout,
-    int threads, std::optional<std::string> secret) {
-  KVF_ASSIGN_OR_RETURN(std::unique_ptr<Acceptor> acceptor,
-                       Acceptor::bind(listen, Acceptor::Options::named("handshake")));
-  auto server = std::unique_ptr<HandshakeServer>(new HandshakeServer(
-      std::move(acceptor), std::move(source), io_timeout, threads, std::move(secret)));
-  // Each connection is served on the pool, so one slow client never blocks others; every
-  // read and write is bounded by io_timeout_.
-  server->acceptor_->start([s = server.get()](Fd conn) {
-    auto holder = std::make_shared<Fd>(std::move(conn));
-    s->pool_.post([s, holder] { s->serve(std::move(*holder)); });
-  });
+    const Endpoint& listen, DescriptorSource source, const ListenerLimits& limits,
+    std::optional<std::string> secret) {
+  auto server = std::unique_ptr<HandshakeServer>(
+      new HandshakeServer(std::move(source), std::move(secret)));
+  RequestServerOptions options;
+  options.name = "handshake";
+  options.limits = limits;
+  const bool authenticated = server->secret_.has_value();
+  options.max_request_bytes =
+      kHandshakeHeaderBytes + kMaxRequestPayload +
+      (authenticated ? kHandshakeHeaderBytes + sizeof(AuthProof) : 0);
+  if (authenticated) {
+    // The challenge goes out on accept, so that the one request (GetDescriptor, Proof) can
+    // answer it; a nonce that cannot be drawn greets with nothing, and no proof matches.
+    options.greeting = [] {
+      Result<AuthNonce> nonce = make_auth_nonce();
+      if (!nonce.ok()) {
+        log().error("handshake: no challenge: {}", nonce.status().message());
+        return std::string();
+      }
+      return frame_string(HandshakeFrame::kChallenge,
+                          {reinterpret_cast<const char*>(nonce->data()), nonce->size()});
+    };
+  }
+  auto frame = [authenticated](std::span<const std::byte> received) {
+    if (received.size() < kHandshakeHeaderBytes) return RequestFraming::need_more();
+    auto header = decode_handshake_header(received.data(), kMaxRequestPayload);
+    if (!header.ok()) {
+      log().warn("handshake: rejected a request: {}", header.status().message());
+      return RequestFraming::refuse(
+          frame_string(HandshakeFrame::kError, header.status().message()));
+    }
+    if (header->type != HandshakeFrame::kGetDescriptor) {
+      return RequestFraming::refuse(
+          frame_string(HandshakeFrame::kError, "expected a GetDescriptor request"));
+    }
+    size_t whole = kHandshakeHeaderBytes + header->length;  // the payload is ignored
+    if (authenticated) whole += kHandshakeHeaderBytes + sizeof(AuthProof);
+    return received.size() < whole ? RequestFraming::need_more() : RequestFraming::complete(whole);
+  };
+  auto handle = [s = server.get()](std::span<const std::byte> request, const RequestPeer& peer) {
+    return s->reply(request, peer.greeting);
+  };
+  KVF_ASSIGN_OR_RETURN(server->server_,
+                       RequestServer::start(listen, std::move(options), frame, handle));
   return server;
 }
 
-HandshakeServer::HandshakeServer(std::unique_ptr<Acceptor> acceptor, DescriptorSource source,
-                                 std::chrono::milliseconds io_timeout, int threads,
-                                 std::optional<std::string> secret)
-    : acceptor_(std::move(acceptor)),
-      source_(std::move(source)),
-      io_timeout_(io_timeout),
-      secret_(std::move(secret)),
-      pool_(threads) {}
-
-HandshakeServer::~HandshakeServer() {
-  acceptor_->stop();  // before the pool goes: the acceptor posts to it
-}
-
-void HandshakeServer::serve(Fd connection) {
-  auto deadline = Clock::now() + io_timeout_;
-  std::byte header_bytes[kHandshakeHeaderBytes];
-  if (!recv_all(connection.get(), header_bytes, deadline).ok()) return;
-  auto header = decode_handshake_header(header_bytes, kMaxRequestPayload);
-  std::vector<std::byte> reply;
-  if (!header.ok()) {
-    log().warn("handshake: rejected a request: {}", header.status().message());
-    reply = make_frame(HandshakeFrame::kError, header.status().message());
-  } else if (header->type != HandshakeFrame::kGetDescriptor) {
-    reply = make_frame(HandshakeFrame::kError, "expected a GetDescriptor request");
-  } else {
-    std::vector<std::byte> ignored(header->length);
-    if (!recv_all(connection.get(), ignored, deadline).ok()) return;
-    if (Status auth = authenticate(connection.get(), deadline); !auth.ok()) {
-      if (auth.code() != StatusCode::kUnauthenticated) return;  // the connection broke
-      log().warn("handshake: refused the descriptor: {}", auth.message());
-      reply = make_frame(HandshakeFrame::kError, auth.message());
-    } else {
-      reply = make_frame(HandshakeFrame::kDescriptor, source_());
-    }
-  }
-  send_all(connection.get(), reply, deadline).ignore();
-}
-
-Status HandshakeServer::authenticate(int connection, Clock::time_point deadline) {
-  if (!secret_) return Status::Ok();
-  KVF_ASSIGN_OR_RETURN(AuthNonce nonce, make_auth_nonce());
-  auto challenge =
-      make_frame(HandshakeFrame::kChallenge,
-                 std::string_view(reinterpret_cast<const char*>(nonce.data()), nonce.size()));
-  KVF_RETURN_IF_ERROR(send_all(connection, challenge, deadline));
-  std::byte header_bytes[kHandshakeHeaderBytes];
-  KVF_RETURN_IF_ERROR(recv_all(connection, header_bytes, deadline));
-  auto header = decode_handshake_header(header_bytes, sizeof(AuthProof));
-  if (!header.ok()) return Unauthenticated("no proof of the secret: " + header.status().message());
+std::string HandshakeServer::reply(std::span<const std::byte> request,
+                                   const std::string& greeting) const {
+  if (!secret_) return frame_string(HandshakeFrame::kDescriptor, source_());
+  // The request is GetDescriptor (framed above), then the Proof.
+  auto get = decode_handshake_header(request.data(), kMaxRequestPayload);
+  const auto proof_frame = request.subspan(kHandshakeHeaderBytes + get->length);
+  auto refuse = [](const std::string& why) {
+    log().warn("handshake: refused the descriptor: {}", why);
+    return frame_string(HandshakeFrame::kError, why);
+  };
+  auto header = decode_handshake_header(proof_frame.data(), sizeof(AuthProof));
+  if (!header.ok()) return refuse("no proof of the secret: " + header.status().message());
   if (header->type != HandshakeFrame::kProof || header->length != sizeof(AuthProof)) {
-    return Unauthenticated("expected a Proof of the secret");
+    return refuse("expected a Proof of the secret");
   }
-  AuthProof proof{};
-  KVF_RETURN_IF_ERROR(recv_all(connection, proof, deadline));
-  if (!auth_proof_matches(auth_proof(*secret_, nonce), proof)) {
-    return Unauthenticated("wrong secret");
+  const auto challenge = std::as_bytes(std::span(greeting));
+  if (challenge.size() != kHandshakeHeaderBytes + sizeof(AuthNonce)) {
+    return refuse("no challenge was sent on this connection");
   }
-  return Status::Ok();
+  const AuthProof expected = auth_proof(*secret_, challenge.subspan(kHandshakeHeaderBytes));
+  if (!auth_proof_matches(expected, proof_frame.subspan(kHandshakeHeaderBytes))) {
+    return refuse("wrong secret");
+  }
+  return frame_string(HandshakeFrame::kDescriptor, source_());
 }
 
 Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point deadline,

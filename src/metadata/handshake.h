@@ -6,13 +6,18 @@
 // has no payload; the reply is a kDescriptor frame carrying JSON, or kError with a message. Both
 // sides bound the payload size and every read and write by a deadline.
 //
-// Authentication (a server started with a secret): the server answers GetDescriptor with
-// kChallenge (a 32-byte nonce, core/auth.h); the client answers kProof
-// (HMAC-SHA256(secret, nonce)); only then does the server send the descriptor. A wrong or
-// missing proof gets kError and nothing else; fetch_descriptor returns Unauthenticated.
+// Authentication (a server started with a secret): the server greets every connection with
+// kChallenge (a 32-byte nonce, core/auth.h); the client, having sent GetDescriptor, answers
+// kProof (HMAC-SHA256(secret, nonce)); only then does the server send the descriptor. A
+// wrong or missing proof gets kError and nothing else; fetch_descriptor returns
+// Unauthenticated.
+//
+// The server is a RequestServer (core/request_server.h): one epoll thread serves every
+// connection at once, each bounded by ListenerLimits::hello_timeout and counted against the
+// limits per listener and per source, so slow or idle clients cannot keep others waiting.
 //
 // Thread-safety: HandshakeServer's methods are thread-safe; it serves connections
-// concurrently on its own threads. fetch_descriptor is a free function.
+// concurrently on its own thread. fetch_descriptor is a free function.
 #pragma once
 
 #include <chrono>
@@ -20,12 +25,12 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 
-#include "core/acceptor.h"
-#include "core/fd.h"
 #include "core/net.h"
-#include "core/thread_pool.h"
+#include "core/request_server.h"
+#include "kvferry/listener_limits.h"
 #include "kvferry/status.h"
 
 namespace kvferry {
@@ -57,30 +62,28 @@ class HandshakeServer {
   // Returns the descriptor JSON to serve now.
   using DescriptorSource = std::function<std::string()>;
 
+  // `limits.hello_timeout` bounds each connection from accept to the last reply byte.
   static Result<std::unique_ptr<HandshakeServer>> start(const Endpoint& listen,
                                                         DescriptorSource source,
-                                                        std::chrono::milliseconds io_timeout,
-                                                        int threads = 2,
+                                                        const ListenerLimits& limits,
                                                         std::optional<std::string> secret = {});
-  ~HandshakeServer();
+  ~HandshakeServer() = default;
   HandshakeServer(const HandshakeServer&) = delete;
   HandshakeServer& operator=(const HandshakeServer&) = delete;
 
-  const Endpoint& endpoint() const { return acceptor_->endpoint(); }
+  const Endpoint& endpoint() const { return server_->endpoint(); }
+  uint32_t open_connections() const { return server_->open_connections(); }
 
  private:
-  HandshakeServer(std::unique_ptr<Acceptor> acceptor, DescriptorSource source,
-                  std::chrono::milliseconds io_timeout, int threads,
-                  std::optional<std::string> secret);
-  void serve(Fd connection);
-  // With a secret: challenges the client; OK once it proved the secret.
-  Status authenticate(int connection, Clock::time_point deadline);
+  HandshakeServer(DescriptorSource source, std::optional<std::string> secret)
+      : source_(std::move(source)), secret_(std::move(secret)) {}
+  // The reply to a whole request (GetDescriptor, then with a secret the Proof answering
+  // `greeting`, the Challenge frame this connection was sent).
+  std::string reply(std::span<const std::byte> request, const std::string& greeting) const;
 
-  std::unique_ptr<Acceptor> acceptor_;
   DescriptorSource source_;
-  std::chrono::milliseconds io_timeout_;
-  std::optional<std::string> secret_;  // authentication on when set
-  ThreadPool pool_;
+  std::optional<std::string> secret_;     // authentication on when set
+  std::unique_ptr<RequestServer> server_;  // last: stopped before source_ goes
 };
 
 // Asks the engine at `endpoint` for its descriptor JSON, proving `secret` when the engine

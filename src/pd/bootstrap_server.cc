@@ -1,8 +1,15 @@
-// The bootstrap HTTP server (cpp-httplib: a well-kept library for a small JSON-over-HTTP
-// API, so nothing here parses HTTP by hand).
+// The bootstrap HTTP server. cpp-httplib (a well-kept library) parses requests, routes them
+// and writes the answers; the connections are kvferry's own RequestServer (one epoll thread,
+// core/request_server.h), because httplib's server gives each connection a pool thread that
+// blocks on it: a few slow or idle clients took every thread and /health stopped answering.
+// The loop only finds where a request ends (the blank line after the head, then
+// Content-Length bytes) before handing the whole request to httplib in memory.
 #include <httplib.h>
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -11,6 +18,7 @@
 #include "core/auth.h"
 #include "core/logging.h"
 #include "core/net.h"
+#include "core/request_server.h"
 #include "kvferry/pd/bootstrap.h"
 #include "pd/bootstrap_auth.h"
 #include "pd/bootstrap_json.h"
@@ -30,7 +38,12 @@ constexpr int kHttpNotFound = 404;
 constexpr int kHttpUnavailable = 503;
 // A registration is a few hundred bytes; anything far larger is refused (413) unread.
 constexpr size_t kMaxRequestBodyBytes = size_t{64} << 10;
-constexpr auto kListenerStartTimeout = std::chrono::milliseconds(5000);
+// The request line and headers; httplib's own limit per line is 8 KiB.
+constexpr size_t kMaxRequestHeadBytes = size_t{16} << 10;
+constexpr int kHttpPayloadTooLarge = 413;
+constexpr int kHttpHeaderTooLarge = 431;
+constexpr int kHttpLengthRequired = 411;
+constexpr std::string_view kHeadEnd = "\r\n\r\n";
 
 using RankKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // dp, pp, cp, tp
 
@@ -61,6 +74,115 @@ bool query_uint(const httplib::Request& req, httplib::Response& res, const char*
   return true;
 }
 
+// A whole answer for a request refused before httplib sees it (logged, like every error).
+std::string refusal(int code, const char* reason, const std::string& message) {
+  log().warn("bootstrap: HTTP {}: {}", code, message);
+  const std::string body = nlohmann::json{{"error", message}}.dump();
+  return "HTTP/1.1 " + std::to_string(code) + " " + reason +
+         "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) ==
+                  std::tolower(static_cast<unsigned char>(y));
+         });
+}
+
+// Where the request in `received` ends. Only framing: httplib parses it afterwards.
+RequestFraming frame_http_request(std::span<const std::byte> bytes) {
+  const std::string_view received(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const size_t head_end = received.find(kHeadEnd);
+  if (head_end == std::string_view::npos) {
+    if (received.size() <= kMaxRequestHeadBytes) return RequestFraming::need_more();
+    return RequestFraming::refuse(
+        refusal(kHttpHeaderTooLarge, "Request Header Fields Too Large",
+                "request head longer than " + std::to_string(kMaxRequestHeadBytes) + " bytes"));
+  }
+  const std::string_view head = received.substr(0, head_end);
+  uint64_t body_bytes = 0;
+  for (size_t line_start = head.find("\r\n"); line_start != std::string_view::npos;) {
+    line_start += 2;
+    const size_t line_end = head.find("\r\n", line_start);
+    const std::string_view line = head.substr(line_start, line_end - line_start);
+    line_start = line_end;
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;  // httplib refuses it with 400
+    const std::string_view name = line.substr(0, colon);
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
+      value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    if (iequals(name, "Transfer-Encoding")) {
+      return RequestFraming::refuse(refusal(
+          kHttpLengthRequired, "Length Required",
+          "Transfer-Encoding '" + std::string(value) + "' is not served; send Content-Length"));
+    }
+    if (!iequals(name, "Content-Length")) continue;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), body_bytes);
+    if (ec != std::errc() || end != value.data() + value.size() || value.empty()) {
+      return RequestFraming::refuse(
+          refusal(kHttpBadRequest, "Bad Request",
+                  "Content-Length '" + std::string(value) + "' is not a number"));
+    }
+  }
+  if (body_bytes > kMaxRequestBodyBytes) {
+    return RequestFraming::refuse(refusal(kHttpPayloadTooLarge, "Payload Too Large",
+                                          "request body of " + std::to_string(body_bytes) +
+                                              " bytes (limit " +
+                                              std::to_string(kMaxRequestBodyBytes) + ")"));
+  }
+  const size_t whole = head_end + kHeadEnd.size() + body_bytes;
+  return received.size() < whole ? RequestFraming::need_more() : RequestFraming::complete(whole);
+}
+
+// One received request for httplib to read, and the answer it writes.
+class MemoryStream final : public httplib::Stream {
+ public:
+  MemoryStream(std::string_view request, std::string source)
+      : request_(request), source_(std::move(source)) {}
+  bool is_readable() const override { return true; }
+  bool is_writable() const override { return true; }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, request_.size() - read_);
+    std::memcpy(ptr, request_.data() + read_, n);
+    read_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    answer_.append(ptr, size);
+    return static_cast<ssize_t>(size);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = source_;
+    port = 0;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip.clear();
+    port = 0;
+  }
+  socket_t socket() const override { return INVALID_SOCKET; }
+  std::string take_answer() { return std::move(answer_); }
+
+ private:
+  std::string_view request_;
+  size_t read_ = 0;
+  std::string source_;
+  std::string answer_;
+};
+
+// httplib's routing and answers, fed one whole request at a time.
+class HttpRouter : public httplib::Server {
+ public:
+  std::string serve(std::span<const std::byte> request, const std::string& source) {
+    MemoryStream stream({reinterpret_cast<const char*>(request.data()), request.size()}, source);
+    bool connection_closed = false;
+    process_request(stream, /*close_connection=*/true, connection_closed, nullptr);
+    return stream.take_answer();
+  }
+};
+
 }  // namespace
 
 class BootstrapServer::Impl {
@@ -74,31 +196,27 @@ class BootstrapServer::Impl {
     if (secret) auth_.emplace(std::move(*secret));
     install_routes();
     server_.set_payload_max_length(kMaxRequestBodyBytes);
-    int port = endpoint.port;
-    if (port == 0) {
-      port = server_.bind_to_any_port(endpoint.host);
-    } else if (!server_.bind_to_port(endpoint.host, port)) {
-      port = -1;
+    RequestServerOptions listener;
+    listener.name = "bootstrap";
+    listener.limits = options_.limits;
+    listener.max_request_bytes = kMaxRequestHeadBytes + kHeadEnd.size() + kMaxRequestBodyBytes;
+    auto listening =
+        RequestServer::start(endpoint, std::move(listener), frame_http_request,
+                             [this](std::span<const std::byte> request, const RequestPeer& peer) {
+                               return server_.serve(request, peer.source);
+                             });
+    if (!listening.ok()) {
+      return Internal("bootstrap: cannot bind " + options_.listen_address + ": " +
+                      listening.status().message());
     }
-    if (port <= 0) return Internal("bootstrap: cannot bind " + options_.listen_address);
-    address_ = endpoint.host + ":" + std::to_string(port);
-    thread_ = std::thread([this] { server_.listen_after_bind(); });
-    // httplib's stop() does nothing until the listener loop runs: a stop() that came sooner
-    // would leave the thread serving and the join in stop() waiting forever.
-    const auto deadline = Clock::now() + kListenerStartTimeout;
-    while (!server_.is_running()) {
-      if (Clock::now() > deadline) {
-        return Internal("bootstrap: listener on " + address_ + " did not start within " +
-                        std::to_string(kListenerStartTimeout.count()) + " ms");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    listener_ = std::move(*listening);
+    address_ = listener_->endpoint().to_string();
     return Status::Ok();
   }
 
   void stop() {
-    server_.stop();
-    if (thread_.joinable()) thread_.join();
+    std::lock_guard lock(stop_mu_);
+    listener_.reset();
   }
 
   const std::string& address() const { return address_; }
@@ -261,8 +379,9 @@ class BootstrapServer::Impl {
 
   BootstrapServerOptions options_;
   std::optional<BootstrapAuthChecker> auth_;  // set when the server has a secret
-  httplib::Server server_;
-  std::thread thread_;
+  HttpRouter server_;
+  std::mutex stop_mu_;
+  std::unique_ptr<RequestServer> listener_;  // guarded by stop_mu_ (after start)
   std::string address_;
   std::mutex mu_;
   std::map<RankKey, Registered> ranks_;

@@ -2,6 +2,8 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <span>
 #include <vector>
 
 #include "core/logging.h"
@@ -10,6 +12,8 @@ namespace kvferry::pd {
 namespace {
 // The reader waits this long for the next frame; liveness is the heartbeat's job.
 constexpr auto kReadForever = std::chrono::hours(24 * 365);
+// A frame's payload is received in steps of at most this many bytes.
+constexpr size_t kPayloadStepBytes = size_t{64} << 10;
 }  // namespace
 
 std::shared_ptr<ControlChannel> ControlChannel::open(Fd fd, std::string peer_name,
@@ -107,8 +111,16 @@ Status ControlChannel::read_one(ControlMessage& out) {
   std::byte header_bytes[kFrameHeaderBytes];
   KVF_RETURN_IF_ERROR(recv_all(fd_.get(), header_bytes, Clock::now() + kReadForever));
   KVF_ASSIGN_OR_RETURN(FrameHeader header, decode_frame_header(header_bytes));
-  std::vector<std::byte> payload(header.payload_bytes);
-  KVF_RETURN_IF_ERROR(recv_all(fd_.get(), payload, Clock::now() + kReadForever));
+  // The buffer grows with the bytes that arrived, never to a length nobody has sent yet: a
+  // header claiming 16 MiB costs nothing until the bytes come.
+  std::vector<std::byte> payload;
+  while (payload.size() < header.payload_bytes) {
+    const size_t have = payload.size();
+    const size_t step = std::min<size_t>(header.payload_bytes - have, kPayloadStepBytes);
+    payload.resize(have + step);
+    KVF_RETURN_IF_ERROR(
+        recv_all(fd_.get(), std::span(payload).subspan(have, step), Clock::now() + kReadForever));
+  }
   KVF_ASSIGN_OR_RETURN(out, decode_control_payload(header.type, payload));
   return Status::Ok();
 }

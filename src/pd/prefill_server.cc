@@ -26,13 +26,16 @@ Status PrefillServerImpl::start() {
                            std::to_string(options_.worker_shards) + " (need > 0)");
   }
   KVF_ASSIGN_OR_RETURN(Endpoint listen, parse_endpoint(options_.control_listen, true));
-  KVF_ASSIGN_OR_RETURN(acceptor_, Acceptor::bind(listen, Acceptor::Options::named("pd control")));
+  KVF_ASSIGN_OR_RETURN(
+      acceptor_,
+      Acceptor::bind(listen, Acceptor::Options::named("pd control", 0, options_.control_limits)));
   control_endpoint_ = acceptor_->endpoint().to_string();
   for (int i = 0; i < options_.worker_shards; ++i) {
     shards_.push_back(std::make_unique<ThreadPool>(1));
   }
   if (!options_.bootstrap_address.empty()) KVF_RETURN_IF_ERROR(register_with_bootstrap());
-  acceptor_->start([this](Fd fd) { on_accepted(std::move(fd)); });
+  acceptor_->start(
+      [this](Fd fd, ConnectionSlot slot) { on_accepted(std::move(fd), std::move(slot)); });
   monitor_thread_ = std::thread([this] { monitor_loop(); });
   return Status::Ok();
 }
@@ -91,12 +94,13 @@ PrefillStats PrefillServerImpl::stats() const {
   return s;
 }
 
-void PrefillServerImpl::on_accepted(Fd fd) {
+void PrefillServerImpl::on_accepted(Fd fd, ConnectionSlot slot) {
   std::shared_ptr<DecodePeer> peer;
   {
     std::lock_guard lock(mu_);
     peer = std::make_shared<DecodePeer>(next_peer_id_++);
   }
+  peer->slot = std::move(slot);
   // Callbacks hold the peer weakly: the channel must not keep its own owner alive.
   std::weak_ptr<DecodePeer> weak = peer;
   peer->channel = ControlChannel::open(
@@ -300,14 +304,25 @@ void PrefillServerImpl::monitor_loop() {
     std::this_thread::sleep_for(t.tick());
     const auto now = Clock::now();
     std::vector<std::shared_ptr<SenderState>> stale;
+    std::vector<std::shared_ptr<DecodePeer>> unregistered;
     {
       std::lock_guard lock(mu_);
+      for (auto& [id, peer] : peers_) {
+        if (!peer->registered && now - peer->accepted > options_.control_limits.hello_timeout) {
+          unregistered.push_back(peer);
+        }
+      }
       for (auto& [room, s] : rooms_) {
         if (s->cell.state() == RequestState::kBootstrapping &&
             now - s->created > t.bootstrap_timeout) {
           stale.push_back(s);
         }
       }
+    }
+    for (auto& peer : unregistered) {  // closed outside mu_: on_close takes it
+      log().warn("prefill tp {}: closing {}: no RegisterLayout within {} ms", options_.tp.rank,
+                 peer->name(), options_.control_limits.hello_timeout.count());
+      peer->channel->close();
     }
     for (auto& s : stale) {
       fail(s, Timeout("room " + std::to_string(s->room) + " still Bootstrapping after " +

@@ -40,7 +40,9 @@ struct DecodePeer {
 
   const uint64_t id;
   std::shared_ptr<ControlChannel> channel;  // set before the reader starts; never reassigned
-  bool registered = false;                  // reader thread only
+  ConnectionSlot slot;                      // the connection's place against control_limits
+  const Clock::time_point accepted = Clock::now();
+  std::atomic<bool> registered{false};  // written by the reader thread only
   // The connection's authentication challenge (pd/control_auth.h), and whether it was
   // answered: with a secret, nothing else is accepted before. Reader thread only.
   AuthChallengeMessage challenge;
@@ -114,7 +116,7 @@ class PrefillServerImpl {
   void finish_if_drained(const std::shared_ptr<SenderState>& s);
 
  private:
-  void on_accepted(Fd fd);
+  void on_accepted(Fd fd, ConnectionSlot slot);
   void monitor_loop();
   void on_message(const std::shared_ptr<DecodePeer>& peer, ControlMessage&& message);
   // With a secret: true once `peer` proved it (an AuthProof is consumed: false). Anything

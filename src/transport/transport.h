@@ -26,6 +26,7 @@
 
 #include "core/thread_pool.h"
 #include "kvferry/defaults.h"
+#include "kvferry/listener_limits.h"
 #include "kvferry/status.h"
 #include "kvferry/transfer_types.h"
 #include "kvferry/transport_kind.h"
@@ -72,6 +73,9 @@ struct TransportEnv {
   int tcp_io_threads = 2;
   std::chrono::milliseconds connect_timeout = kDefaultHandshakeTimeout;
   std::optional<std::string> secret;
+  ListenerLimits tcp_limits;                            // EngineOptions::tcp_limits
+  uint32_t tcp_max_queued_replies = 1024;               // EngineOptions::tcp_max_queued_replies
+  std::chrono::milliseconds tcp_stall_timeout{10'000};  // EngineOptions::tcp_stall_timeout
   bool ucx_allow_emulated = false;  // EngineOptions::ucx_allow_emulated or its env variable
   uint64_t incarnation = 0;
   uint64_t inline_batch_bytes = 0;

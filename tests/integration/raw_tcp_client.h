@@ -74,6 +74,7 @@ class RawTcpClient {
   void send(const TcpHeader& header, std::span<const std::byte> payload = {}) {
     send(encode_frame(header, payload));
   }
+  int fd() const { return fd_.get(); }
   // No more bytes from this side (the receiver reads end of stream).
   void half_close() { ::shutdown(fd_.get(), SHUT_WR); }
 

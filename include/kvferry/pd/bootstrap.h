@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "kvferry/defaults.h"
+#include "kvferry/listener_limits.h"
 #include "kvferry/status.h"
 
 namespace kvferry::pd {
@@ -70,6 +71,9 @@ struct BootstrapServerOptions {
   // Shared secret (none: KVFERRY_SECRET when set): every request must be signed with it
   // (401 otherwise; docs/PROTOCOL.md). The prefill and decode engines' secret.
   std::optional<std::string> secret;
+  // Connections in total and per source; hello_timeout bounds one connection from accept to
+  // its answer (one request per connection). kvferry/listener_limits.h.
+  ListenerLimits limits{.max_connections = 256, .max_connections_per_source = 64};
 };
 
 class BootstrapServer {

@@ -30,6 +30,7 @@
 #include <string>
 
 #include "kvferry/kv/kv_layout.h"
+#include "kvferry/listener_limits.h"
 #include "kvferry/metrics.h"
 #include "kvferry/pd/control_message.h"
 #include "kvferry/pd/pd_options.h"
@@ -54,6 +55,10 @@ struct PrefillServerOptions {
   // Worker queues; each destination decode rank always uses the same one.
   int worker_shards = 2;
   PdTimeouts timeouts;
+  // The control listener's limits (kvferry/listener_limits.h): connections in total and per
+  // source, and hello_timeout, the time a connection has to send its RegisterLayout. A
+  // registered connection that goes silent is closed by the heartbeat timeout instead.
+  ListenerLimits control_limits{.max_connections = 256, .max_connections_per_source = 32};
   SendOptions send;
   // Count requests, transfer latency and bootstrap health (metrics()); off: nothing.
   bool metrics = false;

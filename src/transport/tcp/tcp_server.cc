@@ -36,6 +36,8 @@ constexpr uint64_t kDirectReceiveBytes = uint64_t{16} << 10;
 // is never kept waiting for company).
 constexpr size_t kMaxOutPieces = 256;
 constexpr size_t kAckFlushPieces = 32;
+// How often an I/O thread looks for connections past a deadline, an idle or a stall limit.
+constexpr int64_t kLimitCheckNs = 20'000'000;
 
 int64_t monotonic_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
@@ -90,6 +92,11 @@ enum class InState { kHeader, kPayload, kDrain, kAuth };
 
 struct Conn {
   Fd fd;
+  ConnectionSlot slot;  // its place against the listener's limits
+  int64_t accepted_ns = 0;
+  int64_t last_in_ns = 0;       // when input last arrived (accepted_ns before any)
+  int64_t out_since_ns = 0;     // when queued output last made progress (or began to queue)
+  bool reading_paused = false;  // max_queued_replies reached: EPOLLIN off until it drains
   InState in = InState::kHeader;
   std::array<std::byte, kTcpHeaderBytes> header{};
   size_t header_have = 0;
@@ -136,10 +143,10 @@ struct TcpServer::IoThread {
     thread_.join();
   }
 
-  void adopt(Fd fd) {
+  void adopt(Fd fd, ConnectionSlot slot) {
     {
       std::lock_guard lock(mu_);
-      incoming_.push_back(std::move(fd));
+      incoming_.push_back({std::move(fd), std::move(slot)});
     }
     signal();
   }
@@ -158,7 +165,10 @@ struct TcpServer::IoThread {
       int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), 100);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return;
-      release_expired_targets();
+      if (const int64_t now = monotonic_ns(); now >= next_limit_check_ns_) {
+        next_limit_check_ns_ = now + kLimitCheckNs;
+        enforce_limits(now);
+      }
       for (int i = 0; i < n; ++i) {
         int fd = events[i].data.fd;
         if (fd == wake_.get()) {
@@ -173,34 +183,68 @@ struct TcpServer::IoThread {
         bool alive = true;
         if ((events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0) alive = on_readable(c);
         if (alive && (events[i].events & EPOLLOUT) != 0) alive = flush(c);
+        if (alive && c.reading_paused && c.out.size() < options_.max_queued_replies) {
+          c.reading_paused = false;  // the peer took replies: act on what is buffered
+          alive = on_readable(c);
+        }
         if (alive) alive = update_interest(c);
         if (!alive) drop(fd);
       }
     }
   }
 
-  void release_expired_targets() {
-    const int64_t now = monotonic_ns();
-    std::vector<int> done_draining;
+  // Releases pins past their deadline, and closes connections that are past the hello
+  // timeout, idle, or stalled (see tcp_server.h).
+  void enforce_limits(int64_t now) {
+    const int64_t hello_ns = nanoseconds(options_.limits.hello_timeout);
+    const int64_t idle_ns = nanoseconds(options_.limits.idle_timeout);
+    const int64_t stall_ns = nanoseconds(options_.stall_timeout);
+    std::vector<std::pair<int, const char*>> closing;
     for (auto& [fd, conn] : conns_) {
       Conn& c = *conn;
-      if (c.drain_until_ns != 0 && now > c.drain_until_ns) done_draining.push_back(fd);
+      if (c.drain_until_ns != 0) {
+        if (now > c.drain_until_ns) closing.emplace_back(fd, nullptr);
+        continue;
+      }
       if (c.in == InState::kPayload && c.current.deadline_ns != 0 && now > c.current.deadline_ns) {
         c.target.release();
         c.verdict = Timeout("write request passed its deadline on the receiver");
         c.in = InState::kDrain;
       }
+      const bool established = c.hello_done && (!options_.secret || c.authenticated);
+      const bool mid_frame = c.in != InState::kHeader || c.header_have != 0 || c.in_pos < c.in_end;
+      if (!established && now - c.accepted_ns > hello_ns) {
+        closing.emplace_back(fd, "hello not finished in time");
+      } else if (mid_frame && !c.reading_paused && now - c.last_in_ns > stall_ns) {
+        closing.emplace_back(fd, "request payload stalled");
+      } else if (!c.out.empty() && now - c.out_since_ns > stall_ns) {
+        closing.emplace_back(fd, "replies not read");
+      } else if (idle_ns != 0 && !mid_frame && c.out.empty() && now - c.last_in_ns > idle_ns) {
+        closing.emplace_back(fd, nullptr);  // idle: its initiator reopens a lane on next use
+      }
     }
-    for (int fd : done_draining) drop(fd);
+    // One line per reason and pass: a flood must not flood the log too.
+    std::unordered_map<const char*, size_t> counts;
+    for (auto [fd, why] : closing) {
+      if (why != nullptr) ++counts[why];
+      drop(fd);
+    }
+    for (auto [why, count] : counts) log().warn("tcp: closed {} connection(s): {}", count, why);
+  }
+
+  static int64_t nanoseconds(std::chrono::milliseconds d) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
   }
 
   void take_incoming() {
-    std::vector<Fd> fresh;
+    std::vector<Incoming> fresh;
     {
       std::lock_guard lock(mu_);
       fresh.swap(incoming_);
     }
-    for (Fd& fd : fresh) {
+    const int64_t now = monotonic_ns();
+    for (Incoming& in : fresh) {
+      Fd& fd = in.fd;
       int raw = fd.get();
       epoll_event ev{};
       ev.events = EPOLLIN;
@@ -208,6 +252,8 @@ struct TcpServer::IoThread {
       if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, raw, &ev) != 0) continue;
       auto conn = std::make_unique<Conn>();
       conn->fd = std::move(fd);
+      conn->slot = std::move(in.slot);
+      conn->accepted_ns = conn->last_in_ns = now;
       conns_.emplace(raw, std::move(conn));
     }
   }
@@ -222,7 +268,8 @@ struct TcpServer::IoThread {
     // A refused connection acts on nothing more: it flushes its refusal, then half-closes
     // and discards what still arrives until the peer closes (or a second passes). Closing
     // with unread input would send a reset, which can overtake the refusal on a real link.
-    ev.events = (c.close_after_flush && !c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLIN)) |
+    const bool read = !c.reading_paused && !(c.close_after_flush && !c.out.empty());
+    ev.events = (read ? static_cast<uint32_t>(EPOLLIN) : 0u) |
                 (c.out.empty() ? 0u : static_cast<uint32_t>(EPOLLOUT));
     ev.data.fd = c.fd.get();
     if (c.close_after_flush && c.out.empty() && c.drain_until_ns == 0) {
@@ -247,6 +294,7 @@ struct TcpServer::IoThread {
 
   static void queue(Conn& c, const TcpHeader& h, OutPiece piece = {}) {
     encode_tcp_header(h, piece.header.data());
+    if (c.out.empty()) c.out_since_ns = monotonic_ns();
     c.out.push_back(std::move(piece));
   }
 
@@ -267,6 +315,15 @@ struct TcpServer::IoThread {
       // Once refused, nothing that follows is acted on (not even another kAuth): the
       // refusal is flushed and the connection closed.
       if (c.close_after_flush) return c.drain_until_ns != 0 ? discard_input(c) : flush(c);
+      // A peer that does not read its replies is not read either, so what it sends cannot
+      // grow the queue without bound (a flood of zero-length Reads).
+      if (c.in == InState::kHeader && c.out.size() >= options_.max_queued_replies) {
+        if (!flush(c)) return false;
+        if (c.out.size() >= options_.max_queued_replies) {
+          c.reading_paused = true;
+          return true;
+        }
+      }
       void* into = nullptr;
       size_t want = 0;
       switch (c.in) {
@@ -326,6 +383,7 @@ struct TcpServer::IoThread {
         if (errno == EINTR) continue;
         return false;
       }
+      c.last_in_ns = monotonic_ns();
       auto received = static_cast<size_t>(n);
       if (direct) {
         const size_t into_target = std::min(received, want);
@@ -480,6 +538,7 @@ struct TcpServer::IoThread {
       }
       // Retire what was sent, piece by piece.
       auto sent = static_cast<uint64_t>(n);
+      if (sent != 0) c.out_since_ns = monotonic_ns();
       while (!c.out.empty()) {
         OutPiece& p = c.out.front();
         const uint64_t header_take = std::min<uint64_t>(sent, kTcpHeaderBytes - p.header_sent);
@@ -501,9 +560,15 @@ struct TcpServer::IoThread {
   RegionSource regions_;
   Fd epoll_;
   Fd wake_;
+  struct Incoming {
+    Fd fd;
+    ConnectionSlot slot;
+  };
+
   std::atomic<bool> stopping_{false};
+  int64_t next_limit_check_ns_ = 0;  // I/O thread only
   std::mutex mu_;
-  std::vector<Fd> incoming_;                              // guarded by mu_
+  std::vector<Incoming> incoming_;                        // guarded by mu_
   std::unordered_map<int, std::unique_ptr<Conn>> conns_;  // I/O thread only
   std::thread thread_;
 };
@@ -514,15 +579,15 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(const TcpServerOptions& opti
     return InvalidArgument("tcp io_threads " + std::to_string(options.io_threads) +
                            " out of range 1..64");
   }
-  KVF_ASSIGN_OR_RETURN(
-      std::unique_ptr<Acceptor> acceptor,
-      Acceptor::bind(options.listen, Acceptor::Options::named("tcp", SOCK_NONBLOCK)));
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<Acceptor> acceptor,
+                       Acceptor::bind(options.listen, Acceptor::Options::named("tcp", SOCK_NONBLOCK,
+                                                                               options.limits)));
   auto server =
       std::unique_ptr<TcpServer>(new TcpServer(options, std::move(regions), std::move(acceptor)));
-  server->acceptor_->start([s = server.get()](Fd conn) {
+  server->acceptor_->start([s = server.get()](Fd conn, ConnectionSlot slot) {
     int one = 1;
     ::setsockopt(conn.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    s->io_[s->next_io_.fetch_add(1) % s->io_.size()]->adopt(std::move(conn));
+    s->io_[s->next_io_.fetch_add(1) % s->io_.size()]->adopt(std::move(conn), std::move(slot));
   });
   return server;
 }

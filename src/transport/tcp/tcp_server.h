@@ -11,6 +11,13 @@
 //
 // Thread-safety: constructed and destroyed by the engine; the region source is called
 // from the I/O threads and must be thread-safe.
+//
+// Bounded per connection (TcpServerOptions, docs/PROTOCOL.md "Listener limits"): the
+// acceptor's connection limits; the hello (and authentication) within
+// limits.hello_timeout; an idle connection closed after limits.idle_timeout; at most
+// max_queued_replies replies queued, after which the connection is not read until the peer
+// takes some; and a request whose payload stops coming (deadline or not), or a reply the peer
+// does not take, closes the connection after stall_timeout, so no pin outlives it.
 #pragma once
 
 #include <atomic>
@@ -23,6 +30,7 @@
 #include "core/acceptor.h"
 #include "core/fd.h"
 #include "core/net.h"
+#include "kvferry/listener_limits.h"
 #include "transport/region_index.h"
 
 namespace kvferry {
@@ -32,6 +40,9 @@ struct TcpServerOptions {
   int io_threads = 2;
   uint64_t incarnation = 0;
   std::optional<std::string> secret;  // authentication on when set
+  ListenerLimits limits{.idle_timeout = std::chrono::minutes(5)};
+  uint32_t max_queued_replies = 1024;
+  std::chrono::milliseconds stall_timeout{10'000};
 };
 
 class TcpServer {
@@ -45,6 +56,8 @@ class TcpServer {
   TcpServer& operator=(const TcpServer&) = delete;
 
   const Endpoint& endpoint() const;
+  // Connections open now (for tests and diagnostics).
+  uint32_t open_connections() const { return acceptor_->open_connections(); }
 
  private:
   struct IoThread;

@@ -60,6 +60,9 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportEnv& env) {
   tcp.io_threads = env.tcp_io_threads;
   tcp.incarnation = env.incarnation;
   tcp.secret = env.secret;
+  tcp.limits = env.tcp_limits;
+  tcp.max_queued_replies = env.tcp_max_queued_replies;
+  tcp.stall_timeout = env.tcp_stall_timeout;
   KVF_ASSIGN_OR_RETURN(auto server, TcpServer::start(tcp, env.local_regions));
   return std::unique_ptr<Transport>(new TcpTransport(env, std::move(server)));
 }

@@ -45,7 +45,7 @@ TEST(Acceptor, HandsEveryConnectionToTheCallback) {
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test")));
   EXPECT_NE(acceptor->endpoint().port, 0);
   Inbox inbox;
-  acceptor->start([&](Fd fd) { inbox.add(std::move(fd)); });
+  acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
   Fd a = connect_to(*acceptor);
   Fd b = connect_to(*acceptor);
   ASSERT_TRUE(inbox.wait_for(2, 5s));
@@ -57,7 +57,7 @@ TEST(Acceptor, HandsEveryConnectionToTheCallback) {
 TEST(Acceptor, StopEndsTheThreadPromptlyAndTheCallbackNeverRunsAfter) {
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test")));
   std::atomic<int> calls{0};
-  acceptor->start([&](Fd) { calls.fetch_add(1); });
+  acceptor->start([&](Fd, ConnectionSlot) { calls.fetch_add(1); });
   const auto t0 = std::chrono::steady_clock::now();
   acceptor->stop();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
@@ -83,7 +83,7 @@ TEST(Acceptor, BacksOffWhileOutOfDescriptorsAndRecoversAfter) {
   };
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
   Inbox inbox;
-  acceptor->start([&](Fd fd) { inbox.add(std::move(fd)); });
+  acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
   Fd client = connect_to(*acceptor);
   std::this_thread::sleep_for(300ms);
   const int during = attempts.load();
@@ -109,7 +109,7 @@ TEST(Acceptor, StopInterruptsABackOff) {
     return -1;
   };
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
-  acceptor->start([](Fd) {});
+  acceptor->start([](Fd, ConnectionSlot) {});
   Fd client = connect_to(*acceptor);
   while (acceptor->backoffs() == 0) std::this_thread::sleep_for(1ms);
   const auto t0 = std::chrono::steady_clock::now();
@@ -130,10 +130,42 @@ TEST(Acceptor, RetriesAtOnceWhenOnlyOneConnectionWasLost) {
   };
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
   Inbox inbox;
-  acceptor->start([&](Fd fd) { inbox.add(std::move(fd)); });
+  acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
   Fd client = connect_to(*acceptor);
   ASSERT_TRUE(inbox.wait_for(1, 2s));
   EXPECT_EQ(acceptor->backoffs(), 0u);
+}
+
+TEST(Acceptor, ConnectionsOverTheLimitAreClosedUntilAPlaceIsFreed) {
+  ListenerLimits limits;
+  limits.max_connections = 2;
+  auto acceptor =
+      testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test", 0, limits)));
+  std::mutex mu;
+  std::vector<ConnectionSlot> slots;
+  Inbox inbox;
+  acceptor->start([&](Fd fd, ConnectionSlot slot) {
+    {
+      std::lock_guard lock(mu);
+      slots.push_back(std::move(slot));
+    }
+    inbox.add(std::move(fd));
+  });
+  Fd a = connect_to(*acceptor);
+  Fd b = connect_to(*acceptor);
+  ASSERT_TRUE(inbox.wait_for(2, 5s));
+  Fd over = connect_to(*acceptor);  // the listener's queue takes it; the acceptor closes it
+  std::byte probe[1];
+  EXPECT_EQ(recv_all(over.get(), probe, Clock::now() + 5s).code(), StatusCode::kPeerDisconnected);
+  EXPECT_EQ(acceptor->refused(), 1u);
+  EXPECT_EQ(acceptor->open_connections(), 2u);
+  {
+    std::lock_guard lock(mu);
+    slots.pop_back();  // one connection is done with: its place is free
+  }
+  Fd next = connect_to(*acceptor);
+  ASSERT_TRUE(inbox.wait_for(3, 5s));
+  EXPECT_EQ(acceptor->open_connections(), 2u);
 }
 
 }  // namespace
