@@ -1,5 +1,5 @@
 // `kvferry pd-prefill` (hidden): one prefill rank for the demo and the integration tests.
-// Prints {"ready": true, "control": ..., "pid": N} once registered with the bootstrap server,
+// Prints {"ready": true, "control": ..., "endpoint": ENGINE_PEER_NAME, "pid": N} once registered with the bootstrap server,
 // then reads commands on stdin and answers on stdout, one line each:
 //   req ROOM TOKENS   run "chunked prefill" of a TOKENS-token prompt: fill each chunk's
 //                     pages with the (room, layer, token) pattern and send it   -> done ROOM ok
@@ -63,13 +63,17 @@ int run_prefill(const PrefillArgs& args) {
   options.buffers = rank->buffers;
   options.tp = rank->tp;
   options.bootstrap_address = args.bootstrap;
+  options.control_listen = listen_host(args.worker.listen) + ":0";  // beside the engine
   options.timeouts = worker_timeouts(args.worker);
   options.integrity.enabled = args.worker.integrity;
   auto server = pd::PrefillServer::create(options);
   if (!server.ok()) return fail(server.status());
   WorkerOutput out;
   out.line(nlohmann::json{
-      {"ready", true}, {"control", (*server)->control_endpoint()}, {"pid", ::getpid()}}
+      {"ready", true},
+      {"control", (*server)->control_endpoint()},
+      {"endpoint", (*engine)->endpoint()},
+      {"pid", ::getpid()}}
                .dump());
 
   PageAllocator allocator(args.worker.pool_pages);

@@ -312,11 +312,18 @@ void DecodeClientImpl::kill_instance(const std::shared_ptr<PrefillInstance>& ins
     log().warn("decode: prefill instance {} failed: {} ({} requests fail)", inst->bootstrap_address,
                reason.message(), affected.size());
   }
+  // No ack will come over a lost link, but writes already on their way may still land (a
+  // hung or partitioned prefill resumes them): the pages wait until every engine call of
+  // the prefill that may carry them has timed out (its transfer_call_timeout, configured
+  // like ours), and a heartbeat timeout more.
+  const auto fence = Clock::now() + options_.timeouts.transfer_call_timeout +
+                     options_.timeouts.effective_heartbeat_timeout();
   for (auto& r : affected) {
     fail(r, reason);
     {
       std::lock_guard lock(r->mu);
-      r->ack_pending_ranks.clear();  // a dead prefill writes nothing more
+      if (r->sent && r->cell.state() == RequestState::kFailed) r->fenced_until = fence;
+      r->ack_pending_ranks.clear();
       r->ack_cv.notify_all();
     }
     settle(r);

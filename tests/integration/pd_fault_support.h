@@ -73,15 +73,21 @@ class LogDir {
     if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
   }
   std::string file(const std::string& name) const { return path_ + "/" + name + ".log"; }
+  const std::string& path() const { return path_; }
 
  private:
   std::string path_;
 };
 
 // Starts `kvferry ARGS...` with stderr appended to `log_path` and reads its hello line.
-inline PdProcess spawn_pd(const std::vector<std::string>& args, const std::string& log_path) {
-  std::vector<std::string> argv = {"/bin/sh", "-c",     "log=$1; shift; exec \"$@\" 2>>\"$log\"",
-                                   "sh",      log_path, KVFERRY_CLI_PATH};
+// `wrapper` runs it inside something (`ip netns exec NS`); it must exec the program, so that
+// the child's pid is kvferry's.
+inline PdProcess spawn_pd(const std::vector<std::string>& args, const std::string& log_path,
+                          const std::vector<std::string>& wrapper = {}) {
+  std::vector<std::string> argv = {"/bin/sh", "-c", "log=$1; shift; exec \"$@\" 2>>\"$log\"", "sh",
+                                   log_path};
+  argv.insert(argv.end(), wrapper.begin(), wrapper.end());
+  argv.emplace_back(KVFERRY_CLI_PATH);
   argv.insert(argv.end(), args.begin(), args.end());
   PdProcess p{must(ChildProcess::spawn(argv)), {}, log_path};
   std::string hello = must(p.process.read_line(kHello));

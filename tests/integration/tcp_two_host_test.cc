@@ -17,6 +17,7 @@
 #include "core/host_identity.h"
 #include "core/net.h"
 #include "core/pattern.h"
+#include "integration/netns_support.h"
 #include "metadata/handshake.h"
 #include "metadata/segment_descriptor.h"
 #include "serve_client.h"
@@ -25,40 +26,30 @@
 namespace kvferry {
 namespace {
 
+using testing::kIp;
+using testing::kUnshare;
 using testing::must;
+using testing::run_quietly;
 
-constexpr char kIp[] = "/usr/sbin/ip";
-constexpr char kUnshare[] = "/usr/bin/unshare";
 constexpr uint64_t kPeerBytes = 64ull << 20;
 constexpr auto kPeerReplyTimeout = std::chrono::seconds(60);
-
-int run_quietly(const std::string& command) {
-  return std::system((command + " >/dev/null 2>&1").c_str());
-}
 
 class TwoHosts : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root for network and pid namespaces";
-    for (const char* tool : {kIp, kUnshare}) {
-      if (::access(tool, X_OK) != 0) GTEST_SKIP() << tool << " is not installed";
-    }
+    if (std::string why = testing::netns_unavailable(); !why.empty()) GTEST_SKIP() << why;
+    if (::access(kUnshare, X_OK) != 0) GTEST_SKIP() << kUnshare << " is not installed";
     // Per-process names and subnet, so parallel test processes do not collide.
     const int pid = ::getpid();
-    ns_ = fmt::format("kvh{}", pid);
     const std::string subnet = fmt::format("198.{}.{}", 18 + (pid / 256) % 2, pid % 256);
     local_ip_ = subnet + ".1";
     peer_ip_ = subnet + ".2";
-    namespace_created_ = true;  // from here on TearDown removes whatever got created
-    const std::string setup = fmt::format(
-        "{0} netns add {1} && {0} link add {1}a type veth peer name {1}b && "
-        "{0} link set {1}b netns {1} && {0} addr add {2}/24 dev {1}a && "
-        "{0} link set {1}a up && {0} -n {1} addr add {3}/24 dev {1}b && "
-        "{0} -n {1} link set {1}b up && {0} -n {1} link set lo up",
-        kIp, ns_, local_ip_, peer_ip_);
-    if (run_quietly(setup) != 0) {
+    if (!netns_.create(fmt::format("kvh{}", pid)) ||
+        !testing::add_veth_pair({"", netns_.name() + "a", local_ip_ + "/24"},
+                                {netns_.name(), netns_.name() + "b", peer_ip_ + "/24"})) {
       GTEST_SKIP() << "cannot create a network namespace joined by a veth pair here";
     }
+    ns_ = netns_.name();
     if (run_quietly(fmt::format("{} netns exec {} {} --pid --fork --kill-child --mount-proc true",
                                 kIp, ns_, kUnshare)) != 0) {
       GTEST_SKIP() << "cannot create a pid namespace (unshare --pid) here";
@@ -67,9 +58,7 @@ class TwoHosts : public ::testing::Test {
 
   void TearDown() override {
     peer_.reset();  // the peer leaves its namespace before the namespace goes
-    if (namespace_created_) {
-      run_quietly(fmt::format("{0} netns del {1}; {0} link del {1}a", kIp, ns_));
-    }
+    if (!ns_.empty()) run_quietly(fmt::format("{} link del {}a", kIp, ns_));
   }
 
   // Starts `kvferry serve` as the other host; returns its handshake endpoint.
@@ -93,10 +82,10 @@ class TwoHosts : public ::testing::Test {
     return must(TransferEngine::create(options));
   }
 
+  testing::NetNamespace netns_;
   std::string ns_;
   std::string local_ip_;
   std::string peer_ip_;
-  bool namespace_created_ = false;
   std::optional<ChildProcess> peer_;
   uint64_t peer_addr_ = 0;
 };
