@@ -113,7 +113,7 @@ class Chaos : public ::testing::Test {
 
   void TearDown() override {
     if (HasFailure() && cluster_) {
-      const std::string dir = fmt::format("/tmp/kvferry-chaos-{}", seed_);
+      const std::string dir = fmt::format("/tmp/kvferry-chaos-{}-{}", seed_, ::getpid());
       cluster_->keep_logs(dir);
       std::cout << "[chaos] logs kept in " << dir << std::endl;
     }
@@ -346,8 +346,10 @@ class Chaos : public ::testing::Test {
   void dump_stacks(ChaosCluster::Worker& w) {
     if (::access("/usr/bin/gdb", X_OK) != 0 || !w.process) return;
     const std::string file = fmt::format("/tmp/kvferry-chaos-{}-{}.stacks", seed_, w.ns.name());
-    run_quietly(fmt::format("/usr/bin/gdb -batch -ex 'thread apply all bt' -p {} > {}",
-                            w.process->process.pid(), file));
+    std::cout << "[chaos] " << w.ns.name() << " did not recover; its stacks:" << std::endl;
+    const std::string command = fmt::format(
+        "/usr/bin/gdb -batch -ex 'thread apply all bt' -p {} > {} 2>&1", w.process->process.pid(), file);
+    if (std::system(command.c_str()) != 0) return;
     std::cout << "[chaos] stacks of " << w.ns.name() << " in " << file << std::endl;
   }
 
