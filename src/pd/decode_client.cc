@@ -203,16 +203,23 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
       });
   link->channel->start({options_.timeouts, engine_.incarnation()});
   KVF_RETURN_IF_ERROR(link->channel->send(registration()));
-  std::unique_lock lock(link->mu);
-  link->cv.wait_until(lock, deadline, [&] { return link->reply.has_value() || !link->alive; });
-  if (!link->reply) {
+  std::optional<RegisterReply> reply;
+  {
+    std::unique_lock lock(link->mu);
+    link->cv.wait_until(lock, deadline, [&] { return link->reply.has_value() || !link->alive; });
+    reply = link->reply;
+  }
+  // close() joins the channel's reader, whose on_close takes link->mu: never with it held
+  // (a registration that timed out on a lossy link deadlocked both bootstrap threads, and
+  // every later request to any prefill instance stayed Bootstrapping).
+  if (!reply) {
     link->channel->close();
     return PeerUnreachable(rank_name(*inst, prefill_rank) + " did not accept the registration");
   }
-  if (link->reply->code != StatusCode::kOk) {
+  if (reply->code != StatusCode::kOk) {
     link->channel->close();
-    return Status(link->reply->code,
-                  rank_name(*inst, prefill_rank) + " refused the layout: " + link->reply->reason);
+    return Status(reply->code,
+                  rank_name(*inst, prefill_rank) + " refused the layout: " + reply->reason);
   }
   return link;
 }
