@@ -7,6 +7,7 @@
 //                               | done ROOM failed WHY
 //   abort ROOM                 abort it, wait for prefill's ack, then reuse its pages at once:
 //                              fill them with a watch pattern and watch it for late writes
+//                              (300 ms, or --watch-released-ms)
 //                              -> aborted ROOM acked|unacked unchanged|changed
 // A failed request's pages go back to the pool only once every prefill rank that may still
 // write them acknowledged (KvReceiver::wait_abort_acked): a timed-out request is aborted and
@@ -261,7 +262,7 @@ int run_decode(const WorkerArgs& args) {
         job->receiver.abort("abort command");
         bool acked = job->receiver.wait_abort_acked(std::chrono::seconds(10)).ok();
         fill_watch_pattern(rank->buffers, *job);  // reused the moment the ack came
-        std::this_thread::sleep_for(kAbortWatch);
+        std::this_thread::sleep_for(watch_released.count() > 0 ? watch_released : kAbortWatch);
         bool unchanged = watch_pattern_intact(rank->buffers, *job);
         if (acked) allocator.release(job->pages);
         out.line(fmt::format("aborted {} {} {}", job->room, acked ? "acked" : "unacked",

@@ -99,14 +99,15 @@ inline PdProcess spawn_pd(const std::vector<std::string>& args, const std::strin
 // Flags both worker kinds share in these tests: a small MHA model (1 KiB per token), 16-token
 // pages, shm (or `transport`) between the processes.
 inline std::vector<std::string> worker_flags(const char* role, int heartbeat_ms,
-                                             const std::string& transport = "shm") {
+                                             const std::string& transport = "shm",
+                                             int pool_pages = 256) {
   return {role,
           "--model",
           "tiny-mha",
           "--page-tokens",
           "16",
           "--pool-pages",
-          "256",
+          std::to_string(pool_pages),
           "--transport",
           transport,
           "--heartbeat-ms",
@@ -172,14 +173,14 @@ class PdFaultTest : public ::testing::Test {
 
   // `chunk_delay_ms` per one-page chunk keeps a request in flight long enough to hurt it.
   PdProcess start_prefill(int chunk_delay_ms, int heartbeat_ms = kHeartbeatMs) {
-    auto args = worker_flags("pd-prefill", heartbeat_ms, transport_);
+    auto args = worker_flags("pd-prefill", heartbeat_ms, transport_, pool_pages_);
     args.insert(args.end(),
                 {"--bootstrap", address_, "--chunk-tokens", std::to_string(chunk_tokens_),
                  "--chunk-delay-ms", std::to_string(chunk_delay_ms)});
     return spawn_pd(args, logs_.file("prefill" + std::to_string(++spawned_)));
   }
   PdProcess start_decode(std::vector<std::string> extra = {}, int heartbeat_ms = kHeartbeatMs) {
-    auto args = worker_flags("pd-decode", heartbeat_ms, transport_);
+    auto args = worker_flags("pd-decode", heartbeat_ms, transport_, pool_pages_);
     args.insert(args.end(), extra.begin(), extra.end());
     return spawn_pd(args, logs_.file("decode" + std::to_string(++spawned_)));
   }
@@ -207,6 +208,7 @@ class PdFaultTest : public ::testing::Test {
 
   std::string transport_ = "shm";  // between prefill and decode
   int chunk_tokens_ = kChunkTokens;
+  int pool_pages_ = 256;
   LogDir logs_;
   std::optional<PdProcess> bootstrap_;
   std::string address_;
