@@ -433,9 +433,8 @@ Status measure_integrity(const KvBenchArgs& args, const RequestSetup& request,
                          BlockCopier& reference, const KvLayout& dst_layout,
                          uint64_t local_dst_base, const std::string& transport_name, int threads,
                          std::vector<IntegrityRow>& rows) {
-  KVF_ASSIGN_OR_RETURN(
-      KvLayout local_layout,
-      pool_layout(request.preset, args.page_size, request.pool_pages, local_dst_base));
+  KVF_ASSIGN_OR_RETURN(KvLayout local_layout, pool_layout(request.preset, args.page_size,
+                                                          request.pool_pages, local_dst_base));
   reference.run_one_thread();  // the local pool now holds what the destination holds
   Status failure;
   std::vector<std::function<bool()>> contestants = {
@@ -447,8 +446,8 @@ Status measure_integrity(const KvBenchArgs& args, const RequestSetup& request,
           failure = s;
           return false;
         }
-        if (Status s = pd::detail::verify_pages(digester.result(), local_layout,
-                                                 request.dst_pages, "bench");
+        if (Status s = pd::detail::verify_pages(digester.result(), local_layout, request.dst_pages,
+                                                "bench");
             !s.ok()) {
           failure = s;
           return false;
@@ -609,9 +608,9 @@ Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
       rows.push_back(row);
     }
     if (args.integrity) {
-      KVF_RETURN_IF_ERROR(measure_integrity(args, request, reference_plan, *engine, peer,
-                                            reference, dst_layout, local_dst_base, transport_name,
-                                            threads, integrity_rows));
+      KVF_RETURN_IF_ERROR(measure_integrity(args, request, reference_plan, *engine, peer, reference,
+                                            dst_layout, local_dst_base, transport_name, threads,
+                                            integrity_rows));
     }
   }
   return Status::Ok();
@@ -725,10 +724,9 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
           serve = std::make_unique<ServePeer>(std::move(peer));
           serve_host_memory = host_memory;
         }
-        KVF_RETURN_IF_ERROR(
-            run_transport(args, request, strategies, transport_name, src_pool, local_dst,
-                          transport != TransportKind::kLocal ? serve.get() : nullptr, rows,
-                          integrity_rows));
+        KVF_RETURN_IF_ERROR(run_transport(
+            args, request, strategies, transport_name, src_pool, local_dst,
+            transport != TransportKind::kLocal ? serve.get() : nullptr, rows, integrity_rows));
         progress.step();
       }
       if (serve) (void)serve->process.ask("quit", std::chrono::seconds(5));
@@ -827,8 +825,8 @@ void add_bench_kv_command(CLI::App& bench) {
       std::cerr << "kvferry bench kv: " << s.to_string() << "\n";
       throw CLI::RuntimeError(1);
     }
-    if (!args->json_path.empty()) write_json(args->json_path, to_json(rows, call_rows, integrity_rows));
-
+    if (!args->json_path.empty())
+      write_json(args->json_path, to_json(rows, call_rows, integrity_rows));
   });
 }
 

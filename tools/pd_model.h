@@ -124,9 +124,9 @@ struct WorkerArgs {
   int bootstrap_timeout_ms = 0;  // 0: PdTimeouts' default
   int waiting_timeout_ms = 0;    // 0: PdTimeouts' default
   int threads = 2;
-  std::string metadata = "p2p";  // EngineOptions::metadata_uri
-  int metadata_ttl_s = 0;        // 0: EngineOptions' default
-  int watch_released_ms = 0;     // decode: watch a failed request's pages after the abort ack
+  std::string metadata = "p2p";   // EngineOptions::metadata_uri
+  int metadata_ttl_s = 0;         // 0: EngineOptions' default
+  int watch_released_ms = 0;      // decode: watch a failed request's pages after the abort ack
   bool integrity = false;         // PdIntegrity on this worker
   bool corrupt_for_test = false;  // decode: flip a landed byte before verification
 };
@@ -147,7 +147,8 @@ inline void add_worker_flags(CLI::App* cmd, WorkerArgs& a) {
                   "decode: fail (and abort) a request still Transferring after this long (0: the "
                   "default)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--metadata", a.metadata, "where engines find each other: p2p, etcd://, redis://");
+  cmd->add_option("--metadata", a.metadata,
+                  "where engines find each other: p2p, etcd://, redis://");
   cmd->add_option("--metadata-ttl-s", a.metadata_ttl_s,
                   "lifetime of the engine's etcd/redis record (0: the default)")
       ->check(CLI::NonNegativeNumber);
@@ -166,7 +167,8 @@ inline void add_worker_flags(CLI::App* cmd, WorkerArgs& a) {
 inline pd::PdTimeouts worker_timeouts(const WorkerArgs& a) {
   pd::PdTimeouts t;
   t.heartbeat_interval = std::chrono::milliseconds(a.heartbeat_ms);
-  if (a.bootstrap_timeout_ms > 0) t.bootstrap_timeout = std::chrono::milliseconds(a.bootstrap_timeout_ms);
+  if (a.bootstrap_timeout_ms > 0)
+    t.bootstrap_timeout = std::chrono::milliseconds(a.bootstrap_timeout_ms);
   if (a.waiting_timeout_ms > 0) t.waiting_timeout = std::chrono::milliseconds(a.waiting_timeout_ms);
   return t;
 }

@@ -74,7 +74,7 @@ struct ReceiverState {
   // already on the way (a partitioned link retransmits them when it heals) until its engine
   // call times out, so the pages are not given back before this (wait_abort_acked).
   Clock::time_point fenced_until{};
-  bool counted = false;                  // in the stats
+  bool counted = false;  // in the stats
 };
 
 class DecodeClientImpl {

@@ -160,12 +160,12 @@ Status KvReceiver::wait_abort_acked(std::chrono::milliseconds timeout) const {
   const Clock::time_point fence = state_->fenced_until;
   if (Clock::now() < fence) {
     if (deadline < fence) {
-      return Timeout("room " + std::to_string(state_->room) +
-                     ": the link to a prefill rank was lost; its writes may land until " +
-                     std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        fence - Clock::now())
-                                        .count()) +
-                     " ms from now (its transfer timeout)");
+      return Timeout(
+          "room " + std::to_string(state_->room) +
+          ": the link to a prefill rank was lost; its writes may land until " +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(fence - Clock::now()).count()) +
+          " ms from now (its transfer timeout)");
     }
     lock.unlock();
     std::this_thread::sleep_until(fence);

@@ -112,7 +112,8 @@ class ChaosCluster {
       w.role = slot < 2 ? Role::kPrefill : Role::kDecode;
       w.index = slot % 2;
       w.ip = fmt::format("10.77.0.{}", 10 + slot);
-      const std::string name = fmt::format("{}{}{}", prefix_, w.role == Role::kPrefill ? 'p' : 'd', w.index);
+      const std::string name =
+          fmt::format("{}{}{}", prefix_, w.role == Role::kPrefill ? 'p' : 'd', w.index);
       if (!w.ns.create(name) ||
           !add_veth_pair({w.ns.name(), name + "w", w.ip + "/24"}, {hub_.name(), name + "h", ""}) ||
           hub_.run(fmt::format("ip link set {}h master br0", name)) != 0) {
@@ -172,8 +173,10 @@ class ChaosCluster {
     if (!drop) return w.ns.run("nft delete table inet kvchaos_drop") == 0;
     return w.ns.run(
                "nft add table inet kvchaos_drop && "
-               "nft add chain inet kvchaos_drop in \"{ type filter hook input priority -10; policy drop; }\" && "
-               "nft add chain inet kvchaos_drop out \"{ type filter hook output priority -10; policy drop; }\"") == 0;
+               "nft add chain inet kvchaos_drop in \"{ type filter hook input priority -10; policy "
+               "drop; }\" && "
+               "nft add chain inet kvchaos_drop out \"{ type filter hook output priority -10; "
+               "policy drop; }\"") == 0;
   }
 
   // kill -9 etcd and wipe its data: when it comes back it knows nothing.
@@ -212,10 +215,10 @@ class ChaosCluster {
   // The keys etcd holds now (etcdctl inside the hub namespace).
   std::set<std::string> etcd_keys() const {
     std::set<std::string> keys;
-    const std::string command =
-        fmt::format("{} netns exec {} etcdctl --endpoints=http://{}:{} --command-timeout=2s get "
-                    "--prefix --keys-only kvferry/ 2>/dev/null",
-                    kIp, hub_.name(), kHubIp, kEtcdPort);
+    const std::string command = fmt::format(
+        "{} netns exec {} etcdctl --endpoints=http://{}:{} --command-timeout=2s get "
+        "--prefix --keys-only kvferry/ 2>/dev/null",
+        kIp, hub_.name(), kHubIp, kEtcdPort);
     FILE* pipe = ::popen(command.c_str(), "r");
     if (pipe == nullptr) return keys;
     char buffer[512];
@@ -242,20 +245,23 @@ class ChaosCluster {
   // netem where the kernel has it; else nftables random loss + an htb rate limit.
   std::string impair(Worker& w) {
     const std::string dev = w.ns.name() + "w";
-    if (w.ns.run(fmt::format("tc qdisc add dev {} root netem delay 1ms 1ms loss 0.2% reorder 2% 50%",
-                             dev)) == 0) {
+    if (w.ns.run(fmt::format(
+            "tc qdisc add dev {} root netem delay 1ms 1ms loss 0.2% reorder 2% 50%", dev)) == 0) {
       return "tc netem: delay 1 ms, jitter 1 ms, loss 0.2 %, reordering 2 %";
     }
     const bool loss =
-        w.ns.run("nft add table inet kvchaos_loss && "
-                 "nft add chain inet kvchaos_loss out \"{ type filter hook output priority 0; }\" && "
-                 "nft add rule inet kvchaos_loss out meta l4proto tcp numgen random mod 1000 \"<\" 2 drop") == 0;
+        w.ns.run(
+            "nft add table inet kvchaos_loss && "
+            "nft add chain inet kvchaos_loss out \"{ type filter hook output priority 0; }\" && "
+            "nft add rule inet kvchaos_loss out meta l4proto tcp numgen random mod 1000 \"<\" 2 "
+            "drop") == 0;
     const bool rate = w.ns.run(fmt::format(
                           "tc qdisc add dev {0} root handle 1: htb default 1 && "
                           "tc class add dev {0} parent 1: classid 1:1 htb rate 400mbit burst 64k",
                           dev)) == 0;
     return fmt::format(
-        "no sch_netem in this kernel: {}{}", loss ? "nftables random loss 0.2 % of tcp packets" : "no loss",
+        "no sch_netem in this kernel: {}{}",
+        loss ? "nftables random loss 0.2 % of tcp packets" : "no loss",
         rate ? ", htb rate 400 Mbit/s (queueing delay and jitter under load); no reordering" : "");
   }
 

@@ -49,11 +49,11 @@ const char* fault_name(Fault f) {
   return "?";
 }
 
-constexpr auto kFaultHold = 2500ms;        // how long a process stays stopped / a link dropped
-constexpr auto kEtcdDown = 2000ms;         // etcd down before it is started again
-constexpr auto kRecoveryTimeout = 40s;     // a fault's affected process must succeed again within
-constexpr int kRecoveredAfter = 3;         // ... this many new requests
-constexpr auto kRequestDeadline = 30s;     // > bootstrap 5 s + transfer 10 s + a fault hold + slack
+constexpr auto kFaultHold = 2500ms;     // how long a process stays stopped / a link dropped
+constexpr auto kEtcdDown = 2000ms;      // etcd down before it is started again
+constexpr auto kRecoveryTimeout = 40s;  // a fault's affected process must succeed again within
+constexpr int kRecoveredAfter = 3;      // ... this many new requests
+constexpr auto kRequestDeadline = 30s;  // > bootstrap 5 s + transfer 10 s + a fault hold + slack
 constexpr int kMaxInFlight = 16;
 constexpr uint32_t kMaxTokens = 1024;
 // The processes never killed must not grow between the middle and the end of the load by
@@ -94,7 +94,8 @@ class Chaos : public ::testing::Test {
 
   void SetUp() override {
     if (std::string why = netns_unavailable(); !why.empty()) GTEST_SKIP() << why;
-    for (const char* tool : {"/usr/sbin/nft", "/usr/bin/etcd", "/usr/bin/etcdctl", "/usr/bin/curl"}) {
+    for (const char* tool :
+         {"/usr/sbin/nft", "/usr/bin/etcd", "/usr/bin/etcdctl", "/usr/bin/curl"}) {
       if (::access(tool, X_OK) != 0) GTEST_SKIP() << tool << " is not installed (scripts/setup.sh)";
     }
     const char* seconds = std::getenv("KVFERRY_CHAOS_SECONDS");
@@ -243,7 +244,8 @@ class Chaos : public ::testing::Test {
     const auto now = Steady::now();
     for (auto& [room, r] : requests_) {
       if (r.settled || now - r.submitted < kRequestDeadline) continue;
-      for (auto [side, name] : {std::pair{&r.decode_side, "decode"}, {&r.prefill_side, "prefill"}}) {
+      for (auto [side, name] :
+           {std::pair{&r.decode_side, "decode"}, {&r.prefill_side, "prefill"}}) {
         if (side->outcome == Outcome::kPending) {
           ADD_FAILURE() << "room " << room << " (" << r.tokens << " tokens) hangs on " << name
                         << ": no outcome " << kRequestDeadline.count() << " s after it was sent";
@@ -324,8 +326,9 @@ class Chaos : public ::testing::Test {
           last_key_check_ = Steady::now();
           registered_again_ = cluster_->all_registered();
           if (registered_again_) {
-            std::cout << fmt::format("[chaos]   engines registered again {:.1f} s after etcd returned",
-                                     std::chrono::duration<double>(Steady::now() - recovery_since_).count())
+            std::cout << fmt::format(
+                             "[chaos]   engines registered again {:.1f} s after etcd returned",
+                             std::chrono::duration<double>(Steady::now() - recovery_since_).count())
                       << std::endl;
           }
         }
@@ -337,8 +340,8 @@ class Chaos : public ::testing::Test {
     if (!recovered && affected >= 0) dump_stacks(cluster_->worker(affected));
     EXPECT_TRUE(recovered) << fault_name(f) << ": no " << kRecoveredAfter
                            << " new successful requests"
-                           << (etcd ? " with every engine registered again" : "")
-                           << " within " << kRecoveryTimeout.count() << " s; last failure there: "
+                           << (etcd ? " with every engine registered again" : "") << " within "
+                           << kRecoveryTimeout.count() << " s; last failure there: "
                            << (affected >= 0 ? last_failures_[affected] : "");
   }
 
@@ -347,8 +350,9 @@ class Chaos : public ::testing::Test {
     if (::access("/usr/bin/gdb", X_OK) != 0 || !w.process) return;
     const std::string file = fmt::format("/tmp/kvferry-chaos-{}-{}.stacks", seed_, w.ns.name());
     std::cout << "[chaos] " << w.ns.name() << " did not recover; its stacks:" << std::endl;
-    const std::string command = fmt::format(
-        "/usr/bin/gdb -batch -ex 'thread apply all bt' -p {} > {} 2>&1", w.process->process.pid(), file);
+    const std::string command =
+        fmt::format("/usr/bin/gdb -batch -ex 'thread apply all bt' -p {} > {} 2>&1",
+                    w.process->process.pid(), file);
     if (std::system(command.c_str()) != 0) return;
     std::cout << "[chaos] stacks of " << w.ns.name() << " in " << file << std::endl;
   }
@@ -377,13 +381,15 @@ class Chaos : public ::testing::Test {
     std::vector<double> sorted = latencies_ms_;
     std::sort(sorted.begin(), sorted.end());
     auto pct = [&](double q) {
-      return sorted.empty() ? 0.0 : sorted[static_cast<size_t>(q * static_cast<double>(sorted.size() - 1))];
+      return sorted.empty()
+                 ? 0.0
+                 : sorted[static_cast<size_t>(q * static_cast<double>(sorted.size() - 1))];
     };
     std::ostringstream out;
     out << fmt::format("== chaos summary (seed {}, {:.0f} s under load)\n", seed_, load_seconds_);
     out << "links: " << cluster_->impairment() << "\n";
-    out << fmt::format("requests: {} ({} tokens at most, {} in flight)\n", requests_.size(), kMaxTokens,
-                       kMaxInFlight);
+    out << fmt::format("requests: {} ({} tokens at most, {} in flight)\n", requests_.size(),
+                       kMaxTokens, kMaxInFlight);
     out << "faults injected:\n";
     for (Fault f : kAllFaults) out << fmt::format("  {:<40} {}\n", fault_name(f), faults_[f]);
     out << "decode outcomes:\n";
@@ -429,9 +435,10 @@ class Chaos : public ::testing::Test {
 };
 
 TEST_F(Chaos, LoadedPdSurvivesKillsStopsEtcdRestartsAndLinkDrops) {
-  std::cout << fmt::format("[chaos] seed {} (KVFERRY_CHAOS_SEED), {} s under load "
-                           "(KVFERRY_CHAOS_SECONDS); links: {}",
-                           seed_, load_for_.count(), cluster_->impairment())
+  std::cout << fmt::format(
+                   "[chaos] seed {} (KVFERRY_CHAOS_SEED), {} s under load "
+                   "(KVFERRY_CHAOS_SECONDS); links: {}",
+                   seed_, load_for_.count(), cluster_->impairment())
             << std::endl;
   start_ = Steady::now();
   const auto load_end = start_ + load_for_;
@@ -455,7 +462,8 @@ TEST_F(Chaos, LoadedPdSurvivesKillsStopsEtcdRestartsAndLinkDrops) {
     if (HasFatalFailure()) return;
   }
   if (!mid) mid = survivors_footprint();
-  if (Steady::now() < load_end) pump(std::chrono::duration_cast<std::chrono::milliseconds>(load_end - Steady::now()));
+  if (Steady::now() < load_end)
+    pump(std::chrono::duration_cast<std::chrono::milliseconds>(load_end - Steady::now()));
   const std::array<Footprint, 2> end = survivors_footprint();
   load_seconds_ = seconds_since_start();
 
@@ -472,8 +480,10 @@ TEST_F(Chaos, LoadedPdSurvivesKillsStopsEtcdRestartsAndLinkDrops) {
   EXPECT_GT(latencies_ms_.size(), requests_.size() / 2) << "most requests should succeed";
   for (int i = 0; i < 2; ++i) {
     EXPECT_LE(end[i].fds, (*mid)[i].fds + kFdSlack) << "survivor " << i << " leaks fds";
-    EXPECT_LE(end[i].threads, (*mid)[i].threads + kThreadSlack) << "survivor " << i << " leaks threads";
-    EXPECT_LE(end[i].rss_kib, (*mid)[i].rss_kib + kRssSlackKib) << "survivor " << i << " leaks memory";
+    EXPECT_LE(end[i].threads, (*mid)[i].threads + kThreadSlack)
+        << "survivor " << i << " leaks threads";
+    EXPECT_LE(end[i].rss_kib, (*mid)[i].rss_kib + kRssSlackKib)
+        << "survivor " << i << " leaks memory";
   }
 }
 

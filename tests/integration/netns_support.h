@@ -36,8 +36,8 @@ class NetNamespace {
   // False when `ip netns add` failed (the object then owns nothing).
   bool create(std::string name) {
     name_ = std::move(name);
-    owned_ = run_quietly(fmt::format("{0} netns add {1} && {0} -n {1} link set lo up", kIp,
-                                     name_)) == 0;
+    owned_ =
+        run_quietly(fmt::format("{0} netns add {1} && {0} -n {1} link set lo up", kIp, name_)) == 0;
     return owned_;
   }
   NetNamespace(NetNamespace&& o) noexcept
@@ -76,7 +76,8 @@ inline bool add_veth_pair(const VethEnd& a, const VethEnd& b) {
   };
   std::string commands = fmt::format("{} link add {} type veth peer name {}", kIp, a.dev, b.dev);
   for (const VethEnd* end : {&a, &b}) {
-    if (!end->ns.empty()) commands += fmt::format(" && {} link set {} netns {}", kIp, end->dev, end->ns);
+    if (!end->ns.empty())
+      commands += fmt::format(" && {} link set {} netns {}", kIp, end->dev, end->ns);
     if (!end->cidr.empty()) {
       commands += fmt::format(" && {} addr add {} dev {}", in(*end), end->cidr, end->dev);
     }

@@ -14,7 +14,7 @@ constexpr int kRepetitions = 60;
 constexpr uint64_t kSlowTokens = 4096;  // 256 pages in 16 chunks of 16 pages (256 KiB)
 constexpr int kChunkMs = 1;
 constexpr char kWatchMs[] = "30";  // late writes come within a chunk's time of the ack
-constexpr int kTimeoutMs = 40;  // decode's waiting timeout in the timeout case
+constexpr int kTimeoutMs = 40;     // decode's waiting timeout in the timeout case
 
 // Polls `check ROOM` until the request is part way (true) or already over (false: it was
 // quicker than the polling, which the test skips).
@@ -74,8 +74,8 @@ TEST_P(PdPageReuse, AbortedRequestPagesAreNotWrittenAfterTheAckAndServeTheNextRe
 
 TEST_P(PdPageReuse, TimedOutRequestPagesAreNotWrittenAfterTheAckAndServeTheNextRequest) {
   PdProcess prefill = start_prefill(8 * kChunkMs);  // over 130 ms: three times the timeout
-  PdProcess decode = start_decode({"--waiting-timeout-ms", std::to_string(kTimeoutMs),
-                                   "--watch-released-ms", kWatchMs});
+  PdProcess decode = start_decode(
+      {"--waiting-timeout-ms", std::to_string(kTimeoutMs), "--watch-released-ms", kWatchMs});
   int timed_out = 0;
   for (int rep = 0; rep < kRepetitions && !HasFailure(); ++rep) {
     const uint64_t room = 2 * rep + 1;
@@ -91,7 +91,8 @@ TEST_P(PdPageReuse, TimedOutRequestPagesAreNotWrittenAfterTheAckAndServeTheNextR
     // One chunk, well within the timeout, into the first of the released pages: verified, or
     // (a machine too loaded for the short timeout) timed out too, never corrupt.
     route(prefill, decode, room + 1, 64);
-    DecodeDone next = parse_decode_done(decode.wait_line("done " + std::to_string(room + 1) + " ", 15s));
+    DecodeDone next =
+        parse_decode_done(decode.wait_line("done " + std::to_string(room + 1) + " ", 15s));
     if (next.ok) {
       EXPECT_EQ(next.corrupt, 0u) << next.line;
       EXPECT_EQ(next.pages, 4u) << next.line;
