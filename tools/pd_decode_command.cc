@@ -14,7 +14,8 @@
 // its pages wait for the ack. With --watch-released-ms N they are also filled with the watch
 // pattern at the ack and watched for N ms first, and a line reports what was seen:
 //                              -> released ROOM unchanged|changed
-// A request whose ack never comes keeps its pages out of the pool (-> released ROOM unacked).
+// A request whose ack never comes keeps its pages out of the pool (with --watch-released-ms:
+//                              -> released ROOM unacked).
 //   check ROOM                 how far a request in progress got (fault tests)
 //                              -> check ROOM STATE PAGES_ALREADY_CORRECT PAGES | check ROOM unknown
 //   quit                       (or end of input) exits
@@ -140,7 +141,8 @@ int run_decode(const WorkerArgs& args) {
               ++it;
               continue;
             }
-            out.line(fmt::format("released {} unacked", job.room));  // pages stay out
+            // The pages stay out of the pool; reported where the caller watches releases.
+            if (watch_released.count() > 0) out.line(fmt::format("released {} unacked", job.room));
             it = releasing.erase(it);
             continue;
           }
