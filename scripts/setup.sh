@@ -9,7 +9,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libspdlog-dev libfmt-dev nlohmann-json3-dev libcli11-dev libxxhash-dev
   libcpp-httplib-dev libzmq3-dev cppzmq-dev libhiredis-dev libssl-dev
-  etcd-server etcd-client redis-server nftables iproute2
+  etcd-server etcd-client redis-server nftables iproute2 curl
   clang-format clang-tidy clang libclang-rt-14-dev
   pybind11-dev python3-dev python3-numpy python3-pytest
   iperf3

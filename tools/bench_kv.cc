@@ -14,6 +14,13 @@
 //
 // A separate row per transport and thread count measures the fixed cost of one engine call:
 // submit to completion of a one-block 64-byte call.
+//
+// With --integrity, each cell also times the all-layers request with opt-in integrity
+// (PdIntegrity) against the same request without it, interleaved: the transfer, then what
+// the PD layer adds on the critical path, the sender's digests of its source pages
+// (PageDigester) and decode's verification of the landed pages (verify_pages, here over the
+// local copy of the destination pool that the memcpy reference fills: the same bytes at the
+// same offsets, readable from this process).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -36,6 +43,7 @@
 #include "kvferry/kv/plan_executor.h"
 #include "kvferry/kv/planner.h"
 #include "kvferry/transfer_engine.h"
+#include "pd/page_integrity.h"
 #include "progress.h"
 #include "serve_client.h"
 #include "transport/built_transports.h"
@@ -191,6 +199,7 @@ struct KvBenchArgs {
   // EngineOptions::metrics for the call-cost engines, each measured in turn ("off,on": the
   // cost of metrics against a same-run reference); the grid's engines use the last one.
   std::vector<std::string> metrics = {"off"};
+  bool integrity = false;  // also time all_layers with PdIntegrity's digests and verification
   std::string json_path;
 };
 
@@ -217,6 +226,18 @@ struct KvRow {
   double memcpy_p50_us = 0;
   std::optional<double> time_vs_per_layer;
   double time_vs_memcpy = 0;
+};
+
+// The all-layers request with and without integrity, in one cell.
+struct IntegrityRow {
+  std::string preset;
+  uint64_t tokens = 0;
+  std::string transport;
+  int threads = 0;
+  uint64_t bytes = 0;
+  double plain_p50_us = 0;
+  double integrity_p50_us = 0;
+  double ratio = 0;  // integrity_p50_us / plain_p50_us
 };
 
 struct CallCostRow {
@@ -407,10 +428,59 @@ struct RequestSetup {
   std::vector<PageIndex> dst_pages;
 };
 
+// The all-layers request alone, and followed by the sender's digests and decode's check.
+Status measure_integrity(const KvBenchArgs& args, const RequestSetup& request,
+                         const TransferPlan& plan, TransferEngine& engine, const PeerHandle& peer,
+                         BlockCopier& reference, const KvLayout& dst_layout,
+                         uint64_t local_dst_base, const std::string& transport_name, int threads,
+                         std::vector<IntegrityRow>& rows) {
+  KVF_ASSIGN_OR_RETURN(KvLayout local_layout, pool_layout(request.preset, args.page_size,
+                                                          request.pool_pages, local_dst_base));
+  reference.run_one_thread();  // the local pool now holds what the destination holds
+  Status failure;
+  std::vector<std::function<bool()>> contestants = {
+      [&] { return execute_once(plan, engine, peer, failure); },
+      [&] {
+        if (!execute_once(plan, engine, peer, failure)) return false;
+        pd::detail::PageDigester digester;
+        if (Status s = digester.add_chunk(plan, dst_layout); !s.ok()) {
+          failure = s;
+          return false;
+        }
+        if (Status s = pd::detail::verify_pages(digester.result(), local_layout, request.dst_pages,
+                                                "bench");
+            !s.ok()) {
+          failure = s;
+          return false;
+        }
+        return true;
+      }};
+  std::vector<LatencySampler> samples =
+      run_interleaved(args.min_time_ms * static_cast<int>(contestants.size()), contestants);
+  KVF_RETURN_IF_ERROR(failure);
+  IntegrityRow row;
+  row.preset = std::string(request.preset.name);
+  row.tokens = request.tokens;
+  row.transport = transport_name;
+  row.threads = threads;
+  row.bytes = plan.total_bytes();
+  row.plain_p50_us = samples[0].percentile_us(50);
+  row.integrity_p50_us = samples[1].percentile_us(50);
+  row.ratio = row.integrity_p50_us / row.plain_p50_us;
+  std::cout << fmt::format(
+                   "{:<12} {:>6} tok {:>5} thr={} integrity     {:>9}  all_layers p50 {:9.1f} us"
+                   "  with digests + verification {:9.1f} us  x plain {:5.2f}\n",
+                   row.preset, row.tokens, row.transport, threads, format_bytes(row.bytes),
+                   row.plain_p50_us, row.integrity_p50_us, row.ratio)
+            << std::flush;
+  rows.push_back(row);
+  return Status::Ok();
+}
+
 Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
                      std::span<const SendStrategy> strategies, const std::string& transport_name,
                      const HostPool& src_pool, const SharedBuffer& local_dst, ServePeer* serve,
-                     std::vector<KvRow>& rows) {
+                     std::vector<KvRow>& rows, std::vector<IntegrityRow>& integrity_rows) {
   const uint32_t page_size = args.page_size;
   KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
   KVF_ASSIGN_OR_RETURN(KvLayout src_layout,
@@ -538,6 +608,11 @@ Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
                 << std::flush;
       rows.push_back(row);
     }
+    if (args.integrity) {
+      KVF_RETURN_IF_ERROR(measure_integrity(args, request, reference_plan, *engine, peer, reference,
+                                            dst_layout, local_dst_base, transport_name, threads,
+                                            integrity_rows));
+    }
   }
   return Status::Ok();
 }
@@ -563,7 +638,7 @@ std::string kv_bench_transport_names(const TransportSet& built) {
 }
 
 Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
-                std::vector<CallCostRow>& call_rows) {
+                std::vector<CallCostRow>& call_rows, std::vector<IntegrityRow>& integrity_rows) {
   if (args.page_size == 0) return InvalidArgument("--page-size must be > 0, got 0");
   if (args.pool_slack < 1.0) {
     return InvalidArgument(fmt::format("--pool-slack must be >= 1, got {}", args.pool_slack));
@@ -670,9 +745,9 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
           serve = std::make_unique<ServePeer>(std::move(peer));
           serve_host_memory = host_memory;
         }
-        KVF_RETURN_IF_ERROR(
-            run_transport(args, request, strategies, transport_name, src_pool, local_dst,
-                          transport != TransportKind::kLocal ? serve.get() : nullptr, rows));
+        KVF_RETURN_IF_ERROR(run_transport(
+            args, request, strategies, transport_name, src_pool, local_dst,
+            transport != TransportKind::kLocal ? serve.get() : nullptr, rows, integrity_rows));
         progress.step();
       }
       if (serve) (void)serve->process.ask("quit", std::chrono::seconds(5));
@@ -681,8 +756,20 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
   return Status::Ok();
 }
 
-nlohmann::json to_json(const std::vector<KvRow>& rows, const std::vector<CallCostRow>& calls) {
+nlohmann::json to_json(const std::vector<KvRow>& rows, const std::vector<CallCostRow>& calls,
+                       const std::vector<IntegrityRow>& integrity_rows) {
   nlohmann::json out = nlohmann::json::array();
+  for (const IntegrityRow& r : integrity_rows) {
+    out.push_back({{"kind", "integrity"},
+                   {"preset", r.preset},
+                   {"tokens", r.tokens},
+                   {"transport", r.transport},
+                   {"threads", r.threads},
+                   {"bytes", r.bytes},
+                   {"plain_p50_us", r.plain_p50_us},
+                   {"integrity_p50_us", r.integrity_p50_us},
+                   {"time_vs_plain", r.ratio}});
+  }
   for (const CallCostRow& r : calls) {
     out.push_back({{"kind", "call_cost"},
                    {"transport", r.transport},
@@ -749,16 +836,21 @@ void add_bench_kv_command(CLI::App& bench) {
   cmd->add_option("--metrics", args->metrics,
                   "engine metrics for the call-cost engines, each in turn: off, on (e.g. off,on)")
       ->delimiter(',');
+  cmd->add_flag("--integrity", args->integrity,
+                "also time all_layers with PdIntegrity's sender digests and decode verification, "
+                "as a ratio to the same request without");
   cmd->add_option("--json", args->json_path, "write rows as JSON to this file ('-' = stdout)");
   cmd->callback([args] {
     std::vector<KvRow> rows;
     std::vector<CallCostRow> call_rows;
-    Status s = run_grid(*args, rows, call_rows);
+    std::vector<IntegrityRow> integrity_rows;
+    Status s = run_grid(*args, rows, call_rows, integrity_rows);
     if (!s.ok()) {
       std::cerr << "kvferry bench kv: " << s.to_string() << "\n";
       throw CLI::RuntimeError(1);
     }
-    if (!args->json_path.empty()) write_json(args->json_path, to_json(rows, call_rows));
+    if (!args->json_path.empty())
+      write_json(args->json_path, to_json(rows, call_rows, integrity_rows));
   });
 }
 

@@ -5,8 +5,17 @@
 //                              and verify every page itself
 //                              -> done ROOM ok TRANSFER_US PAGES CORRUPT BYTES
 //                               | done ROOM failed WHY
-//   abort ROOM                 abort it, wait for prefill's ack, then watch its pages
+//   abort ROOM                 abort it, wait for prefill's ack, then reuse its pages at once:
+//                              fill them with a watch pattern and watch it for late writes
+//                              (300 ms, or --watch-released-ms)
 //                              -> aborted ROOM acked|unacked unchanged|changed
+// A failed request's pages go back to the pool only once every prefill rank that may still
+// write them acknowledged (KvReceiver::wait_abort_acked): a timed-out request is aborted and
+// its pages wait for the ack. With --watch-released-ms N they are also filled with the watch
+// pattern at the ack and watched for N ms first, and a line reports what was seen:
+//                              -> released ROOM unchanged|changed
+// A request whose ack never comes keeps its pages out of the pool (with --watch-released-ms:
+//                              -> released ROOM unacked).
 //   check ROOM                 how far a request in progress got (fault tests)
 //                              -> check ROOM STATE PAGES_ALREADY_CORRECT PAGES | check ROOM unknown
 //   quit                       (or end of input) exits
@@ -21,6 +30,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "core/net.h"
 #include "core/pattern.h"
 #include "kvferry/pd/decode_client.h"
 #include "pd_model.h"
@@ -31,6 +41,8 @@ namespace {
 
 // After an abort is acknowledged, the pages are watched this long for late writes.
 constexpr auto kAbortWatch = std::chrono::milliseconds(300);
+// A failed request whose abort is not acknowledged within this keeps its pages out of the pool.
+constexpr auto kAckQuarantine = std::chrono::seconds(20);
 
 struct Job {
   uint64_t room = 0;
@@ -38,17 +50,36 @@ struct Job {
   std::vector<kv::PageIndex> pages;
   pd::KvReceiver receiver;
   bool aborted = false;
+  // Release path of a failed request: waiting for the abort ack, then watching its pages.
+  Clock::time_point failed_at{};
+  Clock::time_point watch_until{};
+  bool watching = false;
 };
 
-uint64_t pages_checksum(const pd::RankBuffers& b, const std::vector<kv::PageIndex>& pages) {
-  uint64_t sum = 0;
+// What the next owner of the pages would do at once: overwrite them (here with a pattern
+// seeded by the old room, so that a late write of any byte shows).
+void fill_watch_pattern(const pd::RankBuffers& b, const Job& job) {
+  uint64_t seed = job.room * 0x9e3779b97f4a7c15ull;
   for (const kv::KvEntry& e : b.layout.entries()) {
-    for (kv::PageIndex p : pages) {
-      sum = sum * 31 +
-            checksum({reinterpret_cast<const std::byte*>(e.base + p * e.page_stride), e.item_len});
+    for (kv::PageIndex p : job.pages) {
+      fill_pattern({reinterpret_cast<std::byte*>(e.base + p * e.page_stride), e.item_len}, ++seed);
     }
   }
-  return sum;
+}
+
+// True when every byte still holds fill_watch_pattern's pattern.
+bool watch_pattern_intact(const pd::RankBuffers& b, const Job& job) {
+  uint64_t seed = job.room * 0x9e3779b97f4a7c15ull;
+  for (const kv::KvEntry& e : b.layout.entries()) {
+    for (kv::PageIndex p : job.pages) {
+      if (find_pattern_mismatch(
+              {reinterpret_cast<const std::byte*>(e.base + p * e.page_stride), e.item_len},
+              ++seed)) {
+        return false;
+      }
+    }
+  }
+  return true;
 }
 
 int run_decode(const WorkerArgs& args) {
@@ -96,9 +127,43 @@ int run_decode(const WorkerArgs& args) {
   PageAllocator allocator(args.pool_pages);
   std::mutex mu;
   std::list<std::shared_ptr<Job>> jobs;
+  std::list<std::shared_ptr<Job>> releasing;  // failed, pages not yet back in the pool
+  const auto watch_released = std::chrono::milliseconds(args.watch_released_ms);
   std::atomic<bool> stop{false};
   std::thread poller([&] {
     while (!stop) {
+      const auto now = Clock::now();
+      for (auto it = releasing.begin(); it != releasing.end();) {
+        Job& job = **it;
+        if (!job.watching) {
+          if (!job.receiver.wait_abort_acked(std::chrono::milliseconds(0)).ok()) {
+            if (now - job.failed_at < kAckQuarantine) {
+              ++it;
+              continue;
+            }
+            // The pages stay out of the pool; reported where the caller watches releases.
+            if (watch_released.count() > 0) out.line(fmt::format("released {} unacked", job.room));
+            it = releasing.erase(it);
+            continue;
+          }
+          if (watch_released.count() == 0) {
+            allocator.release(job.pages);
+            it = releasing.erase(it);
+            continue;
+          }
+          fill_watch_pattern(rank->buffers, job);
+          job.watching = true;
+          job.watch_until = now + watch_released;
+        }
+        if (now < job.watch_until) {
+          ++it;
+          continue;
+        }
+        const bool unchanged = watch_pattern_intact(rank->buffers, job);
+        allocator.release(job.pages);
+        out.line(fmt::format("released {} {}", job.room, unchanged ? "unchanged" : "changed"));
+        it = releasing.erase(it);
+      }
       std::vector<std::shared_ptr<Job>> finished;
       {
         std::lock_guard lock(mu);
@@ -126,9 +191,10 @@ int run_decode(const WorkerArgs& args) {
           out.line(fmt::format("done {} ok {} {} {} {}", job->room, us, job->pages.size(), corrupt,
                                job->tokens * rank->bytes_per_token));
         } else {
-          allocator.release(job->pages);
           out.line(
               fmt::format("done {} failed {}", job->room, job->receiver.failure().to_string()));
+          job->failed_at = Clock::now();
+          releasing.push_back(job);
         }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -197,10 +263,10 @@ int run_decode(const WorkerArgs& args) {
       abort_watchers.emplace_back([&, job] {
         job->receiver.abort("abort command");
         bool acked = job->receiver.wait_abort_acked(std::chrono::seconds(10)).ok();
-        uint64_t before = pages_checksum(rank->buffers, job->pages);
-        std::this_thread::sleep_for(kAbortWatch);
-        bool unchanged = before == pages_checksum(rank->buffers, job->pages);
-        allocator.release(job->pages);
+        fill_watch_pattern(rank->buffers, *job);  // reused the moment the ack came
+        std::this_thread::sleep_for(watch_released.count() > 0 ? watch_released : kAbortWatch);
+        bool unchanged = watch_pattern_intact(rank->buffers, *job);
+        if (acked) allocator.release(job->pages);
         out.line(fmt::format("aborted {} {} {}", job->room, acked ? "acked" : "unacked",
                              unchanged ? "unchanged" : "changed"));
       });

@@ -123,7 +123,12 @@ struct WorkerArgs {
   std::string transport = "shm";
   std::string listen = "127.0.0.1:0";  // the engine's handshake listener (its peer name)
   int heartbeat_ms = 500;
+  int bootstrap_timeout_ms = 0;  // 0: PdTimeouts' default
+  int waiting_timeout_ms = 0;    // 0: PdTimeouts' default
   int threads = 2;
+  std::string metadata = "p2p";   // EngineOptions::metadata_uri
+  int metadata_ttl_s = 0;         // 0: EngineOptions' default
+  int watch_released_ms = 0;      // decode: watch a failed request's pages after the abort ack
   bool integrity = false;         // PdIntegrity on this worker
   bool corrupt_for_test = false;  // decode: flip a landed byte before verification
 };
@@ -137,6 +142,22 @@ inline void add_worker_flags(CLI::App* cmd, WorkerArgs& a) {
   cmd->add_option("--transport", a.transport, "engine transport");
   cmd->add_option("--listen", a.listen, "engine handshake listener host:port (port 0: any)");
   cmd->add_option("--heartbeat-ms", a.heartbeat_ms, "heartbeat interval");
+  cmd->add_option("--bootstrap-timeout-ms", a.bootstrap_timeout_ms,
+                  "fail a request still Bootstrapping after this long (0: the default)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--waiting-timeout-ms", a.waiting_timeout_ms,
+                  "decode: fail (and abort) a request still Transferring after this long (0: the "
+                  "default)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--metadata", a.metadata,
+                  "where engines find each other: p2p, etcd://, redis://");
+  cmd->add_option("--metadata-ttl-s", a.metadata_ttl_s,
+                  "lifetime of the engine's etcd/redis record (0: the default)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--watch-released-ms", a.watch_released_ms,
+                  "decode: fill a failed request's pages with a watch pattern at the abort ack and "
+                  "check it this long before they are reused (reports late writes)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--threads", a.threads, "engine worker threads");
   cmd->add_flag("--integrity", a.integrity,
                 "end-to-end page digests: prefill sends them, decode verifies before Success");
@@ -148,7 +169,16 @@ inline void add_worker_flags(CLI::App* cmd, WorkerArgs& a) {
 inline pd::PdTimeouts worker_timeouts(const WorkerArgs& a) {
   pd::PdTimeouts t;
   t.heartbeat_interval = std::chrono::milliseconds(a.heartbeat_ms);
+  if (a.bootstrap_timeout_ms > 0)
+    t.bootstrap_timeout = std::chrono::milliseconds(a.bootstrap_timeout_ms);
+  if (a.waiting_timeout_ms > 0) t.waiting_timeout = std::chrono::milliseconds(a.waiting_timeout_ms);
   return t;
+}
+
+// The host part of a "host:port" listener ("127.0.0.1:0" -> "127.0.0.1").
+inline std::string listen_host(const std::string& listen) {
+  const size_t colon = listen.rfind(':');
+  return colon == std::string::npos ? listen : listen.substr(0, colon);
 }
 
 // Transports a demo worker can be told to use between processes (ucx only where built).
@@ -189,6 +219,8 @@ inline Result<std::unique_ptr<TransferEngine>> make_worker_engine(const WorkerAr
   options.listen_address = a.listen;
   options.worker_threads = a.threads;
   options.forced_transport = kind;
+  options.metadata_uri = a.metadata;
+  if (a.metadata_ttl_s > 0) options.metadata_ttl = std::chrono::seconds(a.metadata_ttl_s);
   return TransferEngine::create(options);
 }
 

@@ -1,6 +1,6 @@
 // `kvferry pd-prefill` (hidden): one prefill rank for the demo and the integration tests.
-// Prints {"ready": true, "control": ..., "pid": N} once registered with the bootstrap server,
-// then reads commands on stdin and answers on stdout, one line each:
+// Prints {"ready": true, "control": ..., "endpoint": ENGINE_PEER_NAME, "pid": N} once registered
+// with the bootstrap server, then reads commands on stdin and answers on stdout, one line each:
 //   req ROOM TOKENS   run "chunked prefill" of a TOKENS-token prompt: fill each chunk's
 //                     pages with the (room, layer, token) pattern and send it   -> done ROOM ok
 //                                                                             | done ROOM failed
@@ -73,8 +73,10 @@ int run_prefill(const PrefillArgs& args) {
   auto server = pd::PrefillServer::create(options);
   if (!server.ok()) return fail(server.status());
   WorkerOutput out;
-  out.line(nlohmann::json{
-      {"ready", true}, {"control", (*server)->control_endpoint()}, {"pid", ::getpid()}}
+  out.line(nlohmann::json{{"ready", true},
+                          {"control", (*server)->control_endpoint()},
+                          {"endpoint", (*engine)->endpoint()},
+                          {"pid", ::getpid()}}
                .dump());
 
   PageAllocator allocator(args.worker.pool_pages);

@@ -214,17 +214,24 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
   // A send that fails because prefill refused us and closed still gets its reply (the reader
   // hands it over before it sees the end of the stream).
   Status sent = link->channel->send(registration());
-  std::unique_lock lock(link->mu);
-  link->cv.wait_until(lock, deadline, [&] { return link->reply.has_value() || !link->alive; });
-  if (!link->reply) {
+  std::optional<RegisterReply> reply;
+  {
+    std::unique_lock lock(link->mu);
+    link->cv.wait_until(lock, deadline, [&] { return link->reply.has_value() || !link->alive; });
+    reply = link->reply;
+  }
+  // close() joins the channel's reader, whose on_close takes link->mu: never with it held
+  // (a registration that timed out on a lossy link deadlocked both bootstrap threads, and
+  // every later request to any prefill instance stayed Bootstrapping).
+  if (!reply) {
     link->channel->close();
     if (!sent.ok()) return sent;
     return PeerUnreachable(rank_name(*inst, prefill_rank) + " did not accept the registration");
   }
-  if (link->reply->code != StatusCode::kOk) {
+  if (reply->code != StatusCode::kOk) {
     link->channel->close();
-    return Status(link->reply->code,
-                  rank_name(*inst, prefill_rank) + " refused the layout: " + link->reply->reason);
+    return Status(reply->code,
+                  rank_name(*inst, prefill_rank) + " refused the layout: " + reply->reason);
   }
   return link;
 }
@@ -325,11 +332,18 @@ void DecodeClientImpl::kill_instance(const std::shared_ptr<PrefillInstance>& ins
     log().warn("decode: prefill instance {} failed: {} ({} requests fail)", inst->bootstrap_address,
                reason.message(), affected.size());
   }
+  // No ack will come over a lost link, but writes already on their way may still land (a
+  // hung or partitioned prefill resumes them): the pages wait until every engine call of
+  // the prefill that may carry them has timed out (its transfer_call_timeout, configured
+  // like ours), and a heartbeat timeout more.
+  const auto fence = Clock::now() + options_.timeouts.transfer_call_timeout +
+                     options_.timeouts.effective_heartbeat_timeout();
   for (auto& r : affected) {
     fail(r, reason);
     {
       std::lock_guard lock(r->mu);
-      r->ack_pending_ranks.clear();  // a dead prefill writes nothing more
+      if (r->sent && r->cell.state() == RequestState::kFailed) r->fenced_until = fence;
+      r->ack_pending_ranks.clear();
       r->ack_cv.notify_all();
     }
     settle(r);

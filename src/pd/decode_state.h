@@ -70,7 +70,11 @@ struct ReceiverState {
   Clock::time_point transfer_end{};
   std::set<uint32_t> pending_ranks;      // ranks yet to report Success
   std::set<uint32_t> ack_pending_ranks;  // ranks yet to acknowledge an abort
-  bool counted = false;                  // in the stats
+  // A prefill link lost while this request was sent: its engine may still deliver writes
+  // already on the way (a partitioned link retransmits them when it heals) until its engine
+  // call times out, so the pages are not given back before this (wait_abort_acked).
+  Clock::time_point fenced_until{};
+  bool counted = false;  // in the stats
 };
 
 class DecodeClientImpl {

@@ -1,5 +1,7 @@
 // The decode per-request path: KvReceiver, sending the destination to every prefill rank,
 // aborts, and the bookkeeping when a request ends.
+#include <thread>
+
 #include "core/logging.h"
 #include "kvferry/pd/decode_client.h"
 #include "pd/decode_state.h"
@@ -145,12 +147,28 @@ void KvReceiver::abort(const std::string& reason) {
 
 Status KvReceiver::wait_abort_acked(std::chrono::milliseconds timeout) const {
   if (!state_) return Status::Ok();
+  const auto deadline = Clock::now() + timeout;
   std::unique_lock lock(state_->mu);
-  if (!state_->ack_cv.wait_for(lock, timeout, [&] { return state_->ack_pending_ranks.empty(); })) {
+  if (!state_->ack_cv.wait_until(lock, deadline,
+                                 [&] { return state_->ack_pending_ranks.empty(); })) {
     return Timeout("room " + std::to_string(state_->room) + ": " +
                    std::to_string(state_->ack_pending_ranks.size()) +
                    " prefill ranks did not acknowledge the abort within " +
                    std::to_string(timeout.count()) + " ms");
+  }
+  // The link to a prefill rank was lost: its writes on the way may still land until then.
+  const Clock::time_point fence = state_->fenced_until;
+  if (Clock::now() < fence) {
+    if (deadline < fence) {
+      return Timeout(
+          "room " + std::to_string(state_->room) +
+          ": the link to a prefill rank was lost; its writes may land until " +
+          std::to_string(
+              std::chrono::duration_cast<std::chrono::milliseconds>(fence - Clock::now()).count()) +
+          " ms from now (its transfer timeout)");
+    }
+    lock.unlock();
+    std::this_thread::sleep_until(fence);
   }
   return Status::Ok();
 }

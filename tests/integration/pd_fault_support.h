@@ -73,15 +73,21 @@ class LogDir {
     if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
   }
   std::string file(const std::string& name) const { return path_ + "/" + name + ".log"; }
+  const std::string& path() const { return path_; }
 
  private:
   std::string path_;
 };
 
 // Starts `kvferry ARGS...` with stderr appended to `log_path` and reads its hello line.
-inline PdProcess spawn_pd(const std::vector<std::string>& args, const std::string& log_path) {
-  std::vector<std::string> argv = {"/bin/sh", "-c",     "log=$1; shift; exec \"$@\" 2>>\"$log\"",
-                                   "sh",      log_path, KVFERRY_CLI_PATH};
+// `wrapper` runs it inside something (`ip netns exec NS`); it must exec the program, so that
+// the child's pid is kvferry's.
+inline PdProcess spawn_pd(const std::vector<std::string>& args, const std::string& log_path,
+                          const std::vector<std::string>& wrapper = {}) {
+  std::vector<std::string> argv = {"/bin/sh", "-c", "log=$1; shift; exec \"$@\" 2>>\"$log\"", "sh",
+                                   log_path};
+  argv.insert(argv.end(), wrapper.begin(), wrapper.end());
+  argv.emplace_back(KVFERRY_CLI_PATH);
   argv.insert(argv.end(), args.begin(), args.end());
   PdProcess p{must(ChildProcess::spawn(argv)), {}, log_path};
   std::string hello = must(p.process.read_line(kHello));
@@ -91,17 +97,19 @@ inline PdProcess spawn_pd(const std::vector<std::string>& args, const std::strin
 }
 
 // Flags both worker kinds share in these tests: a small MHA model (1 KiB per token), 16-token
-// pages, shm between the processes.
-inline std::vector<std::string> worker_flags(const char* role, int heartbeat_ms) {
+// pages, shm (or `transport`) between the processes.
+inline std::vector<std::string> worker_flags(const char* role, int heartbeat_ms,
+                                             const std::string& transport = "shm",
+                                             int pool_pages = 256) {
   return {role,
           "--model",
           "tiny-mha",
           "--page-tokens",
           "16",
           "--pool-pages",
-          "256",
+          std::to_string(pool_pages),
           "--transport",
-          "shm",
+          transport,
           "--heartbeat-ms",
           std::to_string(heartbeat_ms)};
 }
@@ -165,14 +173,14 @@ class PdFaultTest : public ::testing::Test {
 
   // `chunk_delay_ms` per one-page chunk keeps a request in flight long enough to hurt it.
   PdProcess start_prefill(int chunk_delay_ms, int heartbeat_ms = kHeartbeatMs) {
-    auto args = worker_flags("pd-prefill", heartbeat_ms);
+    auto args = worker_flags("pd-prefill", heartbeat_ms, transport_, pool_pages_);
     args.insert(args.end(),
-                {"--bootstrap", address_, "--chunk-tokens", std::to_string(kChunkTokens),
+                {"--bootstrap", address_, "--chunk-tokens", std::to_string(chunk_tokens_),
                  "--chunk-delay-ms", std::to_string(chunk_delay_ms)});
     return spawn_pd(args, logs_.file("prefill" + std::to_string(++spawned_)));
   }
   PdProcess start_decode(std::vector<std::string> extra = {}, int heartbeat_ms = kHeartbeatMs) {
-    auto args = worker_flags("pd-decode", heartbeat_ms);
+    auto args = worker_flags("pd-decode", heartbeat_ms, transport_, pool_pages_);
     args.insert(args.end(), extra.begin(), extra.end());
     return spawn_pd(args, logs_.file("decode" + std::to_string(++spawned_)));
   }
@@ -198,6 +206,9 @@ class PdFaultTest : public ::testing::Test {
               "done " + std::to_string(room) + " ok");
   }
 
+  std::string transport_ = "shm";  // between prefill and decode
+  int chunk_tokens_ = kChunkTokens;
+  int pool_pages_ = 256;
   LogDir logs_;
   std::optional<PdProcess> bootstrap_;
   std::string address_;

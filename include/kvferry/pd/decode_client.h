@@ -14,7 +14,8 @@
 // reported dead or restarted by the bootstrap server fails every pending request of its
 // instance. Bootstrapping and Transferring are bounded by their timeouts. abort() tells
 // prefill; wait_abort_acked() returns once prefill confirmed that none of the request's
-// writes is still in flight (or the prefill rank is gone), so the pages can be reused.
+// writes is still in flight (or, the link to it lost, once its writes would have timed
+// out), so the pages can be reused.
 //
 // Ownership: the client borrows the engine (it must outlive the client) and owns its
 // threads and connections; a KvReceiver is a handle that keeps its request's state alive and
@@ -76,7 +77,10 @@ class KvReceiver {
   // Fails the request and asks prefill to stop writing it.
   void abort(const std::string& reason);
   // OK once every prefill rank that may still write acknowledged the abort or is gone;
-  // Timeout otherwise.
+  // Timeout otherwise. A rank whose link was lost (killed, hung, partitioned) cannot
+  // acknowledge, and writes of it already on the way may still land when it resumes or
+  // the link heals: then this is OK only once its engine calls have timed out
+  // (PdTimeouts::transfer_call_timeout, plus a heartbeat timeout, from the loss).
   Status wait_abort_acked(std::chrono::milliseconds timeout) const;
   // From the TransferRequest being sent to Success (zero before).
   std::chrono::nanoseconds transfer_time() const;

@@ -185,6 +185,32 @@ TEST(PdSession, DeadPrefillFailsPendingRequestsWithinTwoHeartbeats) {
   EXPECT_EQ(receiver.failure().code(), StatusCode::kPeerDisconnected);
 }
 
+// A prefill whose link is lost cannot acknowledge an abort, and its writes already on the
+// way may still land (a hung or partitioned prefill resumes them): the pages of a request it
+// was sending are not given back until its engine calls would have timed out.
+TEST(PdSession, LostPrefillKeepsThePagesUntilItsWritesWouldHaveTimedOut) {
+  ModelShape m;
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  TestRank p = testing::make_rank("prefill", m, 1, 0), d = testing::make_rank("decode", m, 1, 0);
+  auto prefill = testing::make_prefill(p, bootstrap->address());
+  PdTimeouts timeouts = testing::fast_timeouts();
+  timeouts.transfer_call_timeout = 500ms;
+  auto decode = testing::make_decode(d, timeouts);
+  KvReceiver receiver = testing::must(decode->create_receiver(bootstrap->address(), 5));
+  ASSERT_TRUE(receiver.init(testing::pages_from(0, 4)).ok());
+  ASSERT_EQ(receiver.wait_at_least(RequestState::kTransferring, 5s), RequestState::kTransferring);
+  prefill.reset();
+  ASSERT_EQ(receiver.wait_final(5s), RequestState::kFailed);
+  EXPECT_EQ(receiver.failure().code(), StatusCode::kPeerDisconnected);
+  EXPECT_EQ(receiver.wait_abort_acked(0ms).code(), StatusCode::kTimeout)
+      << "pages given back while the lost prefill's writes may still land";
+  EXPECT_TRUE(receiver.wait_abort_acked(5s).ok());
+  // A request that never reached prefill is not held.
+  KvReceiver unsent = testing::must(decode->create_receiver(bootstrap->address(), 6));
+  EXPECT_EQ(unsent.wait_final(5s), RequestState::kFailed);
+  EXPECT_TRUE(unsent.wait_abort_acked(0ms).ok());
+}
+
 // A request that times out while Bootstrapping keeps the code of the error that held it
 // up, with the timeout in the message: whichever of the two deadlines (the receiver's, the
 // connection attempt's) fires first, the caller learns WHY it timed out.
