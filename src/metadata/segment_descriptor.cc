@@ -186,6 +186,7 @@ std::string serialize_segment_descriptor(const SegmentDescriptor& d) {
               {"incarnation", d.incarnation}, {"host_id", d.host_id}, {"pid", d.pid},
               {"transports", transports},     {"version", d.version}, {"regions", regions}};
   if (!d.tcp_endpoint.empty()) out["tcp_endpoint"] = d.tcp_endpoint;
+  if (!d.notify_endpoint.empty()) out["notify_endpoint"] = d.notify_endpoint;
   if (d.ucx) {
     out["ucx"] = {{"worker_address", bytes_to_hex(d.ucx->worker_address)},
                   {"hardware_rma", d.ucx->hardware_rma}};
@@ -215,6 +216,7 @@ Result<SegmentDescriptor> parse_segment_descriptor(std::string_view text) {
   KVF_RETURN_IF_ERROR(f.required("pid", d.pid));
   KVF_RETURN_IF_ERROR(f.required("version", d.version));
   KVF_RETURN_IF_ERROR(f.optional("tcp_endpoint", d.tcp_endpoint));
+  KVF_RETURN_IF_ERROR(f.optional("notify_endpoint", d.notify_endpoint));
   if (const json* ucx = f.optional_value("ucx")) {
     KVF_ASSIGN_OR_RETURN(JsonFields u, JsonFields::of(*ucx, "'ucx'", backing_errors("ucx")));
     KVF_ASSIGN_OR_RETURN(d.ucx, parse_ucx(std::move(u)));
