@@ -120,7 +120,7 @@ struct SubmitOptions {
   // delivered fails the batch (PeerDisconnected, Timeout, ...) although its bytes moved.
   // Errors at submit: InvalidArgument (larger than max_notification_bytes, naming the
   // size), NotSupported (the peer takes no notifications).
-  std::optional<std::string> notification;
+  std::optional<std::string> notification{};
 };
 
 // A notification received from a peer engine (get_notifications).

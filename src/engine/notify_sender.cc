@@ -93,10 +93,17 @@ void NotificationSender::run() {
       queue_.pop_front();
     }
     Status outcome = deliver(item);
-    if (!outcome.ok()) {
-      connection_ = Fd();  // a later notification connects afresh (and re-checks the peer)
-      log().warn("notification to {}: {}", peer_name_, outcome.message());
+    // A refused size leaves the connection as it was; any other failure leaves it in doubt
+    // (an ack may still come), so a later notification connects afresh and re-checks the
+    // peer. The goodbye keeps the peer from reporting this engine lost.
+    if (!outcome.ok() && outcome.code() != StatusCode::kInvalidArgument) {
+      if (connection_.valid()) {
+        write_notify_frame(connection_.get(), NotifyFrame::kBye, {}, Clock::now() + kByeTimeout)
+            .ignore();
+      }
+      connection_ = Fd();
     }
+    if (!outcome.ok()) log().warn("notification to {}: {}", peer_name_, outcome.message());
     item.ticket->finish(outcome);
   }
   std::deque<Item> left;
