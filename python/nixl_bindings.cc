@@ -243,6 +243,11 @@ class NixlAgent {
       throw StatusError(InvalidArgument(fmt::format(
           "{} local indices but {} remote indices", li.size(), ri.size())));
     }
+    if (notification && notification->size() > engine_->options().max_notification_bytes) {
+      throw StatusError(InvalidArgument(
+          fmt::format("notif_msg of {} bytes exceeds max_notification_bytes {}",
+                      notification->size(), engine_->options().max_notification_bytes)));
+    }
     auto xfer = std::make_shared<Xfer>();
     xfer->peer = *remote.peer;
     if (notification) xfer->notification = std::move(notification);
@@ -265,7 +270,7 @@ class NixlAgent {
         }
         if (l.len[a] != r.len[b]) {
           throw StatusError(InvalidArgument(fmt::format(
-              "index pair {}: local descriptor {} has {} bytes, remote descriptor {} has {}", i,
+              "index pair {}: local descriptor {} has {} bytes, remote descriptor {} has {} bytes", i,
               a, l.len[a], b, r.len[b])));
         }
         xfer->ops[i] = TransferOp{kind, l.addr[a], r.addr[b], l.len[a]};
@@ -351,6 +356,39 @@ class NixlAgent {
     }
   }
 
+  // bench_nixl.py's C++ reference: the same transfer as make_prepped_xfer + transfer + polling,
+  // done by the engine directly: ops gathered from the index arrays in a C++ loop, one
+  // submit, one wait. Returns the nanoseconds it took.
+  int64_t reference_transfer_ns(const std::string& agent, int64_t local_h,
+                                const py::array_t<int64_t>& local_idx, int64_t remote_h,
+                                const py::array_t<int64_t>& remote_idx) {
+    Prepped local;
+    Prepped remote;
+    {
+      std::lock_guard lock(mu_);
+      local = find_prepped(local_h, "local");
+      remote = find_prepped(remote_h, "remote");
+    }
+    PeerHandle peer = find_peer(agent);
+    const int64_t* lp = local_idx.data();
+    const int64_t* rp = remote_idx.data();
+    const auto n = static_cast<size_t>(local_idx.size());
+    py::gil_scoped_release release;
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<TransferOp> ops(n);
+    for (size_t i = 0; i < n; ++i) {
+      ops[i] = TransferOp{OpKind::kRead, local.columns->addr[lp[i]], remote.columns->addr[rp[i]],
+                          local.columns->len[lp[i]]};
+    }
+    BatchHandle b = value_or_throw(engine_->submit(peer, ops));
+    BatchStatus s = engine_->wait(b, milliseconds(60'000));
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
+    throw_if_error(s.status);
+    return ns;
+  }
+
   void send_notif(const std::string& agent, const std::string& bytes, int64_t timeout_ms) {
     PeerHandle peer = find_peer(agent);
     py::gil_scoped_release release;
@@ -430,6 +468,28 @@ void bind_nixl(py::module_& m) {
   m.def("nixl_desc_list", &make_desc_list, py::arg("descs"), py::arg("mem_type"),
         py::arg("width"));
 
+  // bench_nixl.py's C++ reference for get_xfer_descs + prep_xfer_dlist: the same flat
+  // columns built from an Nx3 uint64 array with no Python in the loop. Nanoseconds.
+  m.def("nixl_reference_desc_list_ns", [](const py::array_t<uint64_t>& rows) {
+    const auto n = static_cast<size_t>(rows.shape(0));
+    const uint64_t* data = rows.data();
+    py::gil_scoped_release release;
+    const auto start = std::chrono::steady_clock::now();
+    auto columns = std::make_shared<DescColumns>();
+    columns->addr.resize(n);
+    columns->len.resize(n);
+    columns->dev.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      columns->addr[i] = data[i * 3];
+      columns->len[i] = data[i * 3 + 1];
+      columns->dev[i] = static_cast<int64_t>(data[i * 3 + 2]);
+    }
+    Prepped p{std::move(columns), {}, std::nullopt};
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                                start)
+        .count();
+  });
+
   py::class_<Telemetry>(m, "NixlTelemetry")
       .def_readonly("xferDuration", &Telemetry::xfer_duration_us)
       .def_readonly("postDuration", &Telemetry::post_duration_us)
@@ -471,7 +531,8 @@ void bind_nixl(py::module_& m) {
       .def("release_xfer", &NixlAgent::release_xfer)
       .def("send_notif", &NixlAgent::send_notif, py::arg("agent"), py::arg("bytes"),
            py::arg("timeout_ms") = 0)
-      .def("notifications", &NixlAgent::notifications);
+      .def("notifications", &NixlAgent::notifications)
+      .def("reference_transfer_ns", &NixlAgent::reference_transfer_ns);
 }
 
 }  // namespace kvferry::python
