@@ -55,8 +55,8 @@ PyDescList make_desc_list(const py::object& descs, const std::string& mem_type, 
   if (py::isinstance<py::array>(descs)) {
     auto array = py::array_t<uint64_t, py::array::c_style | py::array::forcecast>::ensure(descs);
     if (!array || array.ndim() != 2 || array.shape(1) < 3) {
-      throw StatusError(InvalidArgument(
-          "descriptors: expected an Nx3 array of uint64 (addr, len, dev)"));
+      throw StatusError(
+          InvalidArgument("descriptors: expected an Nx3 array of uint64 (addr, len, dev)"));
     }
     const auto n = static_cast<size_t>(array.shape(0));
     const auto stride = static_cast<size_t>(array.shape(1));
@@ -78,8 +78,8 @@ PyDescList make_desc_list(const py::object& descs, const std::string& mem_type, 
     for (size_t i = 0; i < n; ++i) {
       py::sequence t = sequence[i];
       if (static_cast<size_t>(py::len(t)) < width) {
-        throw StatusError(InvalidArgument(fmt::format(
-            "descriptor {} has {} fields, expected {}", i, py::len(t), width)));
+        throw StatusError(InvalidArgument(
+            fmt::format("descriptor {} has {} fields, expected {}", i, py::len(t), width)));
       }
       columns->addr.push_back(t[0].cast<uint64_t>());
       columns->len.push_back(t[1].cast<uint64_t>());
@@ -114,7 +114,8 @@ struct Xfer {
 
 class NixlAgent {
  public:
-  NixlAgent(EngineOptions options) : engine_(value_or_throw(TransferEngine::create(std::move(options)))) {}
+  NixlAgent(EngineOptions options)
+      : engine_(value_or_throw(TransferEngine::create(std::move(options)))) {}
   ~NixlAgent() {
     // Handles must go before the engine.
     std::lock_guard lock(mu_);
@@ -130,7 +131,8 @@ class NixlAgent {
     const DescColumns& c = *list.columns;
     regions.reserve(c.addr.size());
     for (size_t i = 0; i < c.addr.size(); ++i) {
-      MemoryLocation where{c.kind, c.kind == MemoryLocation::Kind::kCuda ? static_cast<int>(c.dev[i]) : -1};
+      MemoryLocation where{c.kind,
+                           c.kind == MemoryLocation::Kind::kCuda ? static_cast<int>(c.dev[i]) : -1};
       regions.push_back({reinterpret_cast<void*>(c.addr[i]), c.len[i], where});
     }
     throw_if_error(engine_->register_memory(regions));
@@ -150,7 +152,8 @@ class NixlAgent {
     {
       std::lock_guard lock(mu_);
       auto it = peers_.find(name);
-      if (it != peers_.end() && it->second.incarnation() != peer.incarnation()) replaced = it->second;
+      if (it != peers_.end() && it->second.incarnation() != peer.incarnation())
+        replaced = it->second;
       peers_[name] = peer;
     }
     if (replaced) engine_->close_peer(*replaced);
@@ -203,8 +206,8 @@ class NixlAgent {
     } else if (operation == "READ") {
       kind = OpKind::kRead;
     } else {
-      throw StatusError(InvalidArgument(
-          fmt::format("operation '{}' is not one of READ, WRITE", operation)));
+      throw StatusError(
+          InvalidArgument(fmt::format("operation '{}' is not one of READ, WRITE", operation)));
     }
     Prepped local;
     Prepped remote;
@@ -219,13 +222,13 @@ class NixlAgent {
       }
     }
     if (local.peer) {
-      throw StatusError(InvalidArgument(fmt::format(
-          "local handle {} was prepared for remote agent '{}', not NIXL_INIT_AGENT", local_h,
-          local.agent)));
+      throw StatusError(InvalidArgument(
+          fmt::format("local handle {} was prepared for remote agent '{}', not NIXL_INIT_AGENT",
+                      local_h, local.agent)));
     }
     if (!remote.peer) {
-      throw StatusError(InvalidArgument(fmt::format(
-          "remote handle {} was prepared for this agent (NIXL_INIT_AGENT)", remote_h)));
+      throw StatusError(InvalidArgument(
+          fmt::format("remote handle {} was prepared for this agent (NIXL_INIT_AGENT)", remote_h)));
     }
     if (!current || current->incarnation() != remote.peer->incarnation()) {
       throw StatusError(PeerDisconnected(fmt::format(
@@ -240,8 +243,8 @@ class NixlAgent {
       throw StatusError(InvalidArgument("indices: expected 1-D sequences of integers"));
     }
     if (li.size() != ri.size()) {
-      throw StatusError(InvalidArgument(fmt::format(
-          "{} local indices but {} remote indices", li.size(), ri.size())));
+      throw StatusError(InvalidArgument(
+          fmt::format("{} local indices but {} remote indices", li.size(), ri.size())));
     }
     if (notification && notification->size() > engine_->options().max_notification_bytes) {
       throw StatusError(InvalidArgument(
@@ -265,13 +268,13 @@ class NixlAgent {
         if (a < 0 || static_cast<size_t>(a) >= l.addr.size() || b < 0 ||
             static_cast<size_t>(b) >= r.addr.size()) {
           throw StatusError(OutOfRange(fmt::format(
-              "index pair {}: ({}, {}) outside the lists of {} local and {} remote descriptors",
-              i, a, b, l.addr.size(), r.addr.size())));
+              "index pair {}: ({}, {}) outside the lists of {} local and {} remote descriptors", i,
+              a, b, l.addr.size(), r.addr.size())));
         }
         if (l.len[a] != r.len[b]) {
           throw StatusError(InvalidArgument(fmt::format(
-              "index pair {}: local descriptor {} has {} bytes, remote descriptor {} has {} bytes", i,
-              a, l.len[a], b, r.len[b])));
+              "index pair {}: local descriptor {} has {} bytes, remote descriptor {} has {} bytes",
+              i, a, l.len[a], b, r.len[b])));
         }
         xfer->ops[i] = TransferOp{kind, l.addr[a], r.addr[b], l.len[a]};
       }
@@ -414,12 +417,9 @@ class NixlAgent {
  private:
   static std::string state_name(BatchState s) {
     switch (s) {
-      case BatchState::kCompleted:
-        return "DONE";
-      case BatchState::kPending:
-        return "PROC";
-      case BatchState::kFailed:
-        return "ERR";
+      case BatchState::kCompleted: return "DONE";
+      case BatchState::kPending: return "PROC";
+      case BatchState::kFailed: return "ERR";
     }
     return "ERR";
   }
@@ -465,8 +465,7 @@ void bind_nixl(py::module_& m) {
       .def_property_readonly("is_device", [](const PyDescList& d) {
         return d.columns->kind == MemoryLocation::Kind::kCuda;
       });
-  m.def("nixl_desc_list", &make_desc_list, py::arg("descs"), py::arg("mem_type"),
-        py::arg("width"));
+  m.def("nixl_desc_list", &make_desc_list, py::arg("descs"), py::arg("mem_type"), py::arg("width"));
 
   // bench_nixl.py's C++ reference for get_xfer_descs + prep_xfer_dlist: the same flat
   // columns built from an Nx3 uint64 array with no Python in the loop. Nanoseconds.
@@ -513,8 +512,7 @@ void bind_nixl(py::module_& m) {
            py::arg("name"), py::arg("listen_address") = "127.0.0.1:0",
            py::arg("batch_timeout_ms") = 30'000, py::arg("transport") = py::none(),
            py::arg("secret") = py::none(), py::arg("worker_threads") = 2)
-      .def_property_readonly("endpoint",
-                             [](NixlAgent& a) { return a.engine().endpoint(); })
+      .def_property_readonly("endpoint", [](NixlAgent& a) { return a.engine().endpoint(); })
       .def_property_readonly("incarnation", [](NixlAgent& a) { return a.engine().incarnation(); })
       .def("register_memory", &NixlAgent::register_memory, py::call_guard<py::gil_scoped_release>())
       .def("deregister_memory", &NixlAgent::deregister_memory,

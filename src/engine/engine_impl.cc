@@ -60,8 +60,7 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   if (options.max_notification_bytes == 0 ||
       options.max_notification_bytes > kMaxNotificationBytesLimit) {
     return InvalidArgument(fmt::format("max_notification_bytes {} out of range 1..{}",
-                                       options.max_notification_bytes,
-                                       kMaxNotificationBytesLimit));
+                                       options.max_notification_bytes, kMaxNotificationBytesLimit));
   }
   if (options.max_pending_notifications == 0) {
     return InvalidArgument("max_pending_notifications 0 must be positive");

@@ -107,8 +107,7 @@ class EngineImpl {
 
   // Notifications: the sender to the peer's current incarnation (made on first need), or
   // NotSupported when the peer takes none; checks `bytes` against the size limit.
-  Result<std::shared_ptr<NotificationSender>> notification_sender(PeerState& peer,
-                                                                 size_t bytes);
+  Result<std::shared_ptr<NotificationSender>> notification_sender(PeerState& peer, size_t bytes);
   void drop_notification_sender(const std::string& peer_name, const Status& why);
 
   // Batches.

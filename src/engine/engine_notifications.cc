@@ -19,9 +19,10 @@ Result<std::shared_ptr<NotificationSender>> EngineImpl::notification_sender(Peer
   } else {
     target = peer.segment.load()->descriptor.notify_endpoint;
     if (target.empty()) {
-      return NotSupported(fmt::format("peer {} takes no notifications (its descriptor has no "
-                                      "notify_endpoint: an older kvferry)",
-                                      peer.name));
+      return NotSupported(
+          fmt::format("peer {} takes no notifications (its descriptor has no "
+                      "notify_endpoint: an older kvferry)",
+                      peer.name));
     }
   }
   std::lock_guard lock(notify_mu_);

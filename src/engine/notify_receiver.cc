@@ -57,8 +57,7 @@ void NotificationReceiver::accept(Fd connection) {
     }
   }
   if (connections_.size() >= options_.max_connections) {
-    log().warn("notification: refused a connection: {} are open (the limit)",
-               connections_.size());
+    log().warn("notification: refused a connection: {} are open (the limit)", connections_.size());
     return;
   }
   Connection& c = connections_.emplace_back();
@@ -147,8 +146,8 @@ void NotificationReceiver::serve(Connection& c) {
     }
   }
   if (lost.empty() || stopping_.load()) return;
-  log().warn("notification: lost sender '{}' ({}): {}", sender.sender_name,
-             sender.sender_endpoint, lost);
+  log().warn("notification: lost sender '{}' ({}): {}", sender.sender_name, sender.sender_endpoint,
+             lost);
   Notification gone;
   gone.kind = Notification::Kind::kSenderLost;
   gone.sender = sender.sender_name;

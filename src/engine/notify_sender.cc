@@ -138,8 +138,8 @@ Status NotificationSender::peer_error(const Status& s) const {
 Status NotificationSender::connect(Clock::time_point deadline) {
   KVF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(target_, deadline));
   NotifyHello hello{target_incarnation_, self_.incarnation, self_.name, self_.endpoint};
-  KVF_RETURN_IF_ERROR(write_notify_frame(fd.get(), NotifyFrame::kHello, encode_hello(hello),
-                                         deadline));
+  KVF_RETURN_IF_ERROR(
+      write_notify_frame(fd.get(), NotifyFrame::kHello, encode_hello(hello), deadline));
   KVF_ASSIGN_OR_RETURN(NotifyMessage reply, read_notify_frame(fd.get(), 0, deadline));
   if (reply.type == NotifyFrame::kError) {
     return PeerDisconnected(fmt::format("refused: {}", as_text(reply.payload)));

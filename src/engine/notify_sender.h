@@ -86,7 +86,7 @@ class NotificationSender {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Item> queue_;       // guarded by mu_
+  std::deque<Item> queue_;        // guarded by mu_
   std::optional<Status> closed_;  // guarded by mu_: set by shutdown or the destructor
   bool stopping_ = false;         // guarded by mu_
 

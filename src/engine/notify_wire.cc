@@ -32,7 +32,8 @@ Result<NotifyHello> decode_hello(std::span<const std::byte> payload) {
   if (!r.get(h.target_incarnation) || !r.get(h.sender_incarnation) ||
       !r.get_string(h.sender_name, kMaxNotifyControlBytes) ||
       !r.get_string(h.sender_endpoint, kMaxNotifyControlBytes) || r.remaining() != 0) {
-    return ProtocolError(fmt::format("notification hello of {} bytes is malformed", payload.size()));
+    return ProtocolError(
+        fmt::format("notification hello of {} bytes is malformed", payload.size()));
   }
   return h;
 }
@@ -85,7 +86,8 @@ Status write_notify_frame(int fd, NotifyFrame type, std::span<const std::byte> p
   encode_frame_header(make_frame_header(kNotifyFormat, static_cast<uint16_t>(type),
                                         static_cast<uint32_t>(payload.size())),
                       std::span<std::byte, kFrameHeaderBytes>(frame.data(), kFrameHeaderBytes));
-  if (!payload.empty()) std::memcpy(frame.data() + kFrameHeaderBytes, payload.data(), payload.size());
+  if (!payload.empty())
+    std::memcpy(frame.data() + kFrameHeaderBytes, payload.data(), payload.size());
   return send_all(fd, frame, deadline);
 }
 

@@ -71,8 +71,8 @@ struct RegionDescriptor {
 
 struct SegmentDescriptor {
   std::string name;
-  std::string endpoint;      // "host:port" of the handshake listener
-  std::string tcp_endpoint;  // "host:port" of the tcp data listener; empty if not served
+  std::string endpoint;         // "host:port" of the handshake listener
+  std::string tcp_endpoint;     // "host:port" of the tcp data listener; empty if not served
   std::string notify_endpoint;  // "host:port" of the notification listener; empty: none
   uint64_t incarnation = 0;
   std::string host_id;  // see core/host_identity.h

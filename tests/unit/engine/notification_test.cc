@@ -77,10 +77,10 @@ TEST_P(NotificationAfterData, ArrivesOnlyOnceEveryByteIsInPlace) {
   constexpr size_t kBytes = 3u << 20;
   SharedBuffer local = must(initiator->allocate_shared(kBytes));
   SharedBuffer remote = must(target->allocate_shared(kBytes));
-  std::span<std::byte> src(static_cast<std::byte*>(c.op == OpKind::kWrite ? local.addr : remote.addr),
-                           kBytes);
-  std::span<std::byte> dst(static_cast<std::byte*>(c.op == OpKind::kWrite ? remote.addr : local.addr),
-                           kBytes);
+  std::span<std::byte> src(
+      static_cast<std::byte*>(c.op == OpKind::kWrite ? local.addr : remote.addr), kBytes);
+  std::span<std::byte> dst(
+      static_cast<std::byte*>(c.op == OpKind::kWrite ? remote.addr : local.addr), kBytes);
   PeerOptions po;
   if (c.transport != TransportKind::kLocal) po.transport = c.transport;
   PeerHandle peer = must(initiator->open_peer(target->endpoint(), po));
@@ -109,17 +109,16 @@ TEST_P(NotificationAfterData, ArrivesOnlyOnceEveryByteIsInPlace) {
   EXPECT_TRUE(target->get_notifications().empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Transports, NotificationAfterData,
-    ::testing::Values(Case{TransportKind::kLocal, OpKind::kWrite},
-                      Case{TransportKind::kLocal, OpKind::kRead},
-                      Case{TransportKind::kShm, OpKind::kWrite},
-                      Case{TransportKind::kShm, OpKind::kRead},
-                      Case{TransportKind::kCma, OpKind::kWrite},
-                      Case{TransportKind::kCma, OpKind::kRead},
-                      Case{TransportKind::kTcp, OpKind::kWrite},
-                      Case{TransportKind::kTcp, OpKind::kRead}),
-    case_name);
+INSTANTIATE_TEST_SUITE_P(Transports, NotificationAfterData,
+                         ::testing::Values(Case{TransportKind::kLocal, OpKind::kWrite},
+                                           Case{TransportKind::kLocal, OpKind::kRead},
+                                           Case{TransportKind::kShm, OpKind::kWrite},
+                                           Case{TransportKind::kShm, OpKind::kRead},
+                                           Case{TransportKind::kCma, OpKind::kWrite},
+                                           Case{TransportKind::kCma, OpKind::kRead},
+                                           Case{TransportKind::kTcp, OpKind::kWrite},
+                                           Case{TransportKind::kTcp, OpKind::kRead}),
+                         case_name);
 
 TEST(Notifications, StandaloneAndBatchNotificationsKeepTheSendersOrder) {
   auto a = engine_named("a");
@@ -251,14 +250,15 @@ TEST(Notifications, ASendersUncleanEndIsReportedAfterItsMessages) {
   {
     Fd fd = must(connect_tcp(notify, deadline));
     NotifyHello hello{d.incarnation, 42, "ghost", "127.0.0.1:1"};
-    ASSERT_TRUE(write_notify_frame(fd.get(), NotifyFrame::kHello, encode_hello(hello), deadline).ok());
+    ASSERT_TRUE(
+        write_notify_frame(fd.get(), NotifyFrame::kHello, encode_hello(hello), deadline).ok());
     NotifyMessage challenge = must(read_notify_frame(fd.get(), 0, deadline));
     ASSERT_EQ(challenge.type, NotifyFrame::kChallenge);
     EXPECT_EQ(must(decode_challenge(challenge.payload)).max_notification_bytes, 4096u);
     ASSERT_EQ(must(read_notify_frame(fd.get(), 0, deadline)).type, NotifyFrame::kWelcome);
-    ASSERT_TRUE(write_notify_frame(fd.get(), NotifyFrame::kNotify, encode_notify(1, "last words"),
-                                   deadline)
-                    .ok());
+    ASSERT_TRUE(
+        write_notify_frame(fd.get(), NotifyFrame::kNotify, encode_notify(1, "last words"), deadline)
+            .ok());
     NotifyMessage ack = must(read_notify_frame(fd.get(), 0, deadline));
     ASSERT_EQ(ack.type, NotifyFrame::kAck);
     EXPECT_EQ(must(decode_sequence(ack.payload)), 1u);
@@ -273,13 +273,14 @@ TEST(Notifications, ASendersUncleanEndIsReportedAfterItsMessages) {
   {
     Fd fd = must(connect_tcp(notify, deadline));
     NotifyHello hello{d.incarnation, 43, "greedy", "127.0.0.1:1"};
-    ASSERT_TRUE(write_notify_frame(fd.get(), NotifyFrame::kHello, encode_hello(hello), deadline).ok());
+    ASSERT_TRUE(
+        write_notify_frame(fd.get(), NotifyFrame::kHello, encode_hello(hello), deadline).ok());
     ASSERT_EQ(must(read_notify_frame(fd.get(), 0, deadline)).type, NotifyFrame::kChallenge);
     ASSERT_EQ(must(read_notify_frame(fd.get(), 0, deadline)).type, NotifyFrame::kWelcome);
     std::byte header[kFrameHeaderBytes];
-    encode_frame_header(make_frame_header(kNotifyFormat, static_cast<uint16_t>(NotifyFrame::kNotify),
-                                          1u << 30),
-                        header);
+    encode_frame_header(
+        make_frame_header(kNotifyFormat, static_cast<uint16_t>(NotifyFrame::kNotify), 1u << 30),
+        header);
     ASSERT_TRUE(send_all(fd.get(), header, deadline).ok());
     NotifyMessage refusal = must(read_notify_frame(fd.get(), 0, deadline));
     EXPECT_EQ(refusal.type, NotifyFrame::kError);
@@ -292,7 +293,8 @@ TEST(Notifications, ASendersUncleanEndIsReportedAfterItsMessages) {
   {
     Fd fd = must(connect_tcp(notify, deadline));
     NotifyHello hello{d.incarnation + 1, 44, "late", "127.0.0.1:1"};
-    ASSERT_TRUE(write_notify_frame(fd.get(), NotifyFrame::kHello, encode_hello(hello), deadline).ok());
+    ASSERT_TRUE(
+        write_notify_frame(fd.get(), NotifyFrame::kHello, encode_hello(hello), deadline).ok());
     NotifyMessage refusal = must(read_notify_frame(fd.get(), 0, deadline));
     EXPECT_EQ(refusal.type, NotifyFrame::kError);
   }
