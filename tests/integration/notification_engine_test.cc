@@ -44,7 +44,9 @@ TEST_P(NotificationTwoProcess, ABatchIsCompleteOnlyOnceTheChildHoldsItsBytesAndN
 
 INSTANTIATE_TEST_SUITE_P(Transports, NotificationTwoProcess,
                          ::testing::Values(TransportKind::kCma, TransportKind::kTcp),
-                         [](const auto& info) { return std::string(transport_kind_name(info.param)); });
+                         [](const ::testing::TestParamInfo<TransportKind>& param_info) {
+                           return std::string(transport_kind_name(param_info.param));
+                         });
 
 TEST(NotificationTwoProcessDeath, AKilledTargetFailsTheNextNotificationPromptly) {
   ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, 1 << 20, {"--memory", "host"}));

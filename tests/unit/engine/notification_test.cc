@@ -27,8 +27,10 @@ uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 std::unique_ptr<TransferEngine> engine_named(const std::string& name,
                                              std::optional<std::string> secret = std::nullopt,
-                                             size_t max_bytes = kDefaultMaxNotificationBytes) {
+                                             size_t max_bytes = kDefaultMaxNotificationBytes,
+                                             bool ucx_allow_emulated = false) {
   EngineOptions o;
+  o.ucx_allow_emulated = ucx_allow_emulated;  // UCX here has no RDMA: its tcp/shm paths
   o.name = name;
   o.secret = std::move(secret);
   o.max_notification_bytes = max_bytes;
@@ -67,11 +69,12 @@ class NotificationAfterData : public ::testing::TestWithParam<Case> {};
 // byte is in the destination (the target's memory for WRITE, the initiator's for READ).
 TEST_P(NotificationAfterData, ArrivesOnlyOnceEveryByteIsInPlace) {
   const Case c = GetParam();
-  auto initiator = engine_named("initiator");
+  const bool ucx = c.transport == TransportKind::kUcx;
+  auto initiator = engine_named("initiator", std::nullopt, kDefaultMaxNotificationBytes, ucx);
   std::unique_ptr<TransferEngine> target_engine;
   TransferEngine* target = initiator.get();
   if (c.transport != TransportKind::kLocal) {
-    target_engine = engine_named("target");
+    target_engine = engine_named("target", std::nullopt, kDefaultMaxNotificationBytes, ucx);
     target = target_engine.get();
   }
   constexpr size_t kBytes = 3u << 20;
@@ -109,16 +112,23 @@ TEST_P(NotificationAfterData, ArrivesOnlyOnceEveryByteIsInPlace) {
   EXPECT_TRUE(target->get_notifications().empty());
 }
 
+// Every transport that can run in one process (ucx when built: over UCX's emulated paths).
+std::vector<Case> notification_cases() {
+  std::vector<Case> cases;
+  for (TransportKind kind :
+       {TransportKind::kLocal, TransportKind::kShm, TransportKind::kCma, TransportKind::kTcp}) {
+    cases.push_back({kind, OpKind::kWrite});
+    cases.push_back({kind, OpKind::kRead});
+  }
+#ifdef KVFERRY_WITH_UCX
+  cases.push_back({TransportKind::kUcx, OpKind::kWrite});
+  cases.push_back({TransportKind::kUcx, OpKind::kRead});
+#endif
+  return cases;
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, NotificationAfterData,
-                         ::testing::Values(Case{TransportKind::kLocal, OpKind::kWrite},
-                                           Case{TransportKind::kLocal, OpKind::kRead},
-                                           Case{TransportKind::kShm, OpKind::kWrite},
-                                           Case{TransportKind::kShm, OpKind::kRead},
-                                           Case{TransportKind::kCma, OpKind::kWrite},
-                                           Case{TransportKind::kCma, OpKind::kRead},
-                                           Case{TransportKind::kTcp, OpKind::kWrite},
-                                           Case{TransportKind::kTcp, OpKind::kRead}),
-                         case_name);
+                         ::testing::ValuesIn(notification_cases()), case_name);
 
 TEST(Notifications, StandaloneAndBatchNotificationsKeepTheSendersOrder) {
   auto a = engine_named("a");
