@@ -89,5 +89,7 @@ TransferEngine& unwrap_engine(const py::object& engine);
 void bind_engine(py::module_& m);
 void bind_plan(py::module_& m);
 void bind_pd(py::module_& m);
+// kvferry.nixl's core (nixl_bindings.cc).
+void bind_nixl(py::module_& m);
 
 }  // namespace kvferry::python

@@ -48,4 +48,5 @@ PYBIND11_MODULE(_kvferry, m) {
   python::bind_engine(m);
   python::bind_plan(m);
   python::bind_pd(m);
+  python::bind_nixl(m);
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 
 namespace kvferry {
 
@@ -11,5 +12,10 @@ namespace kvferry {
 // handshake (EngineOptions::handshake_timeout), one metadata-store call, one PD control
 // frame send and one bootstrap HTTP call.
 inline constexpr std::chrono::milliseconds kDefaultHandshakeTimeout{2'000};
+
+// Engine notifications: the largest message (EngineOptions::max_notification_bytes) and how
+// many received ones are kept until drained (max_pending_notifications).
+inline constexpr size_t kDefaultMaxNotificationBytes = 4096;
+inline constexpr size_t kDefaultMaxPendingNotifications = 65536;
 
 }  // namespace kvferry

@@ -30,6 +30,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvferry/defaults.h"
@@ -109,6 +110,11 @@ struct EngineOptions {
   // Count bytes, batches, failures and latencies (kvferry/metrics.h). Off: nothing is
   // counted and metrics() is empty.
   bool metrics = false;
+  // Notifications (send_notification, SubmitOptions::notification): the largest message this
+  // engine sends or accepts, and how many received ones it keeps until get_notifications
+  // drains them (a sender waits for room beyond that; its notifications may time out).
+  size_t max_notification_bytes = kDefaultMaxNotificationBytes;
+  size_t max_pending_notifications = kDefaultMaxPendingNotifications;
 };
 
 struct PeerOptions {
@@ -125,6 +131,27 @@ struct SubmitOptions {
   // returns. A batch that does not run on a device copy engine refuses it
   // (InvalidArgument).
   void* after_cuda_event = nullptr;
+  // A message for the peer (the batch's target: for READ, the peer read from), delivered
+  // once every byte of the batch is in place. The batch reports Completed only when the peer
+  // has acknowledged it (it is in the peer's inbox); a notification that could not be
+  // delivered fails the batch (PeerDisconnected, Timeout, ...) although its bytes moved.
+  // Errors at submit: InvalidArgument (larger than max_notification_bytes, naming the
+  // size), NotSupported (the peer takes no notifications).
+  std::optional<std::string> notification{};
+};
+
+// A notification received from a peer engine (get_notifications).
+struct Notification {
+  enum class Kind : uint8_t {
+    kMessage = 0,     // `bytes` is the message
+    kSenderLost = 1,  // the sender's connection ended uncleanly (it died, or the network
+                      // broke): `bytes` says why. Nothing it sent before is lost.
+  };
+  Kind kind = Kind::kMessage;
+  std::string sender;           // the sender's EngineOptions::name
+  std::string sender_endpoint;  // the sender's endpoint() (what open_peer takes)
+  uint64_t sender_incarnation = 0;
+  std::string bytes;
 };
 
 // A peer opened by open_peer. Cheap to copy.
@@ -240,6 +267,19 @@ class TransferEngine {
   // Convenience: submit then wait up to the batch timeout; returns the final status.
   Status transfer_sync(const PeerHandle& peer, std::span<const TransferOp> ops,
                        const SubmitOptions& options = {});
+
+  // Notifications. A message of at most max_notification_bytes to the peer, delivered over
+  // an ordered, authenticated (when a secret is set) connection per peer: one sender's
+  // notifications, standalone or attached to batches, reach the peer in the order they were
+  // sent (a batch's when it completes). Returns once the peer acknowledged it, or the error:
+  // InvalidArgument (too large, naming the size), NotSupported (the peer takes none),
+  // PeerDisconnected (the peer died, restarted or was closed), PeerUnreachable,
+  // Unauthenticated, Timeout (zero `timeout` = batch_timeout). Thread-safe.
+  Status send_notification(const PeerHandle& peer, std::string_view bytes,
+                           std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
+  // Takes up to `max` received notifications, oldest first (per sender in send order);
+  // never blocks. Thread-safe.
+  std::vector<Notification> get_notifications(size_t max = SIZE_MAX);
 
   // What this engine counted (labelled engine=<options().name>); empty unless
   // EngineOptions::metrics. Safe to call at any time from any thread.

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "engine/engine_metrics.h"
+#include "engine/notify_sender.h"
 #include "engine/op_resolver.h"
 #include "engine/peer_state.h"
 #include "transport/batch_progress.h"
@@ -34,9 +35,15 @@ struct BatchRecord final : BatchProgress {
   // Metrics on: the engine's counters (they outlive every batch) and the transports used.
   EngineMetrics* metrics = nullptr;
   TransportMask transports = 0;
+  // SubmitOptions::notification: sent through `notifier` once the data completed; the
+  // batch is complete when `notified` is OK. Set before posting.
+  std::shared_ptr<NotificationSender> notifier;
+  std::string notification;
+  std::shared_ptr<NotifyTicket> notified;
 
   void on_final(const Status& status, std::chrono::nanoseconds elapsed) override {
-    metrics->on_final(transports, status, elapsed);
+    if (metrics != nullptr) metrics->on_final(transports, status, elapsed);
+    if (notified && status.ok()) notifier->enqueue(std::move(notification), deadline(), notified);
   }
 };
 

@@ -69,6 +69,17 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
           transport_kind_name(batch->work.parts.front().transport)));
     }
   }
+  // Checked before anything is pinned or posted: a batch whose notification cannot go moves
+  // no byte.
+  if (options.notification) {
+    Result<std::shared_ptr<NotificationSender>> notifier =
+        notification_sender(*peer, options.notification->size());
+    if (!notifier.ok()) return notifier.status();
+    batch->notifier = std::move(*notifier);
+    batch->notification = *options.notification;
+    batch->notified = std::make_shared<NotifyTicket>();
+    batch->report_final();
+  }
   // Pin the local regions (see RegionUse for the protocol).
   std::vector<RegionUse*>& uses = batch->work.uses;
   for (size_t i = 0; i < uses.size(); ++i) {
@@ -137,9 +148,21 @@ BatchStatus EngineImpl::status(const BatchHandle& handle) const {
   }
   auto& b = static_cast<BatchRecord&>(*handle.state_);
   BatchStatus s = b.snapshot();
-  if (s.state != BatchState::kPending) return s;
+  if (s.state != BatchState::kPending) return with_notification(b, std::move(s));
   enforce_deadline(b);
-  return b.snapshot();
+  return with_notification(b, b.snapshot());
+}
+
+BatchStatus EngineImpl::with_notification(const BatchRecord& b, BatchStatus s) {
+  if (s.state != BatchState::kCompleted || !b.notified) return s;
+  std::optional<Status> outcome = b.notified->poll();
+  if (!outcome) {
+    s.state = BatchState::kPending;
+  } else if (!outcome->ok()) {
+    s.state = BatchState::kFailed;
+    s.status = *outcome;
+  }
+  return s;
 }
 
 BatchStatus EngineImpl::wait(const BatchHandle& handle, std::chrono::milliseconds timeout) const {
@@ -153,7 +176,9 @@ BatchStatus EngineImpl::wait(const BatchHandle& handle, std::chrono::millisecond
   if (timeout.count() > 0) b.help();
   b.wait_until(until);
   enforce_deadline(b);
-  return b.snapshot();
+  BatchStatus s = b.snapshot();
+  if (s.state == BatchState::kCompleted && b.notified) b.notified->wait_until(until);
+  return with_notification(b, std::move(s));
 }
 
 MetricsSnapshot EngineImpl::metrics() {

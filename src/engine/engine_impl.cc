@@ -59,6 +59,14 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
     return InvalidArgument(
         fmt::format("handshake_timeout {} ms must be positive", options.handshake_timeout.count()));
   }
+  if (options.max_notification_bytes == 0 ||
+      options.max_notification_bytes > kMaxNotificationBytesLimit) {
+    return InvalidArgument(fmt::format("max_notification_bytes {} out of range 1..{}",
+                                       options.max_notification_bytes, kMaxNotificationBytesLimit));
+  }
+  if (options.max_pending_notifications == 0) {
+    return InvalidArgument("max_pending_notifications 0 must be positive");
+  }
   KVF_ASSIGN_OR_RETURN(Endpoint listen, parse_endpoint(options.listen_address, true));
   TransportSet built;
   for (const BuiltTransport& t : transports) built.insert(t.kind);
@@ -93,6 +101,14 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
             engine->incarnation_, [raw](uint64_t inode) { return raw->dup_shared_fd(inode); },
             engine->secret_, engine->options_.handshake_timeout));
   }
+  NotificationReceiver::Options notify;
+  notify.listen = Endpoint{listen.host, 0};
+  notify.incarnation = engine->incarnation_;
+  notify.secret = engine->secret_;
+  notify.max_notification_bytes = static_cast<uint32_t>(engine->options_.max_notification_bytes);
+  notify.max_pending = engine->options_.max_pending_notifications;
+  notify.io_timeout = engine->options_.handshake_timeout;
+  KVF_ASSIGN_OR_RETURN(engine->notifications_, NotificationReceiver::start(std::move(notify)));
   TransportEnv env;
   env.engine_name = engine->options_.name;
   env.listen_host = listen.host;
@@ -218,6 +234,7 @@ Status EngineImpl::publish_locked() {
   d.transports = served_;
   d.version = ++descriptor_version_;
   if (shm_fd_server_) d.shm_socket = shm_fd_server_->name();
+  if (notifications_) d.notify_endpoint = notifications_->endpoint().to_string();
   for (const auto& t : transports_) {
     if (t) t->describe(d);
   }

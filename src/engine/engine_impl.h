@@ -16,6 +16,8 @@
 
 #include "core/thread_pool.h"
 #include "engine/batch_record.h"
+#include "engine/notify_receiver.h"
+#include "engine/notify_sender.h"
 #include "engine/peer_monitor.h"
 #include "engine/peer_state.h"
 #include "kvferry/transfer_engine.h"
@@ -58,6 +60,9 @@ class EngineImpl {
   BatchStatus status(const BatchHandle& batch) const;
   BatchStatus wait(const BatchHandle& batch, std::chrono::milliseconds timeout) const;
   void cancel(const BatchHandle& batch);
+  Status send_notification(const PeerHandle& peer, std::string_view bytes,
+                           std::chrono::milliseconds timeout);
+  std::vector<Notification> get_notifications(size_t max);
   // Empty when EngineOptions::metrics is off.
   MetricsSnapshot metrics();
 
@@ -106,8 +111,15 @@ class EngineImpl {
   // Drops what was opened for a peer incarnation that is gone (its IPC handles).
   void forget_incarnation(uint64_t incarnation);
 
+  // Notifications: the sender to the peer's current incarnation (made on first need), or
+  // NotSupported when the peer takes none; checks `bytes` against the size limit.
+  Result<std::shared_ptr<NotificationSender>> notification_sender(PeerState& peer, size_t bytes);
+  void drop_notification_sender(const std::string& peer_name, const Status& why);
+
   // Batches.
   static void enforce_deadline(BatchRecord& b);
+  // A data-complete batch with a notification is complete once the notification is.
+  static BatchStatus with_notification(const BatchRecord& b, BatchStatus s);
   // Posts every part of the resolved batch; on an error, stops the batch with it.
   Status post_parts(const std::shared_ptr<BatchProgress>& batch, PeerState& peer,
                     void* after_cuda_event);
@@ -139,6 +151,10 @@ class EngineImpl {
   // By TransportKind; null where not served. Destroyed after the peers and batches that
   // use them are gone (handles must not outlive the engine).
   std::array<std::unique_ptr<Transport>, kAllTransportKinds.size()> transports_;
+  // Notifications: the receiver, and a sender per peer name (to its current incarnation).
+  std::unique_ptr<NotificationReceiver> notifications_;
+  std::mutex notify_mu_;
+  std::unordered_map<std::string, std::shared_ptr<NotificationSender>> notify_senders_;
   std::unique_ptr<HandshakeServer> handshake_;
   // Hands this engine's memfds to authorised same-host peers; declared after
   // shared_allocations_, so it stops (and its threads stop looking them up) first.

@@ -58,6 +58,8 @@ void EngineImpl::close_peer(const PeerHandle& handle) {
     if (it != peers_.end() && it->second == handle.state_) peers_.erase(it);
   }
   forget_incarnation(handle.state_->incarnation);
+  drop_notification_sender(handle.state_->name, PeerDisconnected("peer " + handle.state_->name +
+                                                                 " closed by this engine"));
 }
 
 Status EngineImpl::probe_peer(std::string_view name, std::chrono::milliseconds timeout) {

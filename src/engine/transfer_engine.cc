@@ -65,6 +65,15 @@ BatchStatus TransferEngine::wait(const BatchHandle& batch,
 }
 void TransferEngine::cancel(const BatchHandle& batch) { impl_->cancel(batch); }
 
+Status TransferEngine::send_notification(const PeerHandle& peer, std::string_view bytes,
+                                         std::chrono::milliseconds timeout) {
+  return impl_->send_notification(peer, bytes, timeout);
+}
+
+std::vector<Notification> TransferEngine::get_notifications(size_t max) {
+  return impl_->get_notifications(max);
+}
+
 Status TransferEngine::transfer_sync(const PeerHandle& peer, std::span<const TransferOp> ops,
                                      const SubmitOptions& options) {
   KVF_ASSIGN_OR_RETURN(BatchHandle batch, submit(peer, ops, options));

@@ -187,6 +187,7 @@ std::string serialize_segment_descriptor(const SegmentDescriptor& d) {
               {"transports", transports},     {"version", d.version}, {"regions", regions}};
   if (!d.tcp_endpoint.empty()) out["tcp_endpoint"] = d.tcp_endpoint;
   if (!d.shm_socket.empty()) out["shm_socket"] = d.shm_socket;
+  if (!d.notify_endpoint.empty()) out["notify_endpoint"] = d.notify_endpoint;
   if (d.ucx) {
     out["ucx"] = {{"worker_address", bytes_to_hex(d.ucx->worker_address)},
                   {"hardware_rma", d.ucx->hardware_rma}};
@@ -221,6 +222,7 @@ Result<SegmentDescriptor> parse_segment_descriptor(std::string_view text) {
     return bad("shm_socket name of " + std::to_string(d.shm_socket.size()) +
                " bytes exceeds the limit of " + std::to_string(kMaxShmSocketNameBytes));
   }
+  KVF_RETURN_IF_ERROR(f.optional("notify_endpoint", d.notify_endpoint));
   if (const json* ucx = f.optional_value("ucx")) {
     KVF_ASSIGN_OR_RETURN(JsonFields u, JsonFields::of(*ucx, "'ucx'", backing_errors("ucx")));
     KVF_ASSIGN_OR_RETURN(d.ucx, parse_ucx(std::move(u)));

@@ -72,8 +72,9 @@ struct RegionDescriptor {
 
 struct SegmentDescriptor {
   std::string name;
-  std::string endpoint;      // "host:port" of the handshake listener
-  std::string tcp_endpoint;  // "host:port" of the tcp data listener; empty if not served
+  std::string endpoint;         // "host:port" of the handshake listener
+  std::string tcp_endpoint;     // "host:port" of the tcp data listener; empty if not served
+  std::string notify_endpoint;  // "host:port" of the notification listener; empty: none
   // The abstract Unix socket that hands this engine's memfds to authorised same-host peers
   // (transport/shm_fd_server.h); empty when shm is not served.
   std::string shm_socket;

@@ -1,0 +1,110 @@
+"""kvferry.nixl (NIXL's Python API) against the same work done by the C++ engine directly.
+
+    PYTHONPATH=build/python /usr/bin/python3 python/bench_nixl.py [--rounds 5] [--append FILE]
+
+Two cases, each as descriptors per second and the ratio C++ / Python (> 1: Python is slower):
+
+* prep: get_xfer_descs + prep_xfer_dlist of 1,000,000 descriptors given as an Nx3 uint64
+  numpy array (as vLLM builds them). C++ reference: the same flat columns built from the same
+  array in a C++ loop (_kvferry.nixl_reference_desc_list_ns).
+* transfer: make_prepped_xfer + transfer + check_xfer_state polling until DONE of 100,000
+  64-byte READs of random blocks, between two agents of this process (the cma route). C++
+  reference: ops gathered from the same index arrays, one TransferEngine::submit, one wait
+  (NixlAgent.reference_transfer_ns), on the same engines and memory.
+
+Both are measured in the same process, interleaved round by round; each figure is the median.
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+
+from kvferry import _kvferry  # noqa: E402
+from kvferry.nixl._api import nixl_agent, nixl_agent_config  # noqa: E402
+
+PREP_DESCS = 1_000_000
+XFER_DESCS = 100_000
+DESC_BYTES = 64
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--append", help="append a markdown table to this file")
+    args = parser.parse_args()
+
+    pool = XFER_DESCS * 4
+    a = nixl_agent("bench-decode", nixl_agent_config(num_threads=2))
+    b = nixl_agent("bench-prefill", nixl_agent_config(num_threads=2))
+    local_mem = np.zeros(pool * DESC_BYTES, dtype=np.uint8)
+    remote_mem = np.random.default_rng(1).integers(0, 256, pool * DESC_BYTES, dtype=np.uint8)
+    a.register_memory(a.get_reg_descs([(local_mem.ctypes.data, local_mem.nbytes, 0, "")], "DRAM"))
+    b.register_memory(b.get_reg_descs([(remote_mem.ctypes.data, remote_mem.nbytes, 0, "")],
+                                      "DRAM"))
+    a.add_remote_agent(b.get_agent_metadata())
+
+    def rows(base, n):
+        r = np.zeros((n, 3), dtype=np.uint64)
+        r[:, 0] = base + np.arange(n, dtype=np.uint64) * DESC_BYTES
+        r[:, 1] = DESC_BYTES
+        return r
+
+    prep_rows = rows(remote_mem.ctypes.data, PREP_DESCS)
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", rows(local_mem.ctypes.data, pool), "DRAM")
+    remote = a.prep_xfer_dlist("bench-prefill", rows(remote_mem.ctypes.data, pool), "DRAM")
+    rng = np.random.default_rng(2)
+
+    results = {"prep": ([], []), "transfer": ([], [])}
+    for _ in range(args.rounds):
+        results["prep"][0].append(_kvferry.nixl_reference_desc_list_ns(prep_rows))
+        t = time.perf_counter_ns()
+        h = a.prep_xfer_dlist("bench-prefill", a.get_xfer_descs(prep_rows, "DRAM"))
+        results["prep"][1].append(time.perf_counter_ns() - t)
+        a.release_dlist_handle(h)
+
+        local_ids = rng.permutation(pool)[:XFER_DESCS].astype(np.int64)
+        remote_ids = rng.permutation(pool)[:XFER_DESCS].astype(np.int64)
+        results["transfer"][0].append(a._core.reference_transfer_ns(
+            "bench-prefill", local, local_ids, remote, remote_ids))
+        local_mem[:] = 0
+        t = time.perf_counter_ns()
+        x = a.make_prepped_xfer("READ", local, local_ids, remote, remote_ids)
+        a.transfer(x)
+        state = a.check_xfer_state(x)
+        while state == "PROC":
+            state = a.check_xfer_state(x)
+        results["transfer"][1].append(time.perf_counter_ns() - t)
+        assert state == "DONE", a.xfer_error(x)
+        a.release_xfer_handle(x)
+        got = local_mem.reshape(pool, DESC_BYTES)[local_ids]
+        want = remote_mem.reshape(pool, DESC_BYTES)[remote_ids]
+        assert np.array_equal(got, want), "bytes differ"
+
+    lines = [f"| case | descriptors | C++ descs/s | Python descs/s | C++ / Python |",
+             "|---|---:|---:|---:|---:|"]
+    for name, n in (("prep", PREP_DESCS), ("transfer", XFER_DESCS)):
+        cxx = statistics.median(results[name][0])
+        py = statistics.median(results[name][1])
+        label = ("get_xfer_descs + prep_xfer_dlist" if name == "prep" else
+                 "make_prepped_xfer + transfer + completion (64 B READs)")
+        lines.append(f"| {label} | {n:,} | {n / cxx * 1e9:,.0f} | {n / py * 1e9:,.0f} | "
+                     f"{py / cxx:.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    print(f"({args.rounds} rounds, medians; {platform.python_implementation()} "
+          f"{platform.python_version()}, numpy {np.__version__})")
+    if args.append:
+        with open(args.append, "a") as f:
+            f.write("\n" + table + "\n")
+
+
+if __name__ == "__main__":
+    main()

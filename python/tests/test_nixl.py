@@ -1,0 +1,324 @@
+"""kvferry.nixl: vLLM NixlConnector's calls (NIXL's Python API) on kvferry, in two processes.
+
+The prefill side runs in nixl_peer.py; the decode side is this process. Every transfer moves
+seeded random bytes and every byte is checked.
+"""
+
+import hashlib
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import PROCESS_TIMEOUT_S, seeded_bytes
+from kvferry import errors
+from kvferry.nixl import _api, install_as_nixl, shim_path
+from kvferry.nixl._api import nixl_agent, nixl_agent_config
+from kvferry.nixl._bindings import nixlXferTelemetry
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BLOCK = 4096
+BLOCKS = 64
+
+
+class NixlPeer:
+    """nixl_peer.py in a child process (the prefill worker)."""
+
+    def __init__(self, name, nbytes, seed, scribble=False):
+        env = dict(os.environ, KVFERRY_LOG_LEVEL=os.environ.get("KVFERRY_LOG_LEVEL", "warn"))
+        args = [sys.executable, os.path.join(HERE, "nixl_peer.py"), name, str(nbytes), str(seed)]
+        if scribble:
+            args.append("--scribble")
+        self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, env=env)
+        hello = json.loads(self._readline())
+        self.metadata = bytes.fromhex(hello["metadata"])
+        self.addr, self.length = hello["addr"], hello["length"]
+        self.initial = seeded_bytes(seed, nbytes) if seed >= 0 else np.zeros(nbytes, np.uint8)
+
+    def _readline(self, timeout=PROCESS_TIMEOUT_S):
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        assert ready, "nixl peer did not answer in time"
+        line = self.process.stdout.readline()
+        assert line, "nixl peer exited"
+        return line
+
+    def command(self, text, timeout=PROCESS_TIMEOUT_S):
+        self.process.stdin.write(text + "\n")
+        self.process.stdin.flush()
+        return self._readline(timeout + 5)
+
+    def wait_notifs(self, count, timeout=10):
+        return json.loads(self.command(f"wait {count} {timeout}", timeout))
+
+    def digest(self, offset, length):
+        return self.command(f"digest {offset} {length}").strip()
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=PROCESS_TIMEOUT_S)
+
+    def close(self):
+        if self.process.poll() is None:
+            try:
+                self.process.stdin.write("quit\n")
+                self.process.stdin.flush()
+                self.process.wait(timeout=PROCESS_TIMEOUT_S)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+@pytest.fixture
+def make_nixl_peer():
+    peers = []
+
+    def make(name="prefill", nbytes=BLOCK * BLOCKS, seed=11, scribble=False):
+        peer = NixlPeer(name, nbytes, seed, scribble)
+        peers.append(peer)
+        return peer
+
+    yield make
+    for peer in peers:
+        peer.close()
+
+
+def sha(array):
+    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
+
+
+def decode_agent(name, nbytes=BLOCK * BLOCKS, timeout_ms=10_000):
+    agent = nixl_agent(name, nixl_agent_config(num_threads=2, batch_timeout_ms=timeout_ms))
+    buffer = np.zeros(nbytes, dtype=np.uint8)
+    descs = agent.get_reg_descs([(buffer.ctypes.data, nbytes, 0, "")], "DRAM")
+    agent.register_memory(descs, backends=["UCX"])
+    return agent, buffer
+
+
+def block_descs(base, count, size=BLOCK, offset=0, length=None):
+    """Nx3 uint64 (addr, len, dev): vLLM builds these as numpy arrays."""
+    length = size if length is None else length
+    rows = np.zeros((count, 3), dtype=np.uint64)
+    rows[:, 0] = base + offset + np.arange(count, dtype=np.uint64) * size
+    rows[:, 1] = length
+    return rows
+
+
+def wait_state(agent, handle, timeout_s=15):
+    deadline = time.monotonic() + timeout_s
+    state = agent.check_xfer_state(handle)
+    while state == "PROC" and time.monotonic() < deadline:
+        time.sleep(0.001)
+        state = agent.check_xfer_state(handle)
+    return state
+
+
+def test_pull_flow_reads_blocks_and_notifies_prefill_once_per_consumer(make_nixl_peer):
+    prefill = make_nixl_peer(scribble=True)
+    rng = np.random.default_rng(5)
+    consumers = []
+    for i in range(2):
+        agent, buffer = decode_agent(f"decode{i}")
+        assert agent.add_remote_agent(prefill.metadata) == "prefill"
+        local = agent.prep_xfer_dlist("NIXL_INIT_AGENT",
+                                      agent.get_xfer_descs(block_descs(buffer.ctypes.data,
+                                                                       BLOCKS), "DRAM"))
+        remote = agent.prep_xfer_dlist("prefill",
+                                       agent.get_xfer_descs(block_descs(prefill.addr, BLOCKS),
+                                                            "DRAM"))
+        remote_ids = rng.choice(BLOCKS, 20, replace=False)
+        local_ids = list(range(20))  # a list here, a numpy array on the remote side
+        handle = agent.make_prepped_xfer("READ", local, local_ids, remote, remote_ids,
+                                         notif_msg=b"req-1")
+        agent.transfer(handle)
+        consumers.append((agent, buffer, remote_ids, handle))
+    for agent, buffer, remote_ids, handle in consumers:
+        assert wait_state(agent, handle) == "DONE", agent.xfer_error(handle)
+        for local_id, remote_id in enumerate(remote_ids):
+            got = buffer[local_id * BLOCK:(local_id + 1) * BLOCK]
+            want = prefill.initial[remote_id * BLOCK:(remote_id + 1) * BLOCK]
+            assert np.array_equal(got, want), f"block {remote_id}"
+        telemetry = agent.get_xfer_telemetry(handle)
+        assert isinstance(telemetry, nixlXferTelemetry)
+        assert telemetry.totalBytes == 20 * BLOCK and telemetry.descCount == 20
+        assert telemetry.xferDuration >= telemetry.postDuration > 0
+        agent.release_xfer_handle(handle)
+    # DONE means delivered: prefill has both notifications, exactly one per consumer, and
+    # its region was intact (unscribbled) when each arrived.
+    seen = prefill.wait_notifs(2)
+    assert seen["notifs"] == {"decode0": [b"req-1".hex()], "decode1": [b"req-1".hex()]}
+    assert seen["digests"] == [sha(prefill.initial)] * 2
+    assert prefill.wait_notifs(1, timeout=0.3)["notifs"] == {}  # nothing more
+
+
+def test_push_flow_writes_blocks_before_the_notification(make_nixl_peer):
+    decode = make_nixl_peer("decode", seed=-1)
+    agent = nixl_agent("prefill", nixl_agent_config(backends=["UCX"]))
+    kv = seeded_bytes(21, BLOCK * BLOCKS)
+    agent.register_memory(agent.get_reg_descs([(kv.ctypes.data, kv.nbytes, 0, "")], "DRAM"))
+    assert agent.add_remote_agent(decode.metadata) == "decode"
+    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", block_descs(kv.ctypes.data, BLOCKS), "DRAM")
+    remote = agent.prep_xfer_dlist("decode", block_descs(decode.addr, BLOCKS), "DRAM")
+    ids = np.arange(BLOCKS)[::-1].copy()  # every block, reversed: nothing merges
+    handle = agent.make_prepped_xfer("WRITE", local, ids, remote, ids, notif_msg=b"pushed")
+    agent.transfer(handle)
+    seen = decode.wait_notifs(1)
+    assert seen["notifs"] == {"prefill": [b"pushed".hex()]}
+    assert seen["digests"] == [sha(kv)]  # every byte was there when the notification came
+    assert wait_state(agent, handle) == "DONE"
+
+
+def test_heterogeneous_tp_reads_byte_sub_ranges_of_blocks(make_nixl_peer):
+    # Prefill TP 1 holds 4 heads per block; decode TP 2 rank 1 takes heads 2..3 of each.
+    prefill = make_nixl_peer()
+    agent, buffer = decode_agent("decode-rank1")
+    agent.add_remote_agent(prefill.metadata)
+    half = BLOCK // 2
+    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT",
+                                  block_descs(buffer.ctypes.data, 2 * BLOCKS, size=half), "DRAM")
+    remote = agent.prep_xfer_dlist("prefill",
+                                   block_descs(prefill.addr, BLOCKS, offset=half, length=half),
+                                   "DRAM")
+    ids = np.array([3, 9, 40, 63])
+    handle = agent.make_prepped_xfer("READ", local, np.arange(4), remote, ids, notif_msg=b"tp")
+    agent.transfer(handle)
+    assert wait_state(agent, handle) == "DONE", agent.xfer_error(handle)
+    for k, block in enumerate(ids):
+        want = prefill.initial[block * BLOCK + half:(block + 1) * BLOCK]
+        assert np.array_equal(buffer[k * half:(k + 1) * half], want)
+    assert prefill.wait_notifs(1)["notifs"] == {"decode-rank1": [b"tp".hex()]}
+    # A sub-range whose lengths differ on the two sides is refused, naming the pair.
+    with pytest.raises(errors.InvalidArgumentError, match="remote descriptor 0 has 2048"):
+        full = agent.prep_xfer_dlist("NIXL_INIT_AGENT", block_descs(buffer.ctypes.data, 4),
+                                     "DRAM")
+        agent.make_prepped_xfer("READ", full, [0], remote, [0])
+
+
+def test_prefill_restart_old_handles_fail_then_readding_works(make_nixl_peer):
+    first = make_nixl_peer(seed=31)
+    agent, buffer = decode_agent("decode", timeout_ms=5000)
+    agent.add_remote_agent(first.metadata)
+    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", block_descs(buffer.ctypes.data, BLOCKS),
+                                  "DRAM")
+    remote = agent.prep_xfer_dlist("prefill", block_descs(first.addr, BLOCKS), "DRAM")
+    handle = agent.make_prepped_xfer("READ", local, [0, 1], remote, [5, 6])
+    agent.transfer(handle)
+    assert wait_state(agent, handle) == "DONE"
+    first.kill()
+    second = make_nixl_peer(seed=32)  # the restarted prefill, same agent name
+    # The old handle's transfer fails: the peer it addressed is gone.
+    agent.transfer(handle)
+    assert wait_state(agent, handle) == "ERR"
+    assert agent.xfer_error(handle)
+    agent.release_xfer_handle(handle)
+    agent.remove_remote_agent("prefill")
+    with pytest.raises(errors.PeerDisconnectedError):
+        agent.make_prepped_xfer("READ", local, [0], remote, [0])
+    agent.release_dlist_handle(remote)
+    assert agent.add_remote_agent(second.metadata) == "prefill"
+    remote = agent.prep_xfer_dlist("prefill", block_descs(second.addr, BLOCKS), "DRAM")
+    handle = agent.make_prepped_xfer("READ", local, [0, 1], remote, [7, 8], notif_msg=b"again")
+    agent.transfer(handle)
+    assert wait_state(agent, handle) == "DONE", agent.xfer_error(handle)
+    assert np.array_equal(buffer[:2 * BLOCK], second.initial[7 * BLOCK:9 * BLOCK])
+    assert second.wait_notifs(1)["notifs"] == {"decode": [b"again".hex()]}
+
+
+def test_dead_peer_turns_the_transfer_to_err_within_the_timeout(make_nixl_peer):
+    prefill = make_nixl_peer(nbytes=BLOCK * BLOCKS)
+    agent, buffer = decode_agent("decode", timeout_ms=3000)
+    agent.add_remote_agent(prefill.metadata)
+    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", block_descs(buffer.ctypes.data, BLOCKS),
+                                  "DRAM")
+    remote = agent.prep_xfer_dlist("prefill", block_descs(prefill.addr, BLOCKS), "DRAM")
+    handle = agent.make_prepped_xfer("READ", local, range(BLOCKS), remote, range(BLOCKS),
+                                     notif_msg=b"never")
+    prefill.kill()
+    agent.transfer(handle)  # its return value is ignored by vLLM: the state must say it
+    assert wait_state(agent, handle, timeout_s=10) == "ERR"
+    assert agent.xfer_error(handle)
+    with pytest.raises(errors.KvferryError):
+        agent.send_notif("prefill", b"heartbeat")
+
+
+def test_in_process_agents_notify_and_refuse_bad_arguments():
+    a, abuf = decode_agent("a")
+    b, bbuf = decode_agent("b")
+    bbuf[:] = seeded_bytes(3, bbuf.nbytes)
+    assert a.add_remote_agent(b.get_agent_metadata()) == "b"
+    assert b.add_remote_agent(a.get_agent_metadata()) == "a"
+    for i in range(50):
+        a.send_notif("b", f"hb{i}".encode())
+    got = {}
+    for _ in range(1000):
+        for sender, messages in b.get_new_notifs().items():
+            got.setdefault(sender, []).extend(messages)
+        if len(got.get("a", [])) == 50:
+            break
+        time.sleep(0.005)
+    assert got == {"a": [f"hb{i}".encode() for i in range(50)]}
+    local = a.prep_xfer_dlist("NIXL_INIT_AGENT", [(abuf.ctypes.data, BLOCK, 0)], "DRAM")
+    remote = a.prep_xfer_dlist("b", [(bbuf.ctypes.data, BLOCK, 0)], "DRAM")
+    with pytest.raises(errors.OutOfRangeError, match="index pair 0"):
+        a.make_prepped_xfer("READ", local, [1], remote, [0])
+    with pytest.raises(errors.InvalidArgumentError, match="READ, WRITE"):
+        a.make_prepped_xfer("COPY", local, [0], remote, [0])
+    with pytest.raises(errors.InvalidArgumentError, match="exceeds max_notification_bytes"):
+        a.make_prepped_xfer("READ", local, [0], remote, [0], notif_msg=b"x" * 5000)
+    with pytest.raises(errors.NotRegisteredError, match="not loaded"):
+        a.prep_xfer_dlist("nobody", [(0, 1, 0)], "DRAM")
+    with pytest.raises(errors.InvalidArgumentError, match="memory type"):
+        a.get_xfer_descs([(1, 1, 0)], "HBM")
+    # Device memory goes to the engine's router: here no transport reaches it (no CUDA).
+    fake_device = np.zeros(64, dtype=np.uint8)
+    with pytest.raises(errors.KvferryError, match="cuda:0") as refused:
+        a.register_memory(a.get_reg_descs([(fake_device.ctypes.data, 64, 0, "")], "VRAM"))
+    print("VRAM registration here:", refused.value)
+    # Many threads at once: transfers, notifications, drains.
+    h = a.make_prepped_xfer("READ", local, [0], remote, [0])
+    failures = []
+
+    def work(k):
+        try:
+            for _ in range(20):
+                b.send_notif("a", b"t%d" % k)
+                a.get_new_notifs()
+        except Exception as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    a.transfer(h)
+    assert wait_state(a, h) == "DONE"
+    for t in threads:
+        t.join(timeout=PROCESS_TIMEOUT_S)
+    assert not failures
+    assert np.array_equal(abuf[:BLOCK], bbuf[:BLOCK])
+
+
+def test_shim_exposes_kvferry_as_nixl():
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from nixl._api import nixl_agent, nixl_agent_config\n"
+            "from nixl._bindings import nixlXferTelemetry\n"
+            "import kvferry.nixl._api as k\n"
+            "assert nixl_agent is k.nixl_agent, nixl_agent\n"
+            "print('ok')\n") % shim_path()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=PROCESS_TIMEOUT_S, env=dict(os.environ))
+    assert out.stdout.strip() == "ok", out.stderr
+    code = ("import kvferry.nixl as k; k.install_as_nixl()\n"
+            "from nixl._api import nixl_agent\nimport nixl._bindings\n"
+            "assert nixl_agent is k.nixl_agent\nprint('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=PROCESS_TIMEOUT_S)
+    assert out.stdout.strip() == "ok", out.stderr
+    assert _api.LOCAL_AGENT == "NIXL_INIT_AGENT"
+    assert callable(install_as_nixl)
