@@ -11,7 +11,7 @@
 #include "transport/tcp/tcp_transport.h"
 #ifdef KVFERRY_WITH_CUDA
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
-#include "unit/transport/cuda_ipc_fake_api.h"
+#include "unit/transport/fake_cuda_memory_api.h"
 #endif
 
 namespace kvferry::detail {
@@ -59,7 +59,7 @@ struct Engine {
               ++device_opens;
               if (!device_usable) return NotSupported("no CUDA device: no driver");
               return std::make_unique<cuda_ipc::CudaIpcDevice>(
-                  std::make_unique<cuda_ipc::testing::FakeCudaMemoryApi>());
+                  std::make_unique<testing::FakeCudaMemoryApi>());
             }));
 #else
     (void)device_usable;
