@@ -77,8 +77,8 @@ class CudaMemoryApi {
   virtual Status stream_wait_event(CudaStream stream, CudaEvent event) = 0;
   // cudaMemcpyAsync of `bytes` on `stream` (between pinned host memory and device memory
   // of the stream's device).
-  virtual Status copy_async(void* dst, const void* src, uint64_t bytes,
-                            CudaCopyDirection direction, CudaStream stream) = 0;
+  virtual Status copy_async(void* dst, const void* src, uint64_t bytes, CudaCopyDirection direction,
+                            CudaStream stream) = 0;
   // An event recorded on `stream` now: it completes when everything enqueued before it has.
   virtual Result<CudaEvent> record_event(CudaStream stream) = 0;
   // Blocks until `event` completed; the copies before it succeeded when this returns OK

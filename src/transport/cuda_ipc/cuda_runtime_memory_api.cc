@@ -1,13 +1,14 @@
 // The real CudaMemoryApi over libcudart. cuMemGetAddressRange is a driver call; it is
 // fetched through the runtime (cudaGetDriverEntryPoint*) so the binary never links
 // libcuda and starts on machines without a driver.
+#include "transport/cuda_ipc/cuda_runtime_memory_api.h"
+
 #include <cudaTypedefs.h>  // PFN_cuMemGetAddressRange (types only; no libcuda link)
 #include <cuda_runtime_api.h>
 
 #include <cstring>
 #include <string>
 
-#include "transport/cuda_ipc/cuda_runtime_memory_api.h"
 #include "transport/cuda_ipc/cuda_runtime_util.h"
 
 namespace kvferry::cuda_ipc {
@@ -124,8 +125,7 @@ class RuntimeMemoryApi final : public CudaMemoryApi {
     const cudaMemcpyKind kind = direction == CudaCopyDirection::kDeviceToHost
                                     ? cudaMemcpyDeviceToHost
                                     : cudaMemcpyHostToDevice;
-    if (cudaError_t e =
-            cudaMemcpyAsync(dst, src, bytes, kind, static_cast<cudaStream_t>(stream));
+    if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, static_cast<cudaStream_t>(stream));
         e != cudaSuccess) {
       return Internal(cuda_error_text("cudaMemcpyAsync", e));
     }

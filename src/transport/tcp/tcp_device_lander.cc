@@ -4,8 +4,9 @@
 
 namespace kvferry {
 
-Result<std::unique_ptr<TcpDeviceLander>> TcpDeviceLander::create(
-    std::shared_ptr<CudaMemoryApi> api, uint64_t buffer_bytes, int device) {
+Result<std::unique_ptr<TcpDeviceLander>> TcpDeviceLander::create(std::shared_ptr<CudaMemoryApi> api,
+                                                                 uint64_t buffer_bytes,
+                                                                 int device) {
   KVF_ASSIGN_OR_RETURN(void* buffer, api->alloc_pinned(buffer_bytes));
   Result<CudaStream> stream = api->create_stream(device);
   if (!stream.ok()) {

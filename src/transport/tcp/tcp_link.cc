@@ -648,8 +648,9 @@ Status TcpLink::post(const BatchPart& part) {
         part.local == nullptr
             ? nullptr
             : part.local->find(reinterpret_cast<uint64_t>(op.local), op.length, local_hint);
-    const RegionEntry* r =
-        part.remote == nullptr ? nullptr : part.remote->find(op.remote_addr, op.length, remote_hint);
+    const RegionEntry* r = part.remote == nullptr
+                               ? nullptr
+                               : part.remote->find(op.remote_addr, op.length, remote_hint);
     if (op.kind == OpKind::kRead && (is_device(l) || is_device(r))) {
       return NotSupported(fmt::format(
           "tcp to {}: a READ of {} bytes at {:#x} touches device memory ({} side); tcp stages "

@@ -33,8 +33,8 @@ Result<std::shared_ptr<TcpStagingPool>> TcpStagingPool::create(std::shared_ptr<C
                                        kMaxStagingBufferBytes));
   }
   if (max_buffers < 1 || max_buffers > kMaxStagingBuffers) {
-    return InvalidArgument(fmt::format("tcp_staging_buffers {} out of range 1..{}", max_buffers,
-                                       kMaxStagingBuffers));
+    return InvalidArgument(
+        fmt::format("tcp_staging_buffers {} out of range 1..{}", max_buffers, kMaxStagingBuffers));
   }
   if (!api) return InvalidArgument("tcp staging pool needs a CUDA API");
   return std::shared_ptr<TcpStagingPool>(
@@ -79,9 +79,10 @@ Result<StagingLease> TcpStagingPool::acquire(Clock::time_point deadline,
     }
     const auto now = Clock::now();
     if (now >= deadline) {
-      return Timeout(fmt::format("no tcp staging buffer came free before the batch deadline "
-                                 "(all {} of {} bytes in use)",
-                                 max_buffers_, buffer_bytes_));
+      return Timeout(
+          fmt::format("no tcp staging buffer came free before the batch deadline "
+                      "(all {} of {} bytes in use)",
+                      max_buffers_, buffer_bytes_));
     }
     returned_.wait_until(lock, std::min(deadline, now + kStagingRecheck));
   }

@@ -22,8 +22,7 @@ class TcpTransport final : public Transport {
   TransportCapabilities capabilities() const override {
     TransportCapabilities caps;
     // With a CUDA build, device memory on either side is staged through pinned buffers.
-    caps.access =
-        device_->built() ? CopyAccess::kStagedRemoteAddress : CopyAccess::kRemoteAddress;
+    caps.access = device_->built() ? CopyAccess::kStagedRemoteAddress : CopyAccess::kRemoteAddress;
     caps.reaches_local_device = device_->built();
     caps.target_runs_progress = true;
     return caps;
@@ -87,8 +86,8 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportEnv& env) {
                                        kMaxStagingBufferBytes));
   }
   if (staging_buffers < 1 || staging_buffers > kMaxStagingBuffers) {
-    return InvalidArgument(fmt::format("tcp_staging_buffers {} out of range 1..{}",
-                                       staging_buffers, kMaxStagingBuffers));
+    return InvalidArgument(fmt::format("tcp_staging_buffers {} out of range 1..{}", staging_buffers,
+                                       kMaxStagingBuffers));
   }
   auto device =
       std::make_shared<TcpDeviceStaging>(env.open_cuda_api, staging_bytes, staging_buffers);

@@ -169,9 +169,9 @@ TEST(RouteChoice, DeviceMemoryOnAnotherHostGoesOverTcpStagedThroughPinnedBuffers
   const SegmentDescriptor d = peer();
   expect_route(e.route(kHostToDevice, d, PeerPlace::kOtherHost), TransportKind::kTcp);
   expect_route(e.route(kDeviceToHost, d, PeerPlace::kOtherHost), TransportKind::kTcp);
-  expect_route(e.route(RouteKey{MemoryKind::kDevice, MemoryKind::kDevice}, d,
-                       PeerPlace::kOtherHost),
-               TransportKind::kTcp);
+  expect_route(
+      e.route(RouteKey{MemoryKind::kDevice, MemoryKind::kDevice}, d, PeerPlace::kOtherHost),
+      TransportKind::kTcp);
 }
 
 TEST(RouteChoice, TheSelfPeerCopiesHostMemoryLocally) {

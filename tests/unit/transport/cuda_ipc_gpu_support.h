@@ -3,8 +3,8 @@
 //
 // The peer is this test binary run again (/proc/self/exe) with only CudaIpcPeer.Serve
 // selected and KVFERRY_CUDA_IPC_PEER=1: it registers `bytes` of device memory on cuda:0,
-// prints "peer {endpoint} {addr} {host addr or 0}" and answers "verify SEED OFFSET LEN" (-> "reply ok" or
-// "reply mismatch AT") and "fill SEED OFFSET LEN" (-> "reply ok") until its input closes.
+// prints "peer {endpoint} {addr} {host addr or 0}" and answers "verify SEED OFFSET LEN" (-> "reply
+// ok" or "reply mismatch AT") and "fill SEED OFFSET LEN" (-> "reply ok") until its input closes.
 // Lines that do not start with "peer " or "reply " (gtest's own output) are skipped.
 #pragma once
 

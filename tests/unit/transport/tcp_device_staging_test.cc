@@ -11,9 +11,9 @@
 #include "core/pattern.h"
 #include "engine/engine_impl.h"
 #include "test_support.h"
-#include "unit/transport/fake_cuda_memory_api.h"
 #include "transport/tcp/tcp_staging_pool.h"
 #include "transport/tcp/tcp_transport.h"
+#include "unit/transport/fake_cuda_memory_api.h"
 
 namespace kvferry {
 namespace {
@@ -125,13 +125,11 @@ TEST_F(TcpDeviceStaging, ScatteredOpsBetweenHostAndDeviceLandInTheirPlaces) {
   BatchStatus s = prefill_->wait(b, std::chrono::seconds(30));
   ASSERT_EQ(s.state, BatchState::kCompleted) << s.status.to_string();
   for (size_t i = 0; i < kOps; ++i) {
-    ASSERT_EQ(std::memcmp(dst_.data() + slot[i] * kOpBytes, host_src.data() + i * kOpBytes,
-                          kOpBytes),
-              0)
+    ASSERT_EQ(
+        std::memcmp(dst_.data() + slot[i] * kOpBytes, host_src.data() + i * kOpBytes, kOpBytes), 0)
         << "op " << i;
-    ASSERT_EQ(std::memcmp(host_dst.data() + i * kOpBytes, src_.data() + slot[i] * kOpBytes,
-                          kOpBytes),
-              0)
+    ASSERT_EQ(
+        std::memcmp(host_dst.data() + i * kOpBytes, src_.data() + slot[i] * kOpBytes, kOpBytes), 0)
         << "op " << i;
   }
 }
@@ -201,8 +199,10 @@ TEST_F(TcpDeviceStaging, SenderCopyFailureFailsTheBatchAndNothingAfterItIsSent) 
   // Nothing after the failed chunk was copied, hence nothing after it sent or acknowledged.
   EXPECT_EQ(sender_api_->copies_run(), kFailAt);
   const size_t chunk = 256u << 10;
-  std::span<const std::byte> after{dst_.data() + (kFailAt - 1) * chunk, kBytes - (kFailAt - 1) * chunk};
-  EXPECT_TRUE(std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; }));
+  std::span<const std::byte> after{dst_.data() + (kFailAt - 1) * chunk,
+                                   kBytes - (kFailAt - 1) * chunk};
+  EXPECT_TRUE(
+      std::all_of(after.begin(), after.end(), [](std::byte b) { return b == std::byte{0}; }));
   // The link stays usable: the next batch completes.
   sender_api_->fail_copy_number = 0;
   s = write_all();
