@@ -62,7 +62,7 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
         std::any_of(batch->work.parts.begin(), batch->work.parts.end(), [&](const ResolvedPart& p) {
           const CopyAccess access = transport(p.transport)->capabilities().access;
           return access == CopyAccess::kDevicePointers ||
-                 access == CopyAccess::kStagedRemoteAddress;
+                 (access == CopyAccess::kStagedRemoteAddress && p.touches_device);
         });
     if (!device_part) {
       return InvalidArgument(fmt::format(

@@ -668,11 +668,9 @@ Status TcpLink::post(const BatchPart& part) {
     KVF_ASSIGN_OR_RETURN(device_stager, stager());
     KVF_ASSIGN_OR_RETURN(std::shared_ptr<TcpStagingPool> pool, options_.device->pool());
     staging_bytes = pool->buffer_bytes();
-  } else if (part.after_cuda_event != nullptr) {
-    return InvalidArgument(
-        "submit: after_cuda_event orders device copies, and this tcp batch reads no device "
-        "memory of this engine");
   }
+  // after_cuda_event orders device copies; a part that reads no local device memory has none
+  // to order (another part of the batch may, e.g. on cuda_ipc).
   std::vector<std::vector<TcpChunk>> per_lane(lane_count);
   // Device chunks in op order: the lane each goes to, and the device it reads.
   struct StagedChunk {

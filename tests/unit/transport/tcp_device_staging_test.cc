@@ -261,6 +261,20 @@ TEST_F(TcpDeviceStaging, AfterCudaEventOrdersTheFirstDeviceCopy) {
   EXPECT_EQ(sender_api_->streams_waiting_on_events(), 1);
 }
 
+TEST_F(TcpDeviceStaging, AfterCudaEventOnAHostOnlyBatchIsRefused) {
+  std::vector<std::byte> host_src(4096), host_dst(4096, std::byte{0});
+  ASSERT_TRUE(prefill_->register_memory(host_src.data(), host_src.size()).ok());
+  ASSERT_TRUE(decode_->register_memory(host_dst.data(), host_dst.size()).ok());
+  int producer_event = 0;
+  SubmitOptions options;
+  options.after_cuda_event = &producer_event;
+  TransferOp op{OpKind::kWrite, addr_of(host_src.data()), addr_of(host_dst.data()), 4096};
+  auto b = prefill_->submit(peer_, {&op, 1}, options);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), StatusCode::kInvalidArgument) << b.status().to_string();
+  EXPECT_NE(b.status().message().find("after_cuda_event"), std::string::npos);
+}
+
 TEST_F(TcpDeviceStaging, ReadOfDeviceMemoryIsRefusedBeforeAnythingMoves) {
   TransferOp op{OpKind::kRead, addr_of(src_.data()), addr_of(dst_.data()), 4096};
   auto b = prefill_->submit(peer_, {&op, 1});
