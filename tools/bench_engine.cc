@@ -150,7 +150,7 @@ class SourceBuffer {
 };
 
 struct Row {
-  std::string transport;  // with "(device)" when the source is device memory
+  std::string transport;  // with "(dev)" when the source is device memory
   std::string op;
   uint64_t block_bytes;
   int ops;
@@ -288,169 +288,170 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   const std::vector<BenchedTransport> benchable = benchable_transports();
   Progress progress("bench engine", args.transports.size() * args.threads.size() * op_kinds.size() *
                                         args.block_bytes.size() * args.ops_per_batch.size());
+  // Every transport with every local memory kind (device: tcp only).
+  std::vector<std::pair<std::string, std::string>> cells;
   for (const std::string& memory : args.local_memory) {
+    for (const std::string& t : args.transports) cells.emplace_back(t, memory);
+  }
+  for (const auto& [plain_transport_name, memory] : cells) {
+    KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(plain_transport_name));
     KVF_ASSIGN_OR_RETURN(SourceBuffer engine_src, SourceBuffer::make(memory, src));
-    for (const std::string& plain_transport_name : args.transports) {
-      KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(plain_transport_name));
-      if (engine_src.device() && transport != TransportKind::kTcp) {
-        return NotSupported("bench engine: --local-memory device is for tcp only, not " +
-                            plain_transport_name);
-      }
-      if (engine_src.device() &&
-          std::find(op_kinds.begin(), op_kinds.end(), OpKind::kRead) != op_kinds.end()) {
-        return NotSupported("bench engine: --local-memory device: tcp stages WRITEs only");
-      }
-      const std::string transport_name =
-          engine_src.device() ? plain_transport_name + "(dev)" : plain_transport_name;
-      auto how = std::find_if(benchable.begin(), benchable.end(),
-                              [&](const BenchedTransport& b) { return b.kind == transport; });
-      if (how == benchable.end()) {
-        return NotSupported("bench engine: transport " + transport_name +
-                            " is not built or not benchable here (valid: " + benchable_names() +
-                            ")");
-      }
-      const bool remote = how->remote;
-      if (remote && !serve) {
-        KVF_ASSIGN_OR_RETURN(ServePeer peer, start_serve_peer(self_executable(), buffer_bytes));
-        serve = std::make_unique<ServePeer>(std::move(peer));
-      }
-      std::optional<SocketStream> stream;
-      if (how->reference == Reference::kSocket) {
-        if (sink_port == 0) {  // the child starts one sink; later streams connect to it again
-          KVF_ASSIGN_OR_RETURN(std::string reply,
-                               serve->process.ask("sink", std::chrono::seconds(5)));
-          if (std::sscanf(reply.c_str(), "ok %u", &sink_port) != 1) {
-            return Internal("serve child did not start its sink: " + reply);
-          }
+    if (engine_src.device() && transport != TransportKind::kTcp) {
+      return NotSupported("bench engine: --local-memory device is for tcp only, not " +
+                          plain_transport_name);
+    }
+    if (engine_src.device() &&
+        std::find(op_kinds.begin(), op_kinds.end(), OpKind::kRead) != op_kinds.end()) {
+      return NotSupported("bench engine: --local-memory device: tcp stages WRITEs only");
+    }
+    const std::string transport_name =
+        engine_src.device() ? plain_transport_name + "(dev)" : plain_transport_name;
+    auto how = std::find_if(benchable.begin(), benchable.end(),
+                            [&](const BenchedTransport& b) { return b.kind == transport; });
+    if (how == benchable.end()) {
+      return NotSupported("bench engine: transport " + transport_name +
+                          " is not built or not benchable here (valid: " + benchable_names() + ")");
+    }
+    const bool remote = how->remote;
+    if (remote && !serve) {
+      KVF_ASSIGN_OR_RETURN(ServePeer peer, start_serve_peer(self_executable(), buffer_bytes));
+      serve = std::make_unique<ServePeer>(std::move(peer));
+    }
+    std::optional<SocketStream> stream;
+    if (how->reference == Reference::kSocket) {
+      if (sink_port == 0) {  // the child starts one sink; later streams connect to it again
+        KVF_ASSIGN_OR_RETURN(std::string reply,
+                             serve->process.ask("sink", std::chrono::seconds(5)));
+        if (std::sscanf(reply.c_str(), "ok %u", &sink_port) != 1) {
+          return Internal("serve child did not start its sink: " + reply);
         }
-        const unsigned port = sink_port;
-        KVF_ASSIGN_OR_RETURN(Endpoint serve_endpoint, parse_endpoint(serve->endpoint));
-        KVF_ASSIGN_OR_RETURN(SocketStream s, SocketStream::connect(serve_endpoint.host,
-                                                                   static_cast<uint16_t>(port)));
-        stream.emplace(std::move(s));
       }
-      CpuMeter meter(::getpid(), serve ? serve->process.pid() : -1);
-      for (int threads : args.threads) {
-        EngineOptions options;
-        options.name = "bench";
-        options.worker_threads = threads;
-        options.inline_batch_bytes = args.inline_bytes;
-        KVF_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(options));
-        KVF_RETURN_IF_ERROR(
-            engine->register_memory(engine_src.data(), src.size(), engine_src.location()));
-        KVF_RETURN_IF_ERROR(engine->register_memory(local_dst.data(), local_dst.size()));
-        std::string peer_name = remote ? serve->endpoint : engine->endpoint();
-        PeerOptions peer_options;
-        peer_options.transport = transport;
-        KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(peer_name, peer_options));
-        const uint64_t remote_base = remote ? serve->addr : reinterpret_cast<uint64_t>(src.data());
-        ReferenceCopier reference(threads);
-        for (OpKind op_kind : op_kinds) {
-          const std::string op_name = op_kind == OpKind::kWrite ? "write" : "read";
-          for (uint64_t block : args.block_bytes) {
-            for (int n : args.ops_per_batch) {
-              Progress::Cell cell = progress.cell();
-              if (block * n > buffer_bytes) {
-                std::cout << fmt::format(
-                    "{:>5} {:>5} thr={} block={:>9} ops={:>4}  skipped: {} per batch is more than "
-                    "--max-batch-bytes {}\n",
-                    transport_name, op_name, threads, format_bytes(block), n,
-                    format_bytes(block * n), format_bytes(buffer_bytes));
-                continue;
+      const unsigned port = sink_port;
+      KVF_ASSIGN_OR_RETURN(Endpoint serve_endpoint, parse_endpoint(serve->endpoint));
+      KVF_ASSIGN_OR_RETURN(SocketStream s,
+                           SocketStream::connect(serve_endpoint.host, static_cast<uint16_t>(port)));
+      stream.emplace(std::move(s));
+    }
+    CpuMeter meter(::getpid(), serve ? serve->process.pid() : -1);
+    for (int threads : args.threads) {
+      EngineOptions options;
+      options.name = "bench";
+      options.worker_threads = threads;
+      options.inline_batch_bytes = args.inline_bytes;
+      KVF_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(options));
+      KVF_RETURN_IF_ERROR(
+          engine->register_memory(engine_src.data(), src.size(), engine_src.location()));
+      KVF_RETURN_IF_ERROR(engine->register_memory(local_dst.data(), local_dst.size()));
+      std::string peer_name = remote ? serve->endpoint : engine->endpoint();
+      PeerOptions peer_options;
+      peer_options.transport = transport;
+      KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(peer_name, peer_options));
+      const uint64_t remote_base = remote ? serve->addr : reinterpret_cast<uint64_t>(src.data());
+      ReferenceCopier reference(threads);
+      for (OpKind op_kind : op_kinds) {
+        const std::string op_name = op_kind == OpKind::kWrite ? "write" : "read";
+        for (uint64_t block : args.block_bytes) {
+          for (int n : args.ops_per_batch) {
+            Progress::Cell cell = progress.cell();
+            if (block * n > buffer_bytes) {
+              std::cout << fmt::format(
+                  "{:>5} {:>5} thr={} block={:>9} ops={:>4}  skipped: {} per batch is more than "
+                  "--max-batch-bytes {}\n",
+                  transport_name, op_name, threads, format_bytes(block), n, format_bytes(block * n),
+                  format_bytes(buffer_bytes));
+              continue;
+            }
+            std::vector<TransferOp> ops;
+            CopyList copies;
+            for (int i = 0; i < n; ++i) {
+              const uint64_t far_off = block * (n - 1 - i);  // reversed: nothing merges
+              if (op_kind == OpKind::kWrite) {
+                ops.push_back(
+                    {OpKind::kWrite, reinterpret_cast<uint64_t>(engine_src.data()) + block * i,
+                     (remote ? remote_base : reinterpret_cast<uint64_t>(local_dst.data())) +
+                         far_off,
+                     block});
+              } else {
+                ops.push_back({OpKind::kRead,
+                               reinterpret_cast<uint64_t>(local_dst.data()) + far_off,
+                               remote_base + block * i, block});
               }
-              std::vector<TransferOp> ops;
-              CopyList copies;
-              for (int i = 0; i < n; ++i) {
-                const uint64_t far_off = block * (n - 1 - i);  // reversed: nothing merges
-                if (op_kind == OpKind::kWrite) {
-                  ops.push_back(
-                      {OpKind::kWrite, reinterpret_cast<uint64_t>(engine_src.data()) + block * i,
-                       (remote ? remote_base : reinterpret_cast<uint64_t>(local_dst.data())) +
-                           far_off,
-                       block});
-                } else {
-                  ops.push_back({OpKind::kRead,
-                                 reinterpret_cast<uint64_t>(local_dst.data()) + far_off,
-                                 remote_base + block * i, block});
-                }
-                copies.emplace_back(ref_dst.data() + far_off, src.data() + block * i);
+              copies.emplace_back(ref_dst.data() + far_off, src.data() + block * i);
+            }
+            LatencySampler engine_lat, ref_lat;
+            Status failure;
+            const bool measure_cpu = stream.has_value();
+            if (measure_cpu) meter.start();
+            engine_lat.run(args.min_time_ms, [&] {
+              auto b = engine->submit(peer, ops);
+              if (!b.ok()) {
+                failure = b.status();
+                return false;
               }
-              LatencySampler engine_lat, ref_lat;
-              Status failure;
-              const bool measure_cpu = stream.has_value();
-              if (measure_cpu) meter.start();
-              engine_lat.run(args.min_time_ms, [&] {
-                auto b = engine->submit(peer, ops);
-                if (!b.ok()) {
-                  failure = b.status();
-                  return false;
-                }
-                BatchStatus s = engine->wait(*b, std::chrono::seconds(60));
-                if (s.state != BatchState::kCompleted) failure = s.status;
-                return s.state == BatchState::kCompleted;
+              BatchStatus s = engine->wait(*b, std::chrono::seconds(60));
+              if (s.state != BatchState::kCompleted) failure = s.status;
+              return s.state == BatchState::kCompleted;
+            });
+            KVF_RETURN_IF_ERROR(failure);
+            const double bytes = static_cast<double>(block) * n;
+            // +1: the sampler's unmeasured warm-up ran inside the meter too.
+            const double engine_batches = static_cast<double>(engine_lat.count() + 1);
+            Row row{transport_name, op_name, block, n, threads};
+            if (measure_cpu) {
+              meter.stop();
+              row.cpu_s_per_gb = meter.cpu_s() / (engine_batches * bytes / 1e9);
+              row.switches_per_batch = static_cast<double>(meter.switches()) / engine_batches;
+              meter.start();
+            }
+            // The memcpy reference is the faster of one thread and `threads` threads: nobody
+            // splits a 64-byte copy across threads, and we do not want a weak baseline.
+            LatencySampler ref_parallel;
+            if (stream) {
+              ref_lat.run(args.min_time_ms, [&] {
+                failure = op_kind == OpKind::kWrite ? stream->write_batch(copies, block)
+                                                    : stream->read_batch(copies, block);
+                return failure.ok();
               });
               KVF_RETURN_IF_ERROR(failure);
-              const double bytes = static_cast<double>(block) * n;
-              // +1: the sampler's unmeasured warm-up ran inside the meter too.
-              const double engine_batches = static_cast<double>(engine_lat.count() + 1);
-              Row row{transport_name, op_name, block, n, threads};
-              if (measure_cpu) {
-                meter.stop();
-                row.cpu_s_per_gb = meter.cpu_s() / (engine_batches * bytes / 1e9);
-                row.switches_per_batch = static_cast<double>(meter.switches()) / engine_batches;
-                meter.start();
-              }
-              // The memcpy reference is the faster of one thread and `threads` threads: nobody
-              // splits a 64-byte copy across threads, and we do not want a weak baseline.
-              LatencySampler ref_parallel;
-              if (stream) {
-                ref_lat.run(args.min_time_ms, [&] {
-                  failure = op_kind == OpKind::kWrite ? stream->write_batch(copies, block)
-                                                      : stream->read_batch(copies, block);
-                  return failure.ok();
-                });
-                KVF_RETURN_IF_ERROR(failure);
-                meter.stop();
-                const double ref_batches = static_cast<double>(ref_lat.count() + 1);
-                row.ref_cpu_s_per_gb = meter.cpu_s() / (ref_batches * bytes / 1e9);
-                row.ref_switches_per_batch = static_cast<double>(meter.switches()) / ref_batches;
-              } else {
-                ref_lat.run(args.min_time_ms / 2, [&] {
-                  for (const auto& [dst, src_ptr] : copies) std::memcpy(dst, src_ptr, block);
+              meter.stop();
+              const double ref_batches = static_cast<double>(ref_lat.count() + 1);
+              row.ref_cpu_s_per_gb = meter.cpu_s() / (ref_batches * bytes / 1e9);
+              row.ref_switches_per_batch = static_cast<double>(meter.switches()) / ref_batches;
+            } else {
+              ref_lat.run(args.min_time_ms / 2, [&] {
+                for (const auto& [dst, src_ptr] : copies) std::memcpy(dst, src_ptr, block);
+                return true;
+              });
+              if (threads > 1) {
+                ref_parallel.run(args.min_time_ms / 2, [&] {
+                  reference.run(copies, block);
                   return true;
                 });
-                if (threads > 1) {
-                  ref_parallel.run(args.min_time_ms / 2, [&] {
-                    reference.run(copies, block);
-                    return true;
-                  });
-                  if (ref_parallel.mean_ns() < ref_lat.mean_ns()) ref_lat = ref_parallel;
-                }
+                if (ref_parallel.mean_ns() < ref_lat.mean_ns()) ref_lat = ref_parallel;
               }
-              row.gbps = bytes / engine_lat.mean_ns();
-              row.p50_us = engine_lat.percentile_us(50);
-              row.p99_us = engine_lat.percentile_us(99);
-              row.ref_gbps = bytes / ref_lat.mean_ns();
-              row.ref_p50_us = ref_lat.percentile_us(50);
-              row.ratio = row.gbps / row.ref_gbps;
-              row.p50_ratio = row.p50_us / row.ref_p50_us;
-              row.mops = n / engine_lat.mean_ns() * 1e3;
-              rows.push_back(row);
-              std::string line = fmt::format(
-                  "{:>5} {:>5} thr={} block={:>9} ops={:>4}  {:8.2f} GB/s  p50 {:9.1f} us  "
-                  "p99 {:9.1f} us  {:>6} {:8.2f} GB/s p50 {:9.1f} us  ratio {:5.2f}  p50/ref "
-                  "{:5.2f}  {:7.2f} Mops/s",
-                  row.transport, op_name, threads, format_bytes(block), n, row.gbps, row.p50_us,
-                  row.p99_us, stream ? "socket" : "memcpy", row.ref_gbps, row.ref_p50_us, row.ratio,
-                  row.p50_ratio, row.mops);
-              if (measure_cpu) {
-                line +=
-                    fmt::format("  cpu {:.2f} s/GB (socket {:.2f})  wakes/batch {:.1f} ({:.1f})",
-                                row.cpu_s_per_gb, row.ref_cpu_s_per_gb, row.switches_per_batch,
-                                row.ref_switches_per_batch);
-              }
-              std::cout << line << "\n" << std::flush;
             }
+            row.gbps = bytes / engine_lat.mean_ns();
+            row.p50_us = engine_lat.percentile_us(50);
+            row.p99_us = engine_lat.percentile_us(99);
+            row.ref_gbps = bytes / ref_lat.mean_ns();
+            row.ref_p50_us = ref_lat.percentile_us(50);
+            row.ratio = row.gbps / row.ref_gbps;
+            row.p50_ratio = row.p50_us / row.ref_p50_us;
+            row.mops = n / engine_lat.mean_ns() * 1e3;
+            rows.push_back(row);
+            std::string line = fmt::format(
+                "{:>5} {:>5} thr={} block={:>9} ops={:>4}  {:8.2f} GB/s  p50 {:9.1f} us  "
+                "p99 {:9.1f} us  {:>6} {:8.2f} GB/s p50 {:9.1f} us  ratio {:5.2f}  p50/ref "
+                "{:5.2f}  {:7.2f} Mops/s",
+                row.transport, op_name, threads, format_bytes(block), n, row.gbps, row.p50_us,
+                row.p99_us, stream ? "socket" : "memcpy", row.ref_gbps, row.ref_p50_us, row.ratio,
+                row.p50_ratio, row.mops);
+            if (measure_cpu) {
+              line += fmt::format("  cpu {:.2f} s/GB (socket {:.2f})  wakes/batch {:.1f} ({:.1f})",
+                                  row.cpu_s_per_gb, row.ref_cpu_s_per_gb, row.switches_per_batch,
+                                  row.ref_switches_per_batch);
+            }
+            std::cout << line << "\n" << std::flush;
           }
         }
       }
