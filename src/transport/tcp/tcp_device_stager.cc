@@ -12,9 +12,10 @@ TcpDeviceStager::~TcpDeviceStager() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
+    closing_.store(true);
   }
   cv_.notify_all();
-  thread_.join();
+  thread_.join();  // a wait for a staging buffer sees closing_ within kStagingRecheck
   for (DeviceStageJob& job : queue_) {
     job.deliver(PeerDisconnected("tcp link closed before the chunk was staged"));
   }
@@ -72,8 +73,10 @@ Result<StagingLease> TcpDeviceStager::stage(DeviceStageJob& job) {
     return Internal(fmt::format("tcp stager: a {}-byte chunk exceeds the {}-byte staging buffers",
                                 job.length, pool_->buffer_bytes()));
   }
-  KVF_ASSIGN_OR_RETURN(StagingLease lease,
-                       pool_->acquire(batch.deadline(), [&] { return batch.stop_reason(); }));
+  KVF_ASSIGN_OR_RETURN(StagingLease lease, pool_->acquire(batch.deadline(), [&] {
+    if (closing_.load()) return PeerDisconnected("tcp link closed");
+    return batch.stop_reason();
+  }));
   KVF_ASSIGN_OR_RETURN(CudaStream stream, stream_for(job.device));
   if (job.after_event != nullptr) {
     KVF_RETURN_IF_ERROR(api_->stream_wait_event(stream, job.after_event));

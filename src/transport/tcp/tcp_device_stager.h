@@ -18,6 +18,7 @@
 // the stager fails the jobs it has not run with PeerDisconnected.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -68,6 +69,7 @@ class TcpDeviceStager {
   std::condition_variable cv_;
   std::deque<DeviceStageJob> queue_;  // guarded by mu_
   bool stopping_ = false;             // guarded by mu_
+  std::atomic<bool> closing_{false};  // stopping_, for a wait that does not hold mu_
   // Stager thread only: streams by device, and the batches (still alive) whose staging failed.
   std::unordered_map<int, CudaStream> streams_;
   std::vector<FailedBatch> failed_;
