@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: builds kvferry with CUDA (build-gpu/), runs the cuda_ipc
-# GPU tests (which must run, not skip) and the deepseek-v3 all_layers / per_layer / single
-# device copy benchmark, and writes everything to a results file. About 3-5 minutes on one
+# GPU tests and tcp's device-memory tests (device -> device across two processes over tcp on
+# loopback, staged through pinned buffers; these must run, not skip), the deepseek-v3
+# all_layers / per_layer / single device copy benchmark, and the tcp benchmark
+# device memory / host memory (goal >= 0.7), and writes everything to a results file. About 3-5 minutes on one
 # H200 (mostly the build); every step has a time limit so the whole stays under 8 minutes.
 #   RESULTS  results file (default bench-results/gpu-check.txt)
 #   JOBS     build parallelism (default: all cores)
@@ -37,7 +39,7 @@ log=$(mktemp)
 # The peer helper (CudaIpcPeer.Serve) and the no-device check skip by design; every other
 # cuda_ipc test must run and pass.
 set +e
-timeout 180 "$tests" --gtest_filter='CudaIpc*:CacheFixture.*:ExportFixture.*:TransportChoice.*:DeviceOpValidation.*:SegmentDescriptorCuda.*-CudaIpcBench.*' \
+timeout 180 "$tests" --gtest_filter='CudaIpc*:CacheFixture.*:ExportFixture.*:TransportChoice.*:DeviceOpValidation.*:SegmentDescriptorCuda.*:TcpDeviceGpu.*-CudaIpcBench.*' \
   >"$log" 2>&1
 rc=$?
 set -e
@@ -55,5 +57,19 @@ set -e
 grep -E '^deepseek|\[ +(OK|FAILED|SKIPPED) +\]' "$log" || true
 [ "$rc" -eq 0 ] || { tail -40 "$log"; fail "benchmark (exit $rc; goals: all_layers <= 0.67x per_layer, >= 0.8x single-copy bandwidth)"; }
 grep -q '^\[  SKIPPED \]' "$log" && fail "benchmark skipped on a GPU machine"
+
+echo "== benchmark: tcp with device memory / tcp with host memory (256 MiB writes, loopback)" | tee -a "$RESULTS"
+set +e
+KVFERRY_TCP_DEVICE_BENCH=1 KVFERRY_CUDA_BENCH_OUT="$RESULTS" timeout 180 "$tests" \
+  --gtest_filter='TcpDeviceBench.*' >"$log" 2>&1
+rc=$?
+set -e
+grep -E '^tcp_device|\[ +(OK|FAILED|SKIPPED) +\]' "$log" || true
+[ "$rc" -eq 0 ] || { tail -40 "$log"; fail "tcp device benchmark (exit $rc)"; }
+grep -q '^\[  SKIPPED \]' "$log" && fail "tcp device benchmark skipped on a GPU machine"
+ratio=$(sed -n 's/^tcp_device .* ratio \([0-9.]*\) .*/\1/p' "$log" | tail -1)
+[ -n "$ratio" ] || fail "tcp device benchmark printed no ratio"
+awk -v r="$ratio" 'BEGIN { exit !(r >= 0.7) }' \
+  || fail "tcp device/host ratio $ratio is below the goal 0.7"
 rm -f "$log"
 echo "== gpu-check passed; results in $RESULTS" | tee -a "$RESULTS"

@@ -11,6 +11,9 @@
 // context switches (wake-ups) per batch, of both processes together, for both contestants.
 // Destinations are laid out in reverse block order so ops never merge: the figures measure
 // per-op cost, not the merger. Cells above --max-batch-bytes are listed as skipped.
+// `--local-memory device` (CUDA builds, tcp, WRITE) sends from device memory of cuda:0,
+// staged through pinned buffers, against the same socket reference; `host,device` runs both
+// in one run, so the rows give tcp-with-device-memory / tcp-with-host-memory.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/socket.h>
@@ -38,6 +41,9 @@
 #include "progress.h"
 #include "serve_client.h"
 #include "transport/built_transports.h"
+#ifdef KVFERRY_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace kvferry::cli {
 namespace {
@@ -89,10 +95,62 @@ struct EngineBenchArgs {
   int min_time_ms = 150;
   uint64_t inline_bytes = EngineOptions{}.inline_batch_bytes;
   std::string json_path;
+  std::vector<std::string> local_memory = {"host"};
+};
+
+// The engine's source buffer: the host vector itself, or a copy of it in device memory.
+class SourceBuffer {
+ public:
+  static Result<SourceBuffer> make(const std::string& memory, const std::vector<char>& host) {
+    SourceBuffer b;
+    if (memory == "host") {
+      b.addr_ = const_cast<char*>(host.data());
+      return b;
+    }
+    if (memory != "device") {
+      return InvalidArgument("bench engine: --local-memory " + memory + " (valid: host, device)");
+    }
+#ifdef KVFERRY_WITH_CUDA
+    void* p = nullptr;
+    if (cudaError_t e = cudaMalloc(&p, host.size()); e != cudaSuccess) {
+      return NotSupported(std::string("bench engine: --local-memory device: cudaMalloc: ") +
+                          cudaGetErrorString(e));
+    }
+    b.device_ = true;
+    b.addr_ = static_cast<char*>(p);
+    if (cudaError_t e = cudaMemcpy(p, host.data(), host.size(), cudaMemcpyHostToDevice);
+        e != cudaSuccess) {
+      return Internal(std::string("bench engine: cudaMemcpy: ") + cudaGetErrorString(e));
+    }
+    return b;
+#else
+    return NotSupported("bench engine: --local-memory device needs a CUDA build");
+#endif
+  }
+  SourceBuffer(SourceBuffer&& o) noexcept
+      : addr_(std::exchange(o.addr_, nullptr)), device_(o.device_) {}
+  SourceBuffer& operator=(SourceBuffer&&) = delete;
+  SourceBuffer(const SourceBuffer&) = delete;
+  SourceBuffer& operator=(const SourceBuffer&) = delete;
+  ~SourceBuffer() {
+#ifdef KVFERRY_WITH_CUDA
+    if (device_ && addr_ != nullptr) cudaFree(addr_);
+#endif
+  }
+  char* data() const { return addr_; }
+  bool device() const { return device_; }
+  MemoryLocation location() const {
+    return device_ ? MemoryLocation{MemoryLocation::Kind::kCuda, 0} : MemoryLocation{};
+  }
+
+ private:
+  SourceBuffer() = default;
+  char* addr_ = nullptr;
+  bool device_ = false;
 };
 
 struct Row {
-  std::string transport;
+  std::string transport;  // with "(dev)" when the source is device memory
   std::string op;
   uint64_t block_bytes;
   int ops;
@@ -226,11 +284,28 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
     }
   }
   std::unique_ptr<ServePeer> serve;
+  unsigned sink_port = 0;
   const std::vector<BenchedTransport> benchable = benchable_transports();
   Progress progress("bench engine", args.transports.size() * args.threads.size() * op_kinds.size() *
                                         args.block_bytes.size() * args.ops_per_batch.size());
-  for (const std::string& transport_name : args.transports) {
-    KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(transport_name));
+  // Every transport with every local memory kind (device: tcp only).
+  std::vector<std::pair<std::string, std::string>> cells;
+  for (const std::string& memory : args.local_memory) {
+    for (const std::string& t : args.transports) cells.emplace_back(t, memory);
+  }
+  for (const auto& [plain_transport_name, memory] : cells) {
+    KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(plain_transport_name));
+    KVF_ASSIGN_OR_RETURN(SourceBuffer engine_src, SourceBuffer::make(memory, src));
+    if (engine_src.device() && transport != TransportKind::kTcp) {
+      return NotSupported("bench engine: --local-memory device is for tcp only, not " +
+                          plain_transport_name);
+    }
+    if (engine_src.device() &&
+        std::find(op_kinds.begin(), op_kinds.end(), OpKind::kRead) != op_kinds.end()) {
+      return NotSupported("bench engine: --local-memory device: tcp stages WRITEs only");
+    }
+    const std::string transport_name =
+        engine_src.device() ? plain_transport_name + "(dev)" : plain_transport_name;
     auto how = std::find_if(benchable.begin(), benchable.end(),
                             [&](const BenchedTransport& b) { return b.kind == transport; });
     if (how == benchable.end()) {
@@ -244,11 +319,14 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
     }
     std::optional<SocketStream> stream;
     if (how->reference == Reference::kSocket) {
-      KVF_ASSIGN_OR_RETURN(std::string reply, serve->process.ask("sink", std::chrono::seconds(5)));
-      unsigned port = 0;
-      if (std::sscanf(reply.c_str(), "ok %u", &port) != 1) {
-        return Internal("serve child did not start its sink: " + reply);
+      if (sink_port == 0) {  // the child starts one sink; later streams connect to it again
+        KVF_ASSIGN_OR_RETURN(std::string reply,
+                             serve->process.ask("sink", std::chrono::seconds(5)));
+        if (std::sscanf(reply.c_str(), "ok %u", &sink_port) != 1) {
+          return Internal("serve child did not start its sink: " + reply);
+        }
       }
+      const unsigned port = sink_port;
       KVF_ASSIGN_OR_RETURN(Endpoint serve_endpoint, parse_endpoint(serve->endpoint));
       KVF_ASSIGN_OR_RETURN(SocketStream s,
                            SocketStream::connect(serve_endpoint.host, static_cast<uint16_t>(port)));
@@ -261,7 +339,8 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
       options.worker_threads = threads;
       options.inline_batch_bytes = args.inline_bytes;
       KVF_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(options));
-      KVF_RETURN_IF_ERROR(engine->register_memory(src.data(), src.size()));
+      KVF_RETURN_IF_ERROR(
+          engine->register_memory(engine_src.data(), src.size(), engine_src.location()));
       KVF_RETURN_IF_ERROR(engine->register_memory(local_dst.data(), local_dst.size()));
       std::string peer_name = remote ? serve->endpoint : engine->endpoint();
       PeerOptions peer_options;
@@ -288,7 +367,7 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
               const uint64_t far_off = block * (n - 1 - i);  // reversed: nothing merges
               if (op_kind == OpKind::kWrite) {
                 ops.push_back(
-                    {OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()) + block * i,
+                    {OpKind::kWrite, reinterpret_cast<uint64_t>(engine_src.data()) + block * i,
                      (remote ? remote_base : reinterpret_cast<uint64_t>(local_dst.data())) +
                          far_off,
                      block});
@@ -398,6 +477,9 @@ void add_bench_engine_command(CLI::App& bench) {
   cmd->add_option("--min-time-ms", args->min_time_ms, "measuring time per cell");
   cmd->add_option("--inline-bytes", args->inline_bytes, "engine inline_batch_bytes");
   cmd->add_option("--json", args->json_path, "write rows as JSON to this file ('-' = stdout)");
+  cmd->add_option("--local-memory", args->local_memory,
+                  "host, device (device: tcp WRITEs from cuda:0, CUDA builds)")
+      ->delimiter(',');
   cmd->callback([args] {
     std::vector<Row> rows;
     Status s = run_grid(*args, rows);

@@ -55,6 +55,7 @@ struct DemoSummary {
   uint64_t bytes = 0, pages_verified = 0, corrupt_pages = 0;
   double p50_ms = 0, p99_ms = 0, gbps = 0, seconds = 0;
   std::string first_error;
+  nlohmann::json transport_bytes = nlohmann::json::object();  // summed over prefill ranks
 };
 
 struct Worker {
@@ -101,6 +102,7 @@ std::vector<std::string> worker_argv(const DemoArgs& a, const char* role, uint32
                                    "--tp-size",       std::to_string(tp_size),
                                    "--tp-rank",       std::to_string(tp_rank),
                                    "--transport",     a.worker.transport,
+                                   "--memory",        a.worker.memory,
                                    "--heartbeat-ms",  std::to_string(a.worker.heartbeat_ms),
                                    "--threads",       std::to_string(a.worker.threads),
                                    "--listen",        listen};
@@ -110,13 +112,12 @@ std::vector<std::string> worker_argv(const DemoArgs& a, const char* role, uint32
 }
 
 Status run_demo(const DemoArgs& args, DemoSummary& out) {
-  {
-    Result<TransportKind> transport =
-        parse_worker_transport(args.worker.transport, built_transport_set());
-    if (!transport.ok()) {
-      return Status(transport.status().code(), "demo: " + transport.status().message());
-    }
+  if (Result<std::optional<TransportKind>> t =
+          parse_worker_transport(args.worker.transport, built_transport_set());
+      !t.ok()) {
+    return Status(t.status().code(), "demo: " + t.status().message());
   }
+  KVF_RETURN_IF_ERROR(parse_pool_memory(args.worker.memory).status());
   KVF_ASSIGN_OR_RETURN(ModelPreset model, find_model(args.worker.model));
   const uint32_t page = args.worker.page_tokens;
   if (args.requests <= 0 || page == 0 || args.min_tokens == 0 ||
@@ -274,6 +275,20 @@ Status run_demo(const DemoArgs& args, DemoSummary& out) {
   for (auto* group : {&prefills, &decodes}) {
     for (Worker& w : *group) w.process.send_line("quit").ignore();
   }
+  // Each prefill rank's last line: the bytes each transport carried.
+  for (Worker& w : prefills) {
+    for (int i = 0; i < 1000; ++i) {
+      Result<std::string> line = w.process.read_line(std::chrono::seconds(10));
+      if (!line.ok()) break;
+      auto j = nlohmann::json::parse(*line, nullptr, false);
+      if (j.is_discarded() || !j.contains("transport_bytes")) continue;
+      for (const auto& [name, bytes] : j["transport_bytes"].items()) {
+        out.transport_bytes[name] =
+            out.transport_bytes.value(name, uint64_t{0}) + bytes.get<uint64_t>();
+      }
+      break;
+    }
+  }
   for (auto* group : {&prefills, &decodes}) {
     for (Worker& w : *group) w.process.finish(std::chrono::seconds(10)).status().ignore();
   }
@@ -292,7 +307,8 @@ void print_summary(const DemoArgs& args, const DemoSummary& s) {
                                 {"p99_ms", s.p99_ms},
                                 {"gbps", s.gbps},
                                 {"seconds", s.seconds},
-                                {"first_error", s.first_error}}
+                                {"first_error", s.first_error},
+                                {"transport_bytes", s.transport_bytes}}
                      .dump()
               << std::endl;
     return;
@@ -307,6 +323,12 @@ void print_summary(const DemoArgs& args, const DemoSummary& s) {
       args.worker.model, args.prefill_tp, args.decode_tp, s.requests, s.succeeded, s.failed,
       s.bytes, s.bytes / 1048576.0, s.pages_verified, s.corrupt_pages, s.p50_ms, s.p99_ms, s.gbps,
       s.seconds);
+  std::string carried;
+  for (const auto& [name, bytes] : s.transport_bytes.items()) {
+    carried += fmt::format("{}{} {}", carried.empty() ? "" : ", ", name, bytes.get<uint64_t>());
+  }
+  std::cout << "  bytes by route  " << (carried.empty() ? "none" : carried) << " (--transport "
+            << args.worker.transport << ", --memory " << args.worker.memory << ")\n";
   if (!s.first_error.empty()) std::cout << "  first error     " << s.first_error << "\n";
 }
 

@@ -195,7 +195,7 @@ Check check_cuda() {
     c.value = "no device";
     c.detail = fmt::format(
         "built with the CUDA runtime {}.{}; cudaGetDeviceCount: {}: no CUDA device, so "
-        "cuda_ipc is out and device memory cannot be registered",
+        "cuda_ipc and tcp's device staging are out and device memory cannot be registered",
         runtime / 1000, (runtime % 1000) / 10,
         e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
     return c;
@@ -219,7 +219,7 @@ Check check_cuda() {
   c.value = fmt::format("{} device(s)", count);
   c.detail = fmt::format(
       "{}; peer access (row can access column) {}; cuda_ipc carries device memory between "
-      "same-host engines",
+      "same-host engines, tcp carries it to other hosts (staged through pinned host buffers)",
       names, matrix);
 #else
   c.value = "not built";

@@ -92,7 +92,8 @@ int run_decode(const WorkerArgs& args) {
   auto engine = make_worker_engine(args, "decode");
   if (!engine.ok()) return fail(engine.status());
   auto rank =
-      setup_rank(**engine, *model, args.page_tokens, args.pool_pages, args.tp_size, args.tp_rank);
+      setup_rank(**engine, *model, args.page_tokens, args.pool_pages, args.tp_size, args.tp_rank,
+                 *parse_pool_memory(args.memory));  // checked by make_worker_engine
   if (!rank.ok()) return fail(rank.status());
   pd::DecodeClientOptions options;
   options.engine = engine->get();

@@ -1,17 +1,23 @@
 // Model presets and rank setup shared by the demo and its worker processes (pd-prefill,
-// pd-decode): each rank allocates one shared region holding its KV pool and aux rows, and
-// hands out pages from a free list.
+// pd-decode): each rank allocates one region holding its KV pool and aux rows — shared
+// memory from allocate_shared (`--memory shared`), or anonymous memory it maps and registers
+// itself (`--memory host`, what serving stacks do; reached from the same host over cma) —
+// and hands out pages from a free list.
 #pragma once
 
 #include <fmt/format.h>
+#include <sys/mman.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kvferry/metrics.h"
 #include "kvferry/pd/pd_options.h"
 #include "kvferry/transfer_engine.h"
 #include "pd/page_pattern.h"
@@ -73,6 +79,9 @@ class PageAllocator {
 };
 
 struct RankSetup {
+  // --memory host: the mapping (unmapped when the last copy goes); shared memory lives as
+  // long as the engine.
+  std::shared_ptr<void> host_memory;
   pd::RankBuffers buffers;
   pd::TpRank tp;
   pd::HeadRange heads;
@@ -81,10 +90,19 @@ struct RankSetup {
 
 inline constexpr uint64_t kAuxRowBytes = 64;
 
-// Allocates the rank's shared KV pool (+ one aux row per page, enough for any request mix).
+// Where a rank's KV pool lives (--memory).
+enum class PoolMemory : uint8_t { kShared = 0, kHost };
+
+inline Result<PoolMemory> parse_pool_memory(const std::string& name) {
+  if (name == "shared") return PoolMemory::kShared;
+  if (name == "host") return PoolMemory::kHost;
+  return InvalidArgument("--memory " + name + " (valid: shared, host)");
+}
+
+// Allocates the rank's KV pool (+ one aux row per page, enough for any request mix).
 inline Result<RankSetup> setup_rank(TransferEngine& engine, const ModelPreset& m,
                                     uint32_t page_tokens, uint32_t pool_pages, uint32_t tp_size,
-                                    uint32_t tp_rank) {
+                                    uint32_t tp_rank, PoolMemory memory = PoolMemory::kShared) {
   RankSetup r;
   r.tp = {tp_rank, tp_size, m.kind == ModelKind::kMha ? m.kv_heads : 0};
   r.heads = pd::head_range_for_rank(r.tp.total_kv_heads, tp_size, tp_rank);
@@ -100,8 +118,18 @@ inline Result<RankSetup> setup_rank(TransferEngine& engine, const ModelPreset& m
     KVF_ASSIGN_OR_RETURN(kv_bytes, kv::KvLayout::region_bytes(mha));
   }
   const uint64_t aux_bytes = kAuxRowBytes * pool_pages;
-  KVF_ASSIGN_OR_RETURN(SharedBuffer pool, engine.allocate_shared(kv_bytes + aux_bytes));
-  const auto base = reinterpret_cast<uint64_t>(pool.addr);
+  uint64_t base = 0;
+  if (memory == PoolMemory::kShared) {
+    KVF_ASSIGN_OR_RETURN(SharedBuffer pool, engine.allocate_shared(kv_bytes + aux_bytes));
+    base = reinterpret_cast<uint64_t>(pool.addr);
+  } else {
+    const uint64_t bytes = kv_bytes + aux_bytes;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return Internal(fmt::format("mmap of {} bytes for the KV pool", bytes));
+    r.host_memory = std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });
+    KVF_RETURN_IF_ERROR(engine.register_memory(p, bytes));
+    base = reinterpret_cast<uint64_t>(p);
+  }
   if (is_mla) {
     KVF_ASSIGN_OR_RETURN(r.buffers.layout, kv::KvLayout::mla(mla, base));
     r.bytes_per_token = uint64_t{m.layers} * m.bytes_per_token;
@@ -120,7 +148,8 @@ struct WorkerArgs {
   uint32_t pool_pages = 256;
   uint32_t tp_size = 1;
   uint32_t tp_rank = 0;
-  std::string transport = "shm";
+  std::string transport = "shm";       // or "auto": the engine routes each op
+  std::string memory = "shared";       // PoolMemory
   std::string listen = "127.0.0.1:0";  // the engine's handshake listener (its peer name)
   int heartbeat_ms = 500;
   int bootstrap_timeout_ms = 0;  // 0: PdTimeouts' default
@@ -139,7 +168,10 @@ inline void add_worker_flags(CLI::App* cmd, WorkerArgs& a) {
   cmd->add_option("--pool-pages", a.pool_pages, "pages in this rank's KV pool");
   cmd->add_option("--tp-size", a.tp_size, "attention TP size of this instance");
   cmd->add_option("--tp-rank", a.tp_rank, "this rank");
-  cmd->add_option("--transport", a.transport, "engine transport");
+  cmd->add_option("--transport", a.transport,
+                  "engine transport: shm, cma, tcp, or auto (routed per op)");
+  cmd->add_option("--memory", a.memory,
+                  "KV pool memory: shared (allocate_shared) or host (mmap'd and registered)");
   cmd->add_option("--listen", a.listen, "engine handshake listener host:port (port 0: any)");
   cmd->add_option("--heartbeat-ms", a.heartbeat_ms, "heartbeat interval");
   cmd->add_option("--bootstrap-timeout-ms", a.bootstrap_timeout_ms,
@@ -181,25 +213,29 @@ inline std::string listen_host(const std::string& listen) {
   return colon == std::string::npos ? listen : listen.substr(0, colon);
 }
 
-// Transports a demo worker can be told to use between processes (ucx only where built).
-inline constexpr TransportSet kPdWorkerTransports = {TransportKind::kShm, TransportKind::kTcp,
-                                                     TransportKind::kUcx};
+// Transports a demo worker can be told to use between processes ("auto": none forced; ucx
+// only where built).
+inline constexpr TransportSet kPdWorkerTransports = {TransportKind::kShm, TransportKind::kCma,
+                                                     TransportKind::kTcp, TransportKind::kUcx};
+inline constexpr std::string_view kAutoTransport = "auto";
 
-// Parses a worker's --transport once, at the edge. `built` is the set compiled into this
-// binary (a parameter, so a test can ask what a build without UCX says).
-inline Result<TransportKind> parse_worker_transport(const std::string& name,
-                                                    const TransportSet& built) {
+// The forced transport of `name` (parsed once, here at the edge), or none for "auto".
+// `built` is the set compiled into this binary (a parameter, so a test can ask what a build
+// without UCX says).
+inline Result<std::optional<TransportKind>> parse_worker_transport(const std::string& name,
+                                                                   const TransportSet& built) {
+  if (name == kAutoTransport) return std::optional<TransportKind>();
   KVF_ASSIGN_OR_RETURN(TransportKind kind, parse_transport_kind(name));
   if (!kPdWorkerTransports.contains(kind)) {
     return NotSupported("transport " + name +
-                        " is not available to the PD workers (valid: shm, tcp, ucx)");
+                        " is not available to the PD workers (valid: shm, cma, tcp, ucx, auto)");
   }
   if (!built.contains(kind)) {
     return NotSupported("transport " + name +
                         " is not built into this kvferry (the build found no UCX: install "
                         "libucx-dev and rebuild, or pass --transport tcp)");
   }
-  return kind;
+  return std::optional<TransportKind>(kind);
 }
 
 inline TransportSet built_transport_set() {
@@ -208,12 +244,14 @@ inline TransportSet built_transport_set() {
   return built;
 }
 
-// An engine restricted to the chosen transport (a typed kind parsed once, here at the edge).
-// ucx: emulated put/get (UCX's tcp, shared memory) still needs KVFERRY_UCX_ALLOW_EMULATED=1.
+// An engine restricted to the chosen transport, or routing each op itself ("auto"). Metrics
+// on: the prefill worker reports the bytes each transport carried. ucx: emulated put/get
+// (UCX's tcp, shared memory) still needs KVFERRY_UCX_ALLOW_EMULATED=1.
 inline Result<std::unique_ptr<TransferEngine>> make_worker_engine(const WorkerArgs& a,
                                                                   const std::string& name) {
-  KVF_ASSIGN_OR_RETURN(TransportKind kind,
+  KVF_ASSIGN_OR_RETURN(std::optional<TransportKind> kind,
                        parse_worker_transport(a.transport, built_transport_set()));
+  KVF_RETURN_IF_ERROR(parse_pool_memory(a.memory).status());
   EngineOptions options;
   options.name = name;
   options.listen_address = a.listen;
@@ -221,7 +259,20 @@ inline Result<std::unique_ptr<TransferEngine>> make_worker_engine(const WorkerAr
   options.forced_transport = kind;
   options.metadata_uri = a.metadata;
   if (a.metadata_ttl_s > 0) options.metadata_ttl = std::chrono::seconds(a.metadata_ttl_s);
+  options.metrics = true;
   return TransferEngine::create(options);
+}
+
+// Bytes each transport carried, from the engine's metrics: {"cma": N, ...} (non-zero only).
+inline nlohmann::json transport_bytes(const TransferEngine& engine) {
+  nlohmann::json out = nlohmann::json::object();
+  const MetricsSnapshot m = engine.metrics();
+  for (TransportKind kind : kAllTransportKinds) {
+    const std::string name(transport_kind_name(kind));
+    const double bytes = m.value("kvferry_engine_bytes_total", {{"transport", name}});
+    if (bytes > 0) out[name] = static_cast<uint64_t>(bytes);
+  }
+  return out;
 }
 
 }  // namespace kvferry::cli

@@ -51,7 +51,8 @@ int run_prefill(const PrefillArgs& args) {
   auto engine = make_worker_engine(args.worker, "prefill");
   if (!engine.ok()) return fail(engine.status());
   auto rank = setup_rank(**engine, *model, args.worker.page_tokens, args.worker.pool_pages,
-                         args.worker.tp_size, args.worker.tp_rank);
+                         args.worker.tp_size, args.worker.tp_rank,
+                         *parse_pool_memory(args.worker.memory));  // checked by make_worker_engine
   if (!rank.ok()) return fail(rank.status());
   if (args.chunk_tokens == 0 || args.chunk_tokens % args.worker.page_tokens != 0) {
     return fail(
@@ -177,6 +178,8 @@ int run_prefill(const PrefillArgs& args) {
   }
   stop = true;
   poller.join();
+  // What each transport carried (the demo checks its routes with it).
+  out.line(nlohmann::json{{"transport_bytes", transport_bytes(**engine)}}.dump());
   return 0;
 }
 

@@ -81,6 +81,12 @@ struct EngineOptions {
   std::string tcp_listen_address;
   int tcp_lanes = 2;
   int tcp_io_threads = 2;
+  // tcp with device memory: bytes are staged through pinned host buffers of this size,
+  // at most this many per engine (allocated on first use). When all are in use, device
+  // chunks wait for one (bounded by their batch's deadline); nothing else is allocated.
+  // The receiver keeps one buffer per I/O thread besides.
+  uint64_t tcp_staging_buffer_bytes = 4u << 20;
+  int tcp_staging_buffers = 8;
   // Shared secret: when set (or KVFERRY_SECRET is set in the environment), nothing of this
   // engine is served to a peer that has not proved knowledge of it (HMAC-SHA256
   // challenge-response): its descriptor over the p2p handshake, its tcp data connections,

@@ -60,7 +60,9 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
   if (options.after_cuda_event != nullptr) {
     const bool device_part =
         std::any_of(batch->work.parts.begin(), batch->work.parts.end(), [&](const ResolvedPart& p) {
-          return transport(p.transport)->capabilities().access == CopyAccess::kDevicePointers;
+          const CopyAccess access = transport(p.transport)->capabilities().access;
+          return access == CopyAccess::kDevicePointers ||
+                 (access == CopyAccess::kStagedRemoteAddress && p.touches_device);
         });
     if (!device_part) {
       return InvalidArgument(fmt::format(

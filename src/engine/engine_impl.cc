@@ -115,6 +115,9 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   env.tcp_listen_address = engine->options_.tcp_listen_address;
   env.tcp_lanes = engine->options_.tcp_lanes;
   env.tcp_io_threads = engine->options_.tcp_io_threads;
+  env.tcp_staging_buffer_bytes = engine->options_.tcp_staging_buffer_bytes;
+  env.tcp_staging_buffers = engine->options_.tcp_staging_buffers;
+  env.open_cuda_api = built_cuda_memory_api_opener();
   env.connect_timeout = engine->options_.handshake_timeout;
   env.secret = engine->secret_;
   env.tcp_limits = engine->options_.tcp_limits;
@@ -257,11 +260,19 @@ Status EngineImpl::prepare_device_region(RegionEntry& entry, size_t index) {
   Status outcome = NotSupported(
       "no transport of this engine reaches device memory (cuda_ipc is not served, or this build "
       "has no CUDA support: configure with the CUDA toolkit and KVFERRY_CUDA=ON)");
+  // Every transport that reaches device memory prepares it (cuda_ipc exports its handle,
+  // tcp checks it can stage it); the region is registered when at least one accepts.
+  bool accepted = false;
   for (const auto& t : transports_) {
     if (!t || !t->capabilities().reaches_local_device) continue;
-    outcome = t->prepare_region(entry);
-    if (outcome.ok()) return outcome;
+    Status s = t->prepare_region(entry);
+    if (s.ok()) {
+      accepted = true;
+    } else if (!accepted) {
+      outcome = s;
+    }
   }
+  if (accepted) return Status::Ok();
   return Status(outcome.code(), fmt::format("region {} at {:#x}: cuda:{} memory: {}", index,
                                             entry.addr, entry.location.device, outcome.message()));
 }

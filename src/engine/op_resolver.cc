@@ -11,6 +11,7 @@ bool is_device(const RegionEntry& r) { return r.location.kind == MemoryLocation:
 std::string unreachable(const RegionEntry& r, std::string_view side, CopyAccess access,
                         std::string_view peer_name) {
   if (is_device(r)) {
+    if (access == CopyAccess::kStagedRemoteAddress) return "";
     if (access == CopyAccess::kDevicePointers) {
       if (r.host_ptr != nullptr || r.cuda) return "";
       return fmt::format(
@@ -18,12 +19,15 @@ std::string unreachable(const RegionEntry& r, std::string_view side, CopyAccess 
           peer_name, r.location.device);
     }
     return fmt::format(
-        "{} region at {:#x} is cuda:{} memory, which a {} copy cannot touch (same-host peers "
-        "reach device memory through cuda_ipc)",
+        "{} region at {:#x} is cuda:{} memory, which a {} copy cannot touch (device memory "
+        "goes through cuda_ipc on one host, or tcp staged through pinned buffers in a CUDA "
+        "build)",
         side, r.addr, r.location.device,
         access == CopyAccess::kRemoteAddress ? "tcp" : "host memcpy");
   }
-  if (side == "remote" && access != CopyAccess::kRemoteAddress && r.host_ptr == nullptr) {
+  const bool by_address =
+      access == CopyAccess::kRemoteAddress || access == CopyAccess::kStagedRemoteAddress;
+  if (side == "remote" && !by_address && r.host_ptr == nullptr) {
     return fmt::format(
         "remote region at {:#x} of peer {} is not shareable (allocate it with allocate_shared)",
         r.addr, peer_name);

@@ -9,7 +9,8 @@
 //             lets this process attach to the peer (probed once per peer in connect)
 //   ucx       any host, host memory, only where UCX has hardware RMA (verbs) on both sides
 //             (Transport::why_not_preferred); forced, wherever UCX connects
-//   tcp       any host, host memory
+//   tcp       any host, host memory; in a CUDA build also device memory, staged through
+//             pinned host buffers (so device routes across hosts go here)
 // and the first that both engines serve and that can carry the route (Transport::why_not)
 // is chosen; a better candidate passed over because its link failed (cma's probe refused)
 // is named in the chosen route's reason. None: the route is refused, with why each

@@ -6,6 +6,7 @@
 #include "transport/tcp/tcp_transport.h"
 #ifdef KVFERRY_WITH_CUDA
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
+#include "transport/cuda_ipc/cuda_runtime_memory_api.h"
 #endif
 #ifdef KVFERRY_WITH_UCX
 #include "transport/ucx/ucx_transport.h"
@@ -27,6 +28,18 @@ std::vector<BuiltTransport> built_transports() {
   built.push_back({TransportKind::kUcx, make_ucx_transport});
 #endif
   return built;
+}
+
+CudaMemoryApiOpener built_cuda_memory_api_opener() {
+  return []() -> Result<std::shared_ptr<CudaMemoryApi>> {
+#ifdef KVFERRY_WITH_CUDA
+    KVF_ASSIGN_OR_RETURN(std::unique_ptr<CudaMemoryApi> api,
+                         cuda_ipc::open_cuda_runtime_memory_api());
+    return std::shared_ptr<CudaMemoryApi>(std::move(api));
+#else
+    return NotSupported("this build has no CUDA (built without the CUDA toolkit)");
+#endif
+  };
 }
 
 }  // namespace kvferry

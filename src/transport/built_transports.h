@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "transport/cuda_memory_api.h"
 #include "transport/transport.h"
 
 namespace kvferry {
@@ -15,5 +16,9 @@ struct BuiltTransport {
 };
 
 std::vector<BuiltTransport> built_transports();
+
+// Opens this build's CUDA runtime API (TransportEnv::open_cuda_api): the real one in a CUDA
+// build, NotSupported otherwise.
+CudaMemoryApiOpener built_cuda_memory_api_opener();
 
 }  // namespace kvferry

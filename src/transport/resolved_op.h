@@ -25,8 +25,12 @@ struct ResolvedOp {
 // What a transport can touch of an op's two ranges; the engine refuses an op routed to a
 // transport that cannot reach one of them.
 enum class CopyAccess : uint8_t {
-  // tcp: the remote range by address only; both sides must be host memory.
+  // tcp (without CUDA), cma, ucx: the remote range by address only; both sides must be host
+  // memory.
   kRemoteAddress,
+  // tcp in a CUDA build: the remote range by address only; host or device memory on either
+  // side (device memory is staged through pinned host buffers on each side).
+  kStagedRemoteAddress,
   // memcpy (local, shm): host memory on both sides, every remote region mapped here.
   kHostPointers,
   // device copies (cuda_ipc): host or device memory on either side. A remote host region

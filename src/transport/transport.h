@@ -32,6 +32,7 @@
 #include "kvferry/transport_kind.h"
 #include "metadata/segment_descriptor.h"
 #include "transport/batch_progress.h"
+#include "transport/cuda_memory_api.h"
 #include "transport/peer_liveness.h"
 #include "transport/region_index.h"
 #include "transport/resolved_op.h"
@@ -82,6 +83,13 @@ struct TransportEnv {
   ThreadPool* workers = nullptr;  // the engine's copy workers
   // This engine's registered regions now (a receiver checks every request against them).
   std::function<std::shared_ptr<const RegionIndex>()> local_regions;
+  // Opens the CUDA runtime API for transports that stage device memory (tcp); empty or
+  // NotSupported where there is none. Called lazily: asking initialises CUDA.
+  CudaMemoryApiOpener open_cuda_api;
+  // tcp's device staging: pinned buffers of tcp_staging_buffer_bytes, at most
+  // tcp_staging_buffers of them per engine (EngineOptions).
+  uint64_t tcp_staging_buffer_bytes = 0;
+  int tcp_staging_buffers = 0;
 };
 
 // The peer a link is opened to.

@@ -87,6 +87,32 @@ TEST(PdProcesses, IntegrityVerifiesEveryPageAndCatchesAFlippedByte) {
   EXPECT_NE(error.find(": page "), std::string::npos) << error;
 }
 
+// --transport auto lets the engines route each op: KV pools of plain registered host memory
+// (--memory host, as serving stacks register theirs) go over cma, allocate_shared pools over
+// shm; never tcp on one host.
+TEST(PdProcesses, AutoTransportOnRegisteredHostMemoryTakesTheCrossMemoryRoute) {
+  auto s = run_demo(
+      {"--model", "tiny-mha", "--transport", "auto", "--memory", "host", "--requests", "24",
+       "--pool-pages", "128", "--min-tokens", "40", "--max-tokens", "200", "--chunk-tokens", "32"},
+      std::chrono::seconds(120));
+  expect_all_verified(s, 24);
+  const nlohmann::json& routes = s["transport_bytes"];
+  EXPECT_GE(routes.value("cma", uint64_t{0}), s["bytes"].get<uint64_t>()) << s.dump();
+  EXPECT_FALSE(routes.contains("tcp")) << s.dump();
+  EXPECT_FALSE(routes.contains("shm")) << s.dump();
+}
+
+TEST(PdProcesses, AutoTransportOnSharedMemoryTakesShm) {
+  auto s = run_demo({"--model", "tiny-mla", "--transport", "auto", "--requests", "8",
+                     "--pool-pages", "128", "--min-tokens", "40", "--max-tokens", "200"},
+                    std::chrono::seconds(120));
+  expect_all_verified(s, 8);
+  const nlohmann::json& routes = s["transport_bytes"];
+  EXPECT_GE(routes.value("shm", uint64_t{0}), s["bytes"].get<uint64_t>()) << s.dump();
+  EXPECT_FALSE(routes.contains("cma")) << s.dump();
+  EXPECT_FALSE(routes.contains("tcp")) << s.dump();
+}
+
 TEST(PdProcesses, UnknownTransportIsRefusedByName) {
   ChildProcess demo = testing::must(
       ChildProcess::spawn({KVFERRY_CLI_PATH, "demo", "--transport", "carrier-pigeon"}));

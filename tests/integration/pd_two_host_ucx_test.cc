@@ -20,17 +20,19 @@ using testing::must;
 TEST(PdWorkerTransport, UcxInABuildWithoutUcxSaysItIsNotBuilt) {
   const TransportSet without_ucx = {TransportKind::kLocal, TransportKind::kShm, TransportKind::kTcp,
                                     TransportKind::kCma};
-  Result<TransportKind> ucx = cli::parse_worker_transport("ucx", without_ucx);
+  auto ucx = cli::parse_worker_transport("ucx", without_ucx);
   ASSERT_FALSE(ucx.ok());
   EXPECT_EQ(ucx.status().code(), StatusCode::kNotSupported);
   EXPECT_NE(ucx.status().message().find("ucx is not built"), std::string::npos)
       << ucx.status().message();
-  EXPECT_EQ(must(cli::parse_worker_transport("tcp", without_ucx)), TransportKind::kTcp);
+  EXPECT_EQ(*must(cli::parse_worker_transport("tcp", without_ucx)), TransportKind::kTcp);
   const TransportSet with_ucx = {TransportKind::kShm, TransportKind::kTcp, TransportKind::kUcx};
-  EXPECT_EQ(must(cli::parse_worker_transport("ucx", with_ucx)), TransportKind::kUcx);
-  Result<TransportKind> cma = cli::parse_worker_transport("cma", with_ucx);
-  ASSERT_FALSE(cma.ok());
-  EXPECT_NE(cma.status().message().find("cma"), std::string::npos) << cma.status().message();
+  EXPECT_EQ(*must(cli::parse_worker_transport("ucx", with_ucx)), TransportKind::kUcx);
+  EXPECT_FALSE(must(cli::parse_worker_transport("auto", without_ucx)).has_value());
+  auto local = cli::parse_worker_transport("local", with_ucx);
+  ASSERT_FALSE(local.ok());
+  EXPECT_NE(local.status().message().find("local"), std::string::npos)
+      << local.status().message();
 }
 
 #ifndef KVFERRY_WITH_UCX

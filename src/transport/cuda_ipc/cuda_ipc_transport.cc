@@ -6,6 +6,7 @@
 
 #include "core/logging.h"
 #include "transport/cuda_ipc/cuda_region_export.h"
+#include "transport/cuda_ipc/cuda_runtime_memory_api.h"
 
 namespace kvferry::cuda_ipc {
 

@@ -19,8 +19,8 @@
 #include <span>
 
 #include "transport/cuda_ipc/cuda_copy_queue.h"
-#include "transport/cuda_ipc/cuda_memory_api.h"
 #include "transport/cuda_ipc/ipc_handle_cache.h"
+#include "transport/cuda_memory_api.h"
 #include "transport/transport.h"
 
 namespace kvferry::cuda_ipc {

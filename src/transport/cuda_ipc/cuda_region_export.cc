@@ -4,16 +4,6 @@
 
 namespace kvferry::cuda_ipc {
 
-std::string_view pointer_kind_name(PointerKind kind) {
-  switch (kind) {
-    case PointerKind::kUnregistered: return "pageable host memory (not known to CUDA)";
-    case PointerKind::kPinnedHost: return "pinned host memory";
-    case PointerKind::kDevice: return "device memory";
-    case PointerKind::kManaged: return "managed memory";
-  }
-  return "unknown memory";
-}
-
 Result<CudaIpcBacking> export_cuda_region(CudaMemoryApi& api, void* addr, uint64_t length,
                                           MemoryLocation location) {
   const auto start = reinterpret_cast<uint64_t>(addr);

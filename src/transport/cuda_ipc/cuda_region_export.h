@@ -13,7 +13,7 @@
 #include "kvferry/status.h"
 #include "kvferry/transfer_types.h"
 #include "metadata/segment_descriptor.h"
-#include "transport/cuda_ipc/cuda_memory_api.h"
+#include "transport/cuda_memory_api.h"
 
 namespace kvferry::cuda_ipc {
 

@@ -1,12 +1,14 @@
 // The real CudaMemoryApi over libcudart. cuMemGetAddressRange is a driver call; it is
 // fetched through the runtime (cudaGetDriverEntryPoint*) so the binary never links
 // libcuda and starts on machines without a driver.
+#include "transport/cuda_ipc/cuda_runtime_memory_api.h"
+
 #include <cudaTypedefs.h>  // PFN_cuMemGetAddressRange (types only; no libcuda link)
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <string>
 
-#include "transport/cuda_ipc/cuda_memory_api.h"
 #include "transport/cuda_ipc/cuda_runtime_util.h"
 
 namespace kvferry::cuda_ipc {
@@ -83,6 +85,75 @@ class RuntimeMemoryApi final : public CudaMemoryApi {
     if (cudaError_t e = cudaIpcCloseMemHandle(base); e != cudaSuccess) {
       cuda_error_text("cudaIpcCloseMemHandle", e);  // clears it; nothing else to do
     }
+  }
+
+  Result<void*> alloc_pinned(uint64_t bytes) override {
+    void* p = nullptr;
+    if (cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable); e != cudaSuccess) {
+      return Internal(cuda_error_text("cudaHostAlloc(" + std::to_string(bytes) + " bytes)", e));
+    }
+    return p;
+  }
+  void free_pinned(void* ptr) override {
+    if (cudaError_t e = cudaFreeHost(ptr); e != cudaSuccess) cuda_error_text("cudaFreeHost", e);
+  }
+
+  Result<CudaStream> create_stream(int device) override {
+    ScopedDevice scope(device);
+    if (scope.status() != cudaSuccess)
+      return Internal(cuda_error_text("cudaSetDevice", scope.status()));
+    cudaStream_t stream = nullptr;
+    if (cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      return Internal(cuda_error_text("cudaStreamCreateWithFlags", e));
+    }
+    return static_cast<CudaStream>(stream);
+  }
+  void destroy_stream(CudaStream stream) override {
+    cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+  }
+  Status stream_wait_event(CudaStream stream, CudaEvent event) override {
+    if (cudaError_t e = cudaStreamWaitEvent(static_cast<cudaStream_t>(stream),
+                                            static_cast<cudaEvent_t>(event), 0);
+        e != cudaSuccess) {
+      return InvalidArgument(cuda_error_text("cudaStreamWaitEvent(after_cuda_event)", e));
+    }
+    return Status::Ok();
+  }
+  Status copy_async(void* dst, const void* src, uint64_t bytes, CudaCopyDirection direction,
+                    CudaStream stream) override {
+    const cudaMemcpyKind kind = direction == CudaCopyDirection::kDeviceToHost
+                                    ? cudaMemcpyDeviceToHost
+                                    : cudaMemcpyHostToDevice;
+    if (cudaError_t e = cudaMemcpyAsync(dst, src, bytes, kind, static_cast<cudaStream_t>(stream));
+        e != cudaSuccess) {
+      return Internal(cuda_error_text("cudaMemcpyAsync", e));
+    }
+    return Status::Ok();
+  }
+  Result<CudaEvent> record_event(CudaStream stream) override {
+    cudaEvent_t event = nullptr;
+    // Blocking sync: a waiting thread sleeps in cudaEventSynchronize instead of spinning.
+    if (cudaError_t e =
+            cudaEventCreateWithFlags(&event, cudaEventBlockingSync | cudaEventDisableTiming);
+        e != cudaSuccess) {
+      return Internal(cuda_error_text("cudaEventCreateWithFlags", e));
+    }
+    if (cudaError_t e = cudaEventRecord(event, static_cast<cudaStream_t>(stream));
+        e != cudaSuccess) {
+      cudaEventDestroy(event);
+      return Internal(cuda_error_text("cudaEventRecord", e));
+    }
+    return static_cast<CudaEvent>(event);
+  }
+  Status wait_event(CudaEvent event) override {
+    if (cudaError_t e = cudaEventSynchronize(static_cast<cudaEvent_t>(event)); e != cudaSuccess) {
+      return Internal(cuda_error_text("cudaEventSynchronize (a staging copy failed)", e));
+    }
+    return Status::Ok();
+  }
+  void destroy_event(CudaEvent event) override {
+    cudaEventDestroy(static_cast<cudaEvent_t>(event));
   }
 
  private:

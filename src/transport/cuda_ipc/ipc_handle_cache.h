@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "transport/cuda_ipc/cuda_memory_api.h"
+#include "transport/cuda_memory_api.h"
 #include "transport/region_index.h"
 #include "transport/resolved_op.h"
 

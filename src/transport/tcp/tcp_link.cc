@@ -39,6 +39,9 @@ struct TcpChunk {
   // Held from the moment the request is registered for sending until it is answered or
   // failed: the batch's stop() waits for it.
   BatchProgress::WireGuard wire;
+  // A WRITE from device memory: the pinned buffer `local` points into, returned when the
+  // chunk ends.
+  StagingLease staging;
 };
 
 // Chunks per sendmsg: a header and a payload iovec each, within IOV_MAX.
@@ -610,9 +613,72 @@ void TcpLink::shutdown() {
   for (auto& lane : lanes_) lane.reset();  // each lane fails what it carries and joins
 }
 
+Result<TcpDeviceStager*> TcpLink::stager() {
+  std::lock_guard lock(stager_mu_);
+  if (stager_) return stager_.get();
+  if (!options_.device || !options_.device->built()) {
+    return NotSupported("tcp to " + options_.peer_name +
+                        ": this build has no CUDA, so device memory cannot be staged");
+  }
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<CudaMemoryApi> api, options_.device->api());
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<TcpStagingPool> pool, options_.device->pool());
+  stager_ = std::make_unique<TcpDeviceStager>(std::move(api), std::move(pool));
+  return stager_.get();
+}
+
+namespace {
+
+bool is_device(const RegionEntry* r) {
+  return r != nullptr && r->location.kind == MemoryLocation::Kind::kCuda;
+}
+
+}  // namespace
+
 Status TcpLink::post(const BatchPart& part) {
   const size_t lane_count = lanes_.size();
+  // Which spans read this engine's device memory (staged); READs touching device memory on
+  // either side are not carried.
+  std::vector<int> source_device(part.spans.size(), -1);
+  bool any_device = false;
+  size_t local_hint = 0;
+  size_t remote_hint = 0;
+  for (size_t i = 0; i < part.spans.size(); ++i) {
+    const ResolvedOp& op = part.spans[i];
+    const RegionEntry* l =
+        part.local == nullptr
+            ? nullptr
+            : part.local->find(reinterpret_cast<uint64_t>(op.local), op.length, local_hint);
+    const RegionEntry* r = part.remote == nullptr
+                               ? nullptr
+                               : part.remote->find(op.remote_addr, op.length, remote_hint);
+    if (op.kind == OpKind::kRead && (is_device(l) || is_device(r))) {
+      return NotSupported(fmt::format(
+          "tcp to {}: a READ of {} bytes at {:#x} touches device memory ({} side); tcp stages "
+          "device memory for WRITEs only",
+          options_.peer_name, op.length, op.remote_addr, is_device(l) ? "local" : "remote"));
+    }
+    if (is_device(l)) {
+      source_device[i] = l->location.device;
+      any_device = true;
+    }
+  }
+  TcpDeviceStager* device_stager = nullptr;
+  uint64_t staging_bytes = kTcpChunkBytes;
+  if (any_device) {
+    KVF_ASSIGN_OR_RETURN(device_stager, stager());
+    KVF_ASSIGN_OR_RETURN(std::shared_ptr<TcpStagingPool> pool, options_.device->pool());
+    staging_bytes = pool->buffer_bytes();
+  }
+  // after_cuda_event orders device copies; a part that reads no local device memory has none
+  // to order (another part of the batch may, e.g. on cuda_ipc).
   std::vector<std::vector<TcpChunk>> per_lane(lane_count);
+  // Device chunks in op order: the lane each goes to, and the device it reads.
+  struct StagedChunk {
+    size_t lane = 0;
+    int device = 0;
+    TcpChunk chunk;
+  };
+  std::vector<StagedChunk> staged_chunks;
   // A small part goes whole on the first lane: a stream of lone ops then keeps one reader
   // hot, not every lane's.
   size_t next = part.bytes <= kTcpMinChunkBytes ? 0 : next_lane_.fetch_add(1);
@@ -620,25 +686,66 @@ Status TcpLink::post(const BatchPart& part) {
   // Small batches are cut finer so that every lane carries a share of them.
   const uint64_t chunk_bytes =
       std::clamp<uint64_t>(part.bytes / lane_count, kTcpMinChunkBytes, kTcpChunkBytes);
-  for (const ResolvedOp& op : part.spans) {
-    for (uint64_t off = 0; off < op.length; off += chunk_bytes) {
-      uint64_t n = std::min(chunk_bytes, op.length - off);
+  std::vector<bool> lane_used(lane_count, false);
+  for (size_t i = 0; i < part.spans.size(); ++i) {
+    const ResolvedOp& op = part.spans[i];
+    const bool staged = source_device[i] >= 0;
+    const uint64_t step = staged ? std::min(chunk_bytes, staging_bytes) : chunk_bytes;
+    for (uint64_t off = 0; off < op.length; off += step) {
+      uint64_t n = std::min(step, op.length - off);
       TcpChunk chunk;
       chunk.batch = part.batch;
       chunk.kind = op.kind;
       chunk.local = op.local + off;
       chunk.remote_addr = op.remote_addr + off;
       chunk.length = n;
-      per_lane[next++ % lane_count].push_back(std::move(chunk));
+      const size_t lane_index = next++ % lane_count;
+      lane_used[lane_index] = true;
+      if (staged) {
+        staged_chunks.push_back({lane_index, source_device[i], std::move(chunk)});
+      } else {
+        per_lane[lane_index].push_back(std::move(chunk));
+      }
       ++chunks;
     }
   }
   std::vector<std::shared_ptr<TcpLane>> targets(lane_count);
   for (size_t i = 0; i < lane_count; ++i) {
-    if (per_lane[i].empty()) continue;
+    if (!lane_used[i]) continue;
     KVF_ASSIGN_OR_RETURN(targets[i], lane(i));
   }
   part.batch->add_tasks(static_cast<int>(chunks));
+  // Device chunks go to the stager in op order; it hands each to its lane once the chunk is
+  // in a staging buffer.
+  if (device_stager != nullptr) {
+    std::vector<DeviceStageJob> jobs;
+    jobs.reserve(staged_chunks.size());
+    for (StagedChunk& sc : staged_chunks) {
+      DeviceStageJob job;
+      job.batch = part.batch;
+      job.device_src = sc.chunk.local;
+      job.length = sc.chunk.length;
+      job.device = sc.device;
+      job.after_event = jobs.empty() ? part.after_cuda_event : nullptr;
+      job.deliver = [weak_lane = std::weak_ptr<TcpLane>(targets[sc.lane]),
+                     chunk = std::make_shared<TcpChunk>(std::move(sc.chunk)),
+                     peer = options_.peer_name](Result<StagingLease> staged) {
+        std::shared_ptr<TcpLane> lane = weak_lane.lock();
+        if (staged.ok() && !lane) staged = PeerDisconnected("tcp link to " + peer + " was closed");
+        if (!staged.ok()) {
+          chunk->batch->finish_task(staged.status());
+          return;
+        }
+        chunk->local = staged->data();
+        chunk->staging = std::move(*staged);
+        std::vector<TcpChunk> one;
+        one.push_back(std::move(*chunk));
+        lane->enqueue(one, false);
+      };
+      jobs.push_back(std::move(job));
+    }
+    device_stager->enqueue(std::move(jobs));
+  }
   // At most one lane sends on this thread, after the others are handed to their sender
   // threads (which run meanwhile), and only a small share: a large one would keep the caller
   // in sendmsg.

@@ -7,6 +7,10 @@
 // straight into registered memory). A chunk completes when its acknowledgement (or its
 // data) arrives: completion means the bytes are in place.
 //
+// A WRITE from this engine's device memory is staged through pinned host buffers first
+// (TcpDeviceStager, one per link, created on first need) and sent from there; READs into or
+// out of device memory are refused (NotSupported) before anything is queued.
+//
 // Failure: a lane whose connection breaks fails every chunk queued or in flight on it
 // with PeerDisconnected and is replaced on the next post (checking the peer's
 // incarnation). A lane with a chunk unanswered past its deadline is closed: nothing more
@@ -25,6 +29,8 @@
 
 #include "core/net.h"
 #include "kvferry/defaults.h"
+#include "transport/tcp/tcp_device_stager.h"
+#include "transport/tcp/tcp_staging_pool.h"
 #include "transport/transport.h"
 
 namespace kvferry::detail {
@@ -39,6 +45,8 @@ struct TcpLinkOptions {
   int lanes = 2;
   std::chrono::milliseconds connect_timeout = kDefaultHandshakeTimeout;
   std::optional<std::string> secret;
+  // Device memory staging, shared by the engine's tcp links and receiver (null: none).
+  std::shared_ptr<TcpDeviceStaging> device;
 };
 
 class TcpLane;
@@ -60,11 +68,15 @@ class TcpLink final : public TransportLink {
 
  private:
   Result<std::shared_ptr<TcpLane>> lane(size_t index);
+  Result<TcpDeviceStager*> stager();
 
   TcpLinkOptions options_;
   std::mutex mu_;
   std::vector<std::shared_ptr<TcpLane>> lanes_;  // guarded by mu_
   std::atomic<uint64_t> next_lane_{0};
+  std::mutex stager_mu_;
+  // Declared last, destroyed first: it fails the chunks it has not staged.
+  std::unique_ptr<TcpDeviceStager> stager_;  // guarded by stager_mu_ until created
 };
 
 }  // namespace kvferry::detail

@@ -18,6 +18,7 @@
 
 #include "core/auth.h"
 #include "core/logging.h"
+#include "transport/tcp/tcp_device_lander.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace kvferry {
@@ -49,6 +50,7 @@ struct Pin {
   std::shared_ptr<const RegionIndex> snapshot;
   RegionUse* use = nullptr;
   char* ptr = nullptr;
+  int device = -1;  // device memory of this device (written through a TcpDeviceLander)
 
   void release() {
     if (use != nullptr) use->in_flight.fetch_sub(1);
@@ -57,25 +59,28 @@ struct Pin {
   }
 };
 
-// Finds and pins [addr, +length) in one registered region.
+// Finds and pins [addr, +length) in one registered region; device memory only when
+// `device_ok` (WRITEs, staged through a lander).
 Result<Pin> pin_range(const std::shared_ptr<const RegionIndex>& regions, uint64_t addr,
-                      uint64_t length) {
+                      uint64_t length, bool device_ok) {
   size_t hint = 0;
   const RegionEntry* r = regions->find(addr, length, hint);
   if (r == nullptr || r->use == nullptr || r->host_ptr == nullptr) {
     return NotRegistered("range [" + std::to_string(addr) + ", +" + std::to_string(length) +
                          ") is outside every registered region of the receiver");
   }
-  if (r->location.kind != MemoryLocation::Kind::kHost) {  // a device pointer: not for recv()
+  const bool device = r->location.kind != MemoryLocation::Kind::kHost;
+  if (device && !device_ok) {  // a device pointer: not for send()
     return NotSupported("range at " + std::to_string(addr) +
-                        " is device memory; tcp moves host memory");
+                        " is device memory; tcp serves READs from host memory only");
   }
   r->use->in_flight.fetch_add(1);
   if (r->use->removed.load()) {
     r->use->in_flight.fetch_sub(1);
     return NotRegistered("region at " + std::to_string(r->addr) + " is being unregistered");
   }
-  return Pin{regions, r->use.get(), r->host_ptr + (addr - r->addr)};
+  return Pin{regions, r->use.get(), r->host_ptr + (addr - r->addr),
+             device ? r->location.device : -1};
 }
 
 struct OutPiece {
@@ -104,6 +109,11 @@ struct Conn {
   uint64_t remaining = 0;
   Status verdict;  // what the current kWrite will be acknowledged with
   Pin target;      // the current kWrite's target
+  // A kWrite into device memory: its payload is received into the I/O thread's lander for
+  // that device; `staged` bytes are there, `landed` bytes are already in device memory.
+  TcpDeviceLander* lander = nullptr;
+  uint64_t staged = 0;
+  uint64_t landed = 0;
   std::deque<OutPiece> out;
   bool hello_done = false;
   bool authenticated = false;
@@ -208,6 +218,7 @@ struct TcpServer::IoThread {
       }
       if (c.in == InState::kPayload && c.current.deadline_ns != 0 && now > c.current.deadline_ns) {
         c.target.release();
+        c.lander = nullptr;
         c.verdict = Timeout("write request passed its deadline on the receiver");
         c.in = InState::kDrain;
       }
@@ -306,6 +317,43 @@ struct TcpServer::IoThread {
     queue(c, h);
   }
 
+  // This thread's lander for `device`, created on first need.
+  Result<TcpDeviceLander*> lander_for(int device) {
+    if (auto it = landers_.find(device); it != landers_.end()) return it->second.get();
+    if (!options_.device || !options_.device->built()) {
+      return NotSupported("this receiver's build has no CUDA: tcp cannot write device memory");
+    }
+    KVF_ASSIGN_OR_RETURN(std::shared_ptr<CudaMemoryApi> api, options_.device->api());
+    KVF_ASSIGN_OR_RETURN(
+        std::unique_ptr<TcpDeviceLander> lander,
+        TcpDeviceLander::create(std::move(api), options_.device->buffer_bytes(), device));
+    return landers_.emplace(device, std::move(lander)).first->second.get();
+  }
+
+  // Copies what the current kWrite staged to its device target and waits for the copy. A
+  // failed copy, or a deadline that passed while the bytes were staged, ends the request:
+  // the rest of it is drained and it is acknowledged with that error (never OK).
+  static void land_staged(Conn& c) {
+    if (c.lander == nullptr || c.staged == 0) return;
+    const uint64_t bytes = std::exchange(c.staged, 0);
+    Status s;
+    if (c.current.deadline_ns != 0 && monotonic_ns() > c.current.deadline_ns) {
+      s = Timeout("write request passed its deadline on the receiver");
+    } else {
+      s = c.lander->land(c.target.ptr + c.landed, bytes);
+    }
+    c.landed += bytes;
+    if (s.ok()) return;
+    if (s.code() != StatusCode::kTimeout) {
+      log().warn("tcp: a write of {} bytes into cuda:{} memory failed: {}", c.current.length,
+                 c.target.device, s.message());
+    }
+    c.verdict = s;
+    c.target.release();
+    c.lander = nullptr;
+    c.in = InState::kDrain;
+  }
+
   // Reads whatever is available and acts on complete frames. False: close the connection.
   bool on_readable(Conn& c) {
     // Drained into, never read: not zeroed.
@@ -335,6 +383,7 @@ struct TcpServer::IoThread {
           if (monotonic_ns() > c.current.deadline_ns && c.current.deadline_ns != 0) {
             // Past its deadline: no byte of it may land any more.
             c.target.release();
+            c.lander = nullptr;
             c.verdict = Timeout("write request passed its deadline on the receiver");
             c.in = InState::kDrain;
             continue;
@@ -342,6 +391,10 @@ struct TcpServer::IoThread {
           into = c.target.ptr + (c.current.length - c.remaining);
           // At most one piece per recv, so the deadline is checked at least that often.
           want = std::min<uint64_t>(c.remaining, kTcpReceivePieceBytes);
+          if (c.lander != nullptr) {  // device memory: into the staging buffer
+            into = c.lander->buffer() + c.staged;
+            want = std::min(want, c.lander->capacity() - c.staged);
+          }
           break;
         case InState::kDrain:
           into = scratch.data();
@@ -379,7 +432,11 @@ struct TcpServer::IoThread {
       ssize_t n = ::recvmsg(c.fd.get(), &msg, MSG_DONTWAIT);
       if (n == 0) return false;  // peer closed
       if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return flush(c);
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          // The staging buffer is the I/O thread's: empty it before serving another.
+          land_staged(c);
+          return flush(c);
+        }
         if (errno == EINTR) continue;
         return false;
       }
@@ -406,8 +463,13 @@ struct TcpServer::IoThread {
       case InState::kPayload:
       case InState::kDrain:
         c.remaining -= n;
+        if (c.in == InState::kPayload && c.lander != nullptr) {
+          c.staged += n;
+          if (c.staged == c.lander->capacity() || c.remaining == 0) land_staged(c);
+        }
         if (c.remaining != 0) return true;
         c.target.release();
+        c.lander = nullptr;
         ack(c, c.current.request_id, c.verdict);
         c.in = InState::kHeader;
         return true;
@@ -468,7 +530,17 @@ struct TcpServer::IoThread {
     switch (c.current.type) {
       case TcpFrame::kWrite: {
         c.remaining = c.current.length;
-        auto pin = pin_range(regions_(), c.current.addr, c.current.length);
+        auto pin = pin_range(regions_(), c.current.addr, c.current.length, true);
+        if (pin.ok() && pin->device >= 0) {
+          Result<TcpDeviceLander*> lander = lander_for(pin->device);
+          if (!lander.ok()) {
+            pin->release();
+            pin = lander.status();
+          }
+          c.lander = lander.ok() ? *lander : nullptr;
+          c.staged = 0;
+          c.landed = 0;
+        }
         if (pin.ok()) {
           c.target = std::move(*pin);
           c.verdict = Status::Ok();
@@ -484,7 +556,7 @@ struct TcpServer::IoThread {
         TcpHeader reply;
         reply.type = TcpFrame::kReadData;
         reply.request_id = c.current.request_id;
-        auto pin = pin_range(regions_(), c.current.addr, c.current.length);
+        auto pin = pin_range(regions_(), c.current.addr, c.current.length, false);
         OutPiece piece;
         if (pin.ok()) {
           reply.length = c.current.length;
@@ -570,6 +642,8 @@ struct TcpServer::IoThread {
   std::mutex mu_;
   std::vector<Incoming> incoming_;                        // guarded by mu_
   std::unordered_map<int, std::unique_ptr<Conn>> conns_;  // I/O thread only
+  // Device memory staging, by device (I/O thread only).
+  std::unordered_map<int, std::unique_ptr<TcpDeviceLander>> landers_;
   std::thread thread_;
 };
 

@@ -5,7 +5,9 @@
 // one registered region, pins that region (so it cannot be unregistered mid-write), and
 // reads the payload straight into it; it acknowledges only once every byte is in place.
 // A range outside registered memory is refused: its payload is drained into a scratch
-// buffer and acknowledged with NotRegistered. A request's bytes are never written after
+// buffer and acknowledged with NotRegistered. A kWrite into device memory is received into a
+// pinned buffer of the I/O thread's and copied to the device (TcpDeviceLander) before it is
+// acknowledged. A request's bytes are never written after
 // its deadline (they are drained instead and acknowledged with Timeout). kRead is served
 // from registered memory the same way.
 //
@@ -32,6 +34,7 @@
 #include "core/net.h"
 #include "kvferry/listener_limits.h"
 #include "transport/region_index.h"
+#include "transport/tcp/tcp_staging_pool.h"
 
 namespace kvferry {
 
@@ -43,6 +46,8 @@ struct TcpServerOptions {
   ListenerLimits limits{.idle_timeout = std::chrono::minutes(5)};
   uint32_t max_queued_replies = 1024;
   std::chrono::milliseconds stall_timeout{10'000};
+  // Device memory staging (writes into device regions); null: device regions are refused.
+  std::shared_ptr<TcpDeviceStaging> device;
 };
 
 class TcpServer {

@@ -4,26 +4,49 @@
 
 #include "transport/tcp/tcp_link.h"
 #include "transport/tcp/tcp_server.h"
+#include "transport/tcp/tcp_staging_pool.h"
 
 namespace kvferry {
 namespace {
 
 class TcpTransport final : public Transport {
  public:
-  TcpTransport(const TransportEnv& env, std::unique_ptr<TcpServer> server)
-      : env_(env), server_(std::move(server)), endpoint_(server_->endpoint().to_string()) {}
+  TcpTransport(const TransportEnv& env, std::unique_ptr<TcpServer> server,
+               std::shared_ptr<TcpDeviceStaging> device)
+      : env_(env),
+        server_(std::move(server)),
+        device_(std::move(device)),
+        endpoint_(server_->endpoint().to_string()) {}
 
   TransportKind kind() const override { return TransportKind::kTcp; }
   TransportCapabilities capabilities() const override {
     TransportCapabilities caps;
-    caps.access = CopyAccess::kRemoteAddress;
+    // With a CUDA build, device memory on either side is staged through pinned buffers.
+    caps.access = device_->built() ? CopyAccess::kStagedRemoteAddress : CopyAccess::kRemoteAddress;
+    caps.reaches_local_device = device_->built();
     caps.target_runs_progress = true;
     return caps;
   }
   void describe(SegmentDescriptor& self) const override { self.tcp_endpoint = endpoint_; }
+  // A device region is one tcp can stage: device memory of the device it was registered as.
+  Status prepare_region(RegionEntry& entry) override {
+    KVF_ASSIGN_OR_RETURN(std::shared_ptr<CudaMemoryApi> api, device_->api());
+    KVF_ASSIGN_OR_RETURN(PointerInfo info, api->pointer_info(entry.host_ptr));
+    if (info.kind != PointerKind::kDevice || info.device != entry.location.device) {
+      return InvalidArgument(fmt::format("{:#x} is {} (device {}), not memory of cuda:{}",
+                                         entry.addr, pointer_kind_name(info.kind), info.device,
+                                         entry.location.device));
+    }
+    return Status::Ok();
+  }
   std::string why_not(RouteKey key, PeerPlace, const SegmentDescriptor& peer) const override {
     if (key.local == MemoryKind::kDevice || key.remote == MemoryKind::kDevice) {
-      return "tcp moves host memory only";
+      if (!device_->built()) return "this build has no CUDA: tcp cannot stage device memory";
+      if (key.local == MemoryKind::kDevice) {
+        if (auto api = device_->api(); !api.ok()) {
+          return "tcp cannot stage device memory here: " + api.status().message();
+        }
+      }
     }
     if (peer.tcp_endpoint.empty()) return "the peer advertises no tcp endpoint";
     return "";
@@ -36,12 +59,14 @@ class TcpTransport final : public Transport {
     link.lanes = env_.tcp_lanes;
     link.connect_timeout = env_.connect_timeout;
     link.secret = env_.secret;
+    link.device = device_;
     return std::shared_ptr<TransportLink>(std::make_shared<detail::TcpLink>(std::move(link)));
   }
 
  private:
   TransportEnv env_;
   std::unique_ptr<TcpServer> server_;
+  std::shared_ptr<TcpDeviceStaging> device_;
   std::string endpoint_;
 };
 
@@ -51,6 +76,21 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportEnv& env) {
   if (env.tcp_lanes < 1 || env.tcp_lanes > 64) {
     return InvalidArgument(fmt::format("tcp_lanes {} out of range 1..64", env.tcp_lanes));
   }
+  const uint64_t staging_bytes =
+      env.tcp_staging_buffer_bytes == 0 ? kDefaultStagingBufferBytes : env.tcp_staging_buffer_bytes;
+  const int staging_buffers =
+      env.tcp_staging_buffers == 0 ? kDefaultStagingBuffers : env.tcp_staging_buffers;
+  if (staging_bytes < kMinStagingBufferBytes || staging_bytes > kMaxStagingBufferBytes) {
+    return InvalidArgument(fmt::format("tcp_staging_buffer_bytes {} out of range {}..{}",
+                                       staging_bytes, kMinStagingBufferBytes,
+                                       kMaxStagingBufferBytes));
+  }
+  if (staging_buffers < 1 || staging_buffers > kMaxStagingBuffers) {
+    return InvalidArgument(fmt::format("tcp_staging_buffers {} out of range 1..{}", staging_buffers,
+                                       kMaxStagingBuffers));
+  }
+  auto device =
+      std::make_shared<TcpDeviceStaging>(env.open_cuda_api, staging_bytes, staging_buffers);
   TcpServerOptions tcp;
   if (env.tcp_listen_address.empty()) {
     tcp.listen = Endpoint{env.listen_host, 0};
@@ -63,8 +103,9 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportEnv& env) {
   tcp.limits = env.tcp_limits;
   tcp.max_queued_replies = env.tcp_max_queued_replies;
   tcp.stall_timeout = env.tcp_stall_timeout;
+  tcp.device = device;
   KVF_ASSIGN_OR_RETURN(auto server, TcpServer::start(tcp, env.local_regions));
-  return std::unique_ptr<Transport>(new TcpTransport(env, std::move(server)));
+  return std::unique_ptr<Transport>(new TcpTransport(env, std::move(server), std::move(device)));
 }
 
 }  // namespace kvferry

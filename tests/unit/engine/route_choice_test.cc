@@ -11,7 +11,7 @@
 #include "transport/tcp/tcp_transport.h"
 #ifdef KVFERRY_WITH_CUDA
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
-#include "unit/transport/cuda_ipc_fake_api.h"
+#include "unit/transport/fake_cuda_memory_api.h"
 #endif
 
 namespace kvferry::detail {
@@ -39,7 +39,8 @@ SegmentDescriptor peer(TransportSet serves = kAll) {
 // This engine's transports: the real ones of the build; cuda_ipc over a fake device that is
 // usable or not, counting how often CUDA would have been initialised.
 struct Engine {
-  explicit Engine(bool device_usable = true, TransportSet serve = kAll) {
+  explicit Engine(bool device_usable = true, TransportSet serve = kAll,
+                  bool tcp_stages_device = false) {
     TransportEnv env;
     env.listen_host = "127.0.0.1";
     env.workers = &pool;
@@ -50,7 +51,13 @@ struct Engine {
     };
     add(TransportKind::kLocal, make_local_transport(env));
     add(TransportKind::kShm, make_shm_transport(env));
-    add(TransportKind::kTcp, make_tcp_transport(env));
+    TransportEnv tcp_env = env;
+    if (tcp_stages_device) {
+      tcp_env.open_cuda_api = []() -> Result<std::shared_ptr<CudaMemoryApi>> {
+        return std::shared_ptr<CudaMemoryApi>(std::make_shared<testing::FakeCudaMemoryApi>());
+      };
+    }
+    add(TransportKind::kTcp, make_tcp_transport(tcp_env));
     add(TransportKind::kCma, make_cma_transport(env));
 #ifdef KVFERRY_WITH_CUDA
     add(TransportKind::kCudaIpc,
@@ -59,7 +66,7 @@ struct Engine {
               ++device_opens;
               if (!device_usable) return NotSupported("no CUDA device: no driver");
               return std::make_unique<cuda_ipc::CudaIpcDevice>(
-                  std::make_unique<cuda_ipc::testing::FakeCudaMemoryApi>());
+                  std::make_unique<testing::FakeCudaMemoryApi>());
             }));
 #else
     (void)device_usable;
@@ -147,13 +154,24 @@ TEST(RouteChoice, CmaCarriesHostMemoryOnOneHostOnly) {
   expect_route(e.route(kHostToHost, old, PeerPlace::kSameHost), TransportKind::kTcp);
 }
 
-TEST(RouteChoice, AnotherHostIsReachedOverTcpForHostMemoryOnly) {
+TEST(RouteChoice, AnotherHostIsReachedOverTcp) {
   Engine e;
   const SegmentDescriptor d = peer();
   expect_route(e.route(kHostToShared, d, PeerPlace::kOtherHost), TransportKind::kTcp);
   expect_route(e.route(kHostToHost, d, PeerPlace::kOtherHost), TransportKind::kTcp);
+  // Without a CUDA API to stage through, tcp carries no device memory.
   expect_route(e.route(kHostToDevice, d, PeerPlace::kOtherHost), std::nullopt,
-               "tcp: tcp moves host memory only");
+               "tcp: this build has no CUDA: tcp cannot stage device memory");
+}
+
+TEST(RouteChoice, DeviceMemoryOnAnotherHostGoesOverTcpStagedThroughPinnedBuffers) {
+  Engine e(true, kAll, /*tcp_stages_device=*/true);
+  const SegmentDescriptor d = peer();
+  expect_route(e.route(kHostToDevice, d, PeerPlace::kOtherHost), TransportKind::kTcp);
+  expect_route(e.route(kDeviceToHost, d, PeerPlace::kOtherHost), TransportKind::kTcp);
+  expect_route(
+      e.route(RouteKey{MemoryKind::kDevice, MemoryKind::kDevice}, d, PeerPlace::kOtherHost),
+      TransportKind::kTcp);
 }
 
 TEST(RouteChoice, TheSelfPeerCopiesHostMemoryLocally) {

@@ -3,8 +3,8 @@
 //
 // The peer is this test binary run again (/proc/self/exe) with only CudaIpcPeer.Serve
 // selected and KVFERRY_CUDA_IPC_PEER=1: it registers `bytes` of device memory on cuda:0,
-// prints "peer {endpoint} {addr}" and answers "verify SEED OFFSET LEN" (-> "reply ok" or
-// "reply mismatch AT") and "fill SEED OFFSET LEN" (-> "reply ok") until its input closes.
+// prints "peer {endpoint} {addr} {host addr or 0}" and answers "verify SEED OFFSET LEN" (-> "reply
+// ok" or "reply mismatch AT") and "fill SEED OFFSET LEN" (-> "reply ok") until its input closes.
 // Lines that do not start with "peer " or "reply " (gtest's own output) are skipped.
 #pragma once
 
@@ -22,6 +22,7 @@
 namespace kvferry::cuda_ipc::testing {
 
 inline constexpr const char* kPeerEnv = "KVFERRY_CUDA_IPC_PEER";
+inline constexpr const char* kPeerHostEnv = "KVFERRY_CUDA_IPC_PEER_HOST";
 
 // Empty when a CUDA device is usable, else why not (the skip reason).
 inline std::string no_device_reason() {
@@ -102,6 +103,7 @@ struct GpuPeer {
   ChildProcess process;
   std::string endpoint;
   uint64_t addr = 0;
+  uint64_t host_addr = 0;  // the peer's host buffer (start_gpu_peer with_host), else 0
 
   // The next line starting with `prefix`, without it.
   Result<std::string> read(const std::string& prefix) {
@@ -117,16 +119,18 @@ struct GpuPeer {
   }
 };
 
-inline Result<GpuPeer> start_gpu_peer(uint64_t bytes) {
+inline Result<GpuPeer> start_gpu_peer(uint64_t bytes, bool with_host = false) {
   ::setenv(kPeerEnv, std::to_string(bytes).c_str(), 1);
+  if (with_host) ::setenv(kPeerHostEnv, "1", 1);
   Result<ChildProcess> child = ChildProcess::spawn(
       {"/proc/self/exe", "--gtest_filter=CudaIpcPeer.Serve", "--gtest_brief=1"});
   ::unsetenv(kPeerEnv);
+  ::unsetenv(kPeerHostEnv);
   KVF_RETURN_IF_ERROR(child.status());
-  GpuPeer peer{std::move(*child), "", 0};
+  GpuPeer peer{std::move(*child), "", 0, 0};
   KVF_ASSIGN_OR_RETURN(std::string hello, peer.read("peer "));
   std::istringstream in(hello);
-  in >> peer.endpoint >> peer.addr;
+  in >> peer.endpoint >> peer.addr >> peer.host_addr;
   if (peer.endpoint.empty() || peer.addr == 0) return Internal("bad peer greeting: " + hello);
   return peer;
 }

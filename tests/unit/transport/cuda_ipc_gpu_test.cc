@@ -27,13 +27,27 @@ TEST(CudaIpcPeer, Serve) {
   auto engine = make_engine("gpu-peer");
   ASSERT_TRUE(
       engine->register_memory(memory.get(), memory.bytes(), {MemoryLocation::Kind::kCuda, 0}).ok());
-  std::cout << "peer " << engine->endpoint() << " " << memory.addr() << std::endl;
+  // With KVFERRY_CUDA_IPC_PEER_HOST set, host memory of the same size too (tcp's benchmark
+  // compares device memory with it), checked with "hverify".
+  std::vector<std::byte> host;
+  if (std::getenv(kPeerHostEnv) != nullptr) {
+    host.assign(memory.bytes(), std::byte{0});
+    ASSERT_TRUE(engine->register_memory(host.data(), host.size()).ok());
+  }
+  std::cout << "peer " << engine->endpoint() << " " << memory.addr() << " "
+            << reinterpret_cast<uint64_t>(host.data()) << std::endl;
   std::string command;
   uint64_t seed = 0, offset = 0, len = 0;
   while (std::cin >> command >> seed >> offset >> len) {
     if (command == "fill") {
       memory.fill(seed, offset, len);
       std::cout << "reply ok" << std::endl;
+    } else if (command == "hverify") {
+      auto at = offset + len <= host.size()
+                    ? find_pattern_mismatch({host.data() + offset, len}, seed, offset)
+                    : std::optional<size_t>(0);
+      std::cout << (at ? fmt::format("reply mismatch {}", *at) : std::string("reply ok"))
+                << std::endl;
     } else {
       int64_t at = memory.mismatch(seed, offset, len);
       std::cout << (at < 0 ? std::string("reply ok") : fmt::format("reply mismatch {}", at))

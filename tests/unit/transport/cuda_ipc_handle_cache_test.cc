@@ -2,7 +2,7 @@
 
 #include "transport/cuda_ipc/cuda_ipc_transport.h"
 #include "transport/cuda_ipc/ipc_handle_cache.h"
-#include "unit/transport/cuda_ipc_fake_api.h"
+#include "unit/transport/fake_cuda_memory_api.h"
 
 namespace kvferry::cuda_ipc {
 namespace {

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "transport/cuda_ipc/cuda_region_export.h"
-#include "unit/transport/cuda_ipc_fake_api.h"
+#include "unit/transport/fake_cuda_memory_api.h"
 
 namespace kvferry::cuda_ipc {
 namespace {

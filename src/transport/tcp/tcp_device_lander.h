@@ -1,0 +1,47 @@
+// TcpDeviceLander: how the tcp receiver writes a request's payload into device memory. The
+// payload is received into a pinned buffer of the lander's, then copied to the device with
+// an asynchronous copy and an event; land() returns only once that copy completed, so the
+// receiver acknowledges a request only when its bytes are in device memory.
+//
+// One lander per (receiver I/O thread, device): an I/O thread serves many connections but
+// receives for one at a time, and it lands what it staged before it turns to another (at
+// the latest when the socket runs dry), so one buffer per I/O thread suffices. The
+// receiver's staging is bounded by design (I/O threads x devices touched x buffer bytes):
+// it never waits for a buffer and never allocates per request.
+//
+// Thread-safety: one I/O thread uses a lander.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "kvferry/status.h"
+#include "transport/cuda_memory_api.h"
+
+namespace kvferry {
+
+class TcpDeviceLander {
+ public:
+  static Result<std::unique_ptr<TcpDeviceLander>> create(std::shared_ptr<CudaMemoryApi> api,
+                                                         uint64_t buffer_bytes, int device);
+  ~TcpDeviceLander();
+  TcpDeviceLander(const TcpDeviceLander&) = delete;
+  TcpDeviceLander& operator=(const TcpDeviceLander&) = delete;
+
+  char* buffer() const { return buffer_; }
+  uint64_t capacity() const { return bytes_; }
+  // Copies the buffer's first `bytes` to `device_dst` and waits until the copy completed.
+  Status land(char* device_dst, uint64_t bytes);
+
+ private:
+  TcpDeviceLander(std::shared_ptr<CudaMemoryApi> api, char* buffer, uint64_t bytes,
+                  CudaStream stream)
+      : api_(std::move(api)), buffer_(buffer), bytes_(bytes), stream_(stream) {}
+
+  std::shared_ptr<CudaMemoryApi> api_;
+  char* buffer_;
+  uint64_t bytes_;
+  CudaStream stream_;
+};
+
+}  // namespace kvferry
