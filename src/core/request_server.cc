@@ -27,7 +27,7 @@ struct Conn {
   Clock::time_point deadline;
   std::string greeting;  // what was sent on accept (RequestServerOptions::greeting)
   std::string in;        // grows with what arrived, never past max_request_bytes
-  std::string out;  // the reply, once the request is complete
+  std::string out;       // the reply, once the request is complete
   size_t out_sent = 0;
   bool replying = false;
   bool broken = false;  // a send failed
@@ -142,8 +142,8 @@ struct RequestServer::Loop {
   bool greet(Conn& c) {
     c.greeting = options_.greeting();
     if (c.greeting.empty()) return true;
-    ssize_t n = ::send(c.fd.get(), c.greeting.data(), c.greeting.size(),
-                       MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t n =
+        ::send(c.fd.get(), c.greeting.data(), c.greeting.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     return n == static_cast<ssize_t>(c.greeting.size());
   }
 
@@ -215,9 +215,8 @@ struct RequestServer::Loop {
           continue;
         case RequestFraming::Kind::kRefuse: c.out = std::move(framing.reply); break;
         case RequestFraming::Kind::kComplete:
-          c.out =
-              handle_(std::as_bytes(std::span(c.in).first(framing.request_bytes)),
-                      RequestPeer{c.slot.source(), c.greeting});
+          c.out = handle_(std::as_bytes(std::span(c.in).first(framing.request_bytes)),
+                          RequestPeer{c.slot.source(), c.greeting});
           break;
       }
       c.replying = true;

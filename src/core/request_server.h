@@ -8,9 +8,10 @@
 // which grows with the bytes received up to `max_request_bytes`, and asks `frame` whether a
 // whole request is there. A server whose options name a `greeting` speaks first: the
 // greeting (a challenge with a fresh nonce, say) is sent on accept, and `handle` gets it
-// back beside the request, so that the one request can answer it. Once it is, `handle` turns it into the reply, which is sent
-// without blocking; then the connection is closed. A connection that has not received its
-// request and sent its reply within `limits.hello_timeout` of being accepted is closed.
+// back beside the request, so that the one request can answer it. Once it is, `handle` turns it
+// into the reply, which is sent without blocking; then the connection is closed. A connection that
+// has not received its request and sent its reply within `limits.hello_timeout` of being accepted
+// is closed.
 //
 // `frame` and `handle` run on the loop thread: they must be quick (no blocking I/O).
 //

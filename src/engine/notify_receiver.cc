@@ -25,9 +25,9 @@ void refuse(int fd, std::string_view why, Clock::time_point deadline) {
 }  // namespace
 
 Result<std::unique_ptr<NotificationReceiver>> NotificationReceiver::start(Options options) {
-  KVF_ASSIGN_OR_RETURN(std::unique_ptr<Acceptor> acceptor,
-                       Acceptor::bind(options.listen, Acceptor::Options::named(
-                                                          "notification", 0, options.limits)));
+  KVF_ASSIGN_OR_RETURN(
+      std::unique_ptr<Acceptor> acceptor,
+      Acceptor::bind(options.listen, Acceptor::Options::named("notification", 0, options.limits)));
   auto receiver = std::unique_ptr<NotificationReceiver>(
       new NotificationReceiver(std::move(acceptor), std::move(options)));
   receiver->acceptor_->start([r = receiver.get()](Fd conn, ConnectionSlot slot) {

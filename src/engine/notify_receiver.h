@@ -28,10 +28,10 @@
 #include <vector>
 
 #include "core/acceptor.h"
-#include "kvferry/listener_limits.h"
 #include "core/fd.h"
 #include "core/net.h"
 #include "engine/notify_wire.h"
+#include "kvferry/listener_limits.h"
 #include "kvferry/transfer_engine.h"
 
 namespace kvferry::detail {

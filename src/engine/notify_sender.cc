@@ -3,9 +3,9 @@
 #include <fmt/format.h>
 #include <sys/socket.h>
 
+#include "core/auth.h"
 #include "core/logging.h"
 #include "engine/notify_wire.h"
-#include "core/auth.h"
 
 namespace kvferry::detail {
 namespace {

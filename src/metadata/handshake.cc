@@ -49,18 +49,18 @@ Result<HandshakeHeader> decode_handshake_header(const std::byte* in, size_t max_
   return HandshakeHeader{h.magic, h.version, static_cast<HandshakeFrame>(h.type), h.payload_bytes};
 }
 
-Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(
-    const Endpoint& listen, DescriptorSource source, const ListenerLimits& limits,
-    std::optional<std::string> secret) {
-  auto server = std::unique_ptr<HandshakeServer>(
-      new HandshakeServer(std::move(source), std::move(secret)));
+Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(const Endpoint& listen,
+                                                                DescriptorSource source,
+                                                                const ListenerLimits& limits,
+                                                                std::optional<std::string> secret) {
+  auto server =
+      std::unique_ptr<HandshakeServer>(new HandshakeServer(std::move(source), std::move(secret)));
   RequestServerOptions options;
   options.name = "handshake";
   options.limits = limits;
   const bool authenticated = server->secret_.has_value();
-  options.max_request_bytes =
-      kHandshakeHeaderBytes + kMaxRequestPayload +
-      (authenticated ? kHandshakeHeaderBytes + sizeof(AuthProof) : 0);
+  options.max_request_bytes = kHandshakeHeaderBytes + kMaxRequestPayload +
+                              (authenticated ? kHandshakeHeaderBytes + sizeof(AuthProof) : 0);
   if (authenticated) {
     // The challenge goes out on accept, so that the one request (GetDescriptor, Proof) can
     // answer it; a nonce that cannot be drawn greets with nothing, and no proof matches.

@@ -82,7 +82,7 @@ class HandshakeServer {
   std::string reply(std::span<const std::byte> request, const std::string& greeting) const;
 
   DescriptorSource source_;
-  std::optional<std::string> secret_;     // authentication on when set
+  std::optional<std::string> secret_;      // authentication on when set
   std::unique_ptr<RequestServer> server_;  // last: stopped before source_ goes
 };
 

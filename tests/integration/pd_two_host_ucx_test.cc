@@ -31,8 +31,7 @@ TEST(PdWorkerTransport, UcxInABuildWithoutUcxSaysItIsNotBuilt) {
   EXPECT_FALSE(must(cli::parse_worker_transport("auto", without_ucx)).has_value());
   auto local = cli::parse_worker_transport("local", with_ucx);
   ASSERT_FALSE(local.ok());
-  EXPECT_NE(local.status().message().find("local"), std::string::npos)
-      << local.status().message();
+  EXPECT_NE(local.status().message().find("local"), std::string::npos) << local.status().message();
 }
 
 #ifndef KVFERRY_WITH_UCX
