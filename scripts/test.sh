@@ -4,20 +4,23 @@
 # runs them, installs that build and builds a consumer project against it, pip-installs the
 # Python module into a fresh venv and runs pytest there, then builds the unit tests with
 # AddressSanitizer and
-# UndefinedBehaviorSanitizer and runs them, then runs the libFuzzer targets for a bounded
-# time (scripts/fuzz.sh; FUZZ_SECONDS per target). clang-tidy checks src/ after the build
-# (scripts/tidy.sh). Every test stops by itself.
+# UndefinedBehaviorSanitizer and runs them, then the unit tests under ThreadSanitizer, then
+# runs the libFuzzer targets for a bounded time (scripts/fuzz.sh; FUZZ_SECONDS per target).
+# clang-tidy checks src/ after the build (scripts/tidy.sh). Every test stops by itself.
 #   --no-sanitizers   skip the ASan+UBSan pass
+#   --no-tsan         skip the ThreadSanitizer pass
 #   --no-fuzz         skip the fuzzers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sanitizers=1
+tsan=1
 fuzz=1
 for arg in "$@"; do
   case "$arg" in
     --no-sanitizers) sanitizers=0 ;;
+    --no-tsan) tsan=0 ;;
     --no-fuzz) fuzz=0 ;;
-    *) echo "test.sh: unknown argument '$arg' (valid: --no-sanitizers, --no-fuzz)" >&2; exit 2 ;;
+    *) echo "test.sh: unknown argument '$arg' (valid: --no-sanitizers, --no-tsan, --no-fuzz)" >&2; exit 2 ;;
   esac
 done
 JOBS=${JOBS:-$(nproc)}
@@ -64,6 +67,18 @@ if [ "$sanitizers" = 1 ]; then
     scripts/build.sh -DKVFERRY_SANITIZE=ON -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan -L unit --output-on-failure -j "$JOBS" --timeout 600
+fi
+
+if [ "$tsan" = 1 ]; then
+  # Unit tests only: the integration tests run real child processes and gigabyte copies,
+  # which TSan slows 5-15x (over the CI budget). halt_on_error: a report fails the run.
+  echo "== unit tests under ThreadSanitizer"
+  BUILD_DIR=build-tsan TARGETS=kvferry_unit_tests \
+    scripts/build.sh -DKVFERRY_SANITIZE=thread -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF
+  # UCX's libucm patches madvise, which glibc calls as a thread exits, after TSan tore down
+  # that thread's state (a SIGSEGV in every test that ends a thread): keep its hooks off.
+  UCX_MEM_MMAP_HOOK_MODE=none TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    ctest --test-dir build-tsan -L unit --output-on-failure -j "$JOBS" --timeout 600
 fi
 
 if [ "$fuzz" = 1 ]; then

@@ -2,6 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "transport/shm_mapping.h"
+
 namespace kvferry {
 namespace {
 
@@ -79,6 +85,16 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
       out.remote_miss = true;
       return out;
     }
+    if (r != last_remote && r->shm_guard != nullptr &&
+        !shm_guard_holds(r->shm_guard, r->shm->generation)) {
+      // The peer unregistered it since we read its descriptor: a refreshed one may show
+      // what is there now.
+      out.status = NotRegistered(fmt::format(
+          "op {}: remote range [{:#x}, +{}): peer {} unregistered its shared region at {:#x}", i,
+          op.remote_addr, op.length, peer_name, r->addr));
+      out.remote_miss = true;
+      return out;
+    }
     if (l != last_local || r != last_remote) {
       Result<RouteTarget> target = routes.route(RouteKey{l->kind(), r->kind()});
       if (!target.ok()) {
@@ -118,6 +134,10 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
     ResolvedOp resolved{op.kind, l->host_ptr + (op.local_addr - l->addr), op.remote_addr,
                         r->host_ptr == nullptr ? nullptr : r->host_ptr + (op.remote_addr - r->addr),
                         op.length};
+    if (r->shm_guard != nullptr) {
+      resolved.remote_guard = r->shm_guard;
+      resolved.remote_generation = r->shm->generation;
+    }
     batch.bytes += op.length;
     part.bytes += op.length;
     if (merge && l == cursor.last_local && r == cursor.last_remote) {
@@ -133,6 +153,71 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
     part.spans.push_back(resolved);
   }
   return out;
+}
+
+namespace {
+
+// Which memory an op's destination is in: the peer's (WRITE) or ours (READ).
+size_t destination_space(const TransferOp& op, bool one_address_space) {
+  return one_address_space || op.kind == OpKind::kWrite ? 0 : 1;
+}
+uint64_t destination(const TransferOp& op) {
+  return op.kind == OpKind::kWrite ? op.remote_addr : op.local_addr;
+}
+// Saturating: a range that wraps is refused elsewhere, and must not look disjoint here.
+uint64_t destination_end(const TransferOp& op) {
+  const uint64_t start = destination(op);
+  return start + op.length < start ? UINT64_MAX : start + op.length;
+}
+
+Status overlap_error(std::span<const TransferOp> ops, size_t a, size_t b) {
+  if (a > b) std::swap(a, b);
+  return InvalidArgument(fmt::format(
+      "ops {} and {} have overlapping destinations [{:#x}, +{}) and [{:#x}, +{}) (which bytes "
+      "would win is unspecified): refused",
+      a, b, destination(ops[a]), ops[a].length, destination(ops[b]), ops[b].length));
+}
+
+}  // namespace
+
+Status check_disjoint_destinations(std::span<const TransferOp> ops, bool one_address_space) {
+  // One pass while the destinations ascend in each space.
+  std::array<uint64_t, 2> end{0, 0};
+  std::array<size_t, 2> last{SIZE_MAX, SIZE_MAX};
+  bool ascending = true;
+  for (size_t i = 0; i < ops.size() && ascending; ++i) {
+    const size_t space = destination_space(ops[i], one_address_space);
+    if (last[space] != SIZE_MAX && destination(ops[i]) < end[space]) {
+      if (destination(ops[i]) >= destination(ops[last[space]])) {
+        return overlap_error(ops, last[space], i);
+      }
+      ascending = false;  // out of order: sort below
+    }
+    end[space] = destination_end(ops[i]);
+    last[space] = i;
+  }
+  if (ascending) return Status::Ok();
+  struct Destination {
+    size_t space;
+    uint64_t start;
+    uint64_t end;
+    size_t op;
+  };
+  std::vector<Destination> sorted;
+  sorted.reserve(ops.size());
+  for (size_t i = 0; i < ops.size(); ++i) {
+    sorted.push_back({destination_space(ops[i], one_address_space), destination(ops[i]),
+                      destination_end(ops[i]), i});
+  }
+  std::sort(sorted.begin(), sorted.end(), [](const Destination& a, const Destination& b) {
+    return a.space != b.space ? a.space < b.space : a.start < b.start;
+  });
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    const Destination& prev = sorted[i - 1];
+    const Destination& cur = sorted[i];
+    if (prev.space == cur.space && cur.start < prev.end) return overlap_error(ops, prev.op, cur.op);
+  }
+  return Status::Ok();
 }
 
 ResolvedOps resolve_ops(std::span<const TransferOp> ops, const RegionIndex& local,

@@ -71,7 +71,7 @@ struct PeerState {
   // By TransportKind: a link for each transport both sides serve (that connected).
   std::array<std::shared_ptr<TransportLink>, kAllTransportKinds.size()> links;
   RouteTable routes;
-  std::mutex refresh_mu;  // one descriptor refresh at a time
+  std::timed_mutex refresh_mu;  // one descriptor refresh at a time
 
   TransportLink* link(TransportKind kind) const { return links[static_cast<size_t>(kind)].get(); }
   bool is_disconnected() const { return liveness->is_disconnected(); }

@@ -105,6 +105,49 @@ TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards
             fmt::format("{:016x}", checksum(zeros)));
 }
 
+// A stopped peer whose lanes are not connected yet: the tcp handshake with it never
+// finishes. submit waits for it only until the batch's own deadline (300 ms), not the
+// engine's handshake timeout (10 s here), and nothing lands once the peer resumes.
+TEST(TcpTwoProcess, SubmitToAStoppedPeerWhoseLaneMustOpenEndsByTheBatchDeadline) {
+  constexpr uint64_t kBytes = 1 << 20;
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kBytes));
+  EngineOptions eo;
+  eo.name = "initiator";
+  eo.handshake_timeout = std::chrono::seconds(10);
+  auto engine = must(TransferEngine::create(eo));
+  PeerHandle handle = open_tcp(*engine, peer.endpoint);  // fetches the descriptor; no lane yet
+  std::vector<std::byte> src(kBytes);
+  fill_pattern(src, 43);
+  ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
+  ASSERT_EQ(::kill(peer.process.pid(), SIGSTOP), 0);
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(peer.process.pid(), &wstatus, WUNTRACED), peer.process.pid());
+  ASSERT_TRUE(WIFSTOPPED(wstatus));
+  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes};
+  SubmitOptions options;
+  options.timeout = std::chrono::milliseconds(300);
+  auto t0 = Clock::now();
+  Result<BatchHandle> batch = engine->submit(handle, {&op, 1}, options);
+  const auto submit_took = Clock::now() - t0;
+  Status outcome = batch.ok() ? engine->wait(*batch, std::chrono::seconds(20)).status
+                              : batch.status();
+  const auto took = Clock::now() - t0;
+  EXPECT_EQ(outcome.code(), StatusCode::kTimeout) << outcome.to_string();
+  // Bounds far below the 10 s handshake timeout that held submit before.
+  EXPECT_LT(submit_took, std::chrono::seconds(2));
+  EXPECT_LT(took, std::chrono::seconds(2));
+  ASSERT_EQ(::kill(peer.process.pid(), SIGCONT), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<std::byte> zeros(kBytes, std::byte{0});
+  EXPECT_EQ(*peer.process.ask(fmt::format("checksum 0 {}", kBytes), std::chrono::seconds(30)),
+            fmt::format("{:016x}", checksum(zeros)))
+      << "bytes of the timed-out batch landed";
+  // The peer is back: the next batch connects its lane and arrives intact.
+  ASSERT_TRUE(engine->transfer_sync(handle, {&op, 1}).ok());
+  EXPECT_EQ(*peer.process.ask(fmt::format("verify 43 0 {}", kBytes), std::chrono::seconds(30)),
+            "ok");
+}
+
 // A peer in its own network namespace, reached over a veth pair; nftables then drops its
 // packets. Needs root and iproute2 + nftables; skipped (not passed) elsewhere.
 class DroppedPackets : public ::testing::Test {
