@@ -23,8 +23,8 @@ std::vector<TransferOp> make_ops(bool shuffled) {
   std::vector<TransferOp> ops;
   ops.reserve(kOps);
   for (size_t i = 0; i < kOps; ++i) {
-    ops.push_back({OpKind::kWrite, kSrcBase + 2 * i * kOpBytes, kDstBase + 2 * i * kOpBytes,
-                   kOpBytes});
+    ops.push_back(
+        {OpKind::kWrite, kSrcBase + 2 * i * kOpBytes, kDstBase + 2 * i * kOpBytes, kOpBytes});
   }
   if (shuffled) std::shuffle(ops.begin(), ops.end(), std::mt19937_64(7));
   return ops;

@@ -144,7 +144,7 @@ ShmAllocation* EngineImpl::shm_allocation_locked(uint64_t addr, uint64_t length)
 }
 
 Result<std::optional<ShmBacking>> EngineImpl::claim_shm_backing_locked(uint64_t addr,
-                                                                        uint64_t length) {
+                                                                       uint64_t length) {
   ShmAllocation* a = shm_allocation_locked(addr, length);
   if (a == nullptr) return std::optional<ShmBacking>();
   KVF_ASSIGN_OR_RETURN(ShmAllocation::GuardClaim claim, a->claim_guard());
@@ -193,14 +193,9 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
       return Status(backing.status().code(),
                     fmt::format("region {} at {:#x}: {}", i, addr, backing.status().message()));
     }
-    RegionEntry entry{addr,
-                      r.length,
-                      static_cast<char*>(r.addr),
-                      r.location,
-                      *backing,
-                      std::make_shared<RegionUse>(),
-                      std::nullopt,
-                      {}};
+    RegionEntry entry{addr,         r.length, static_cast<char*>(r.addr),
+                      r.location,   *backing, std::make_shared<RegionUse>(),
+                      std::nullopt, {}};
     Status prepared = Status::Ok();
     if (r.location.kind == MemoryLocation::Kind::kCuda) {
       prepared = prepare_device_region(entry, i);

@@ -207,8 +207,8 @@ Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
       }
       entry.host_ptr = mapping->base() + r.shm->file_offset;
       // Inside the mapping: the parser checked the word lies inside file_bytes.
-      entry.shm_guard = reinterpret_cast<uint64_t*>(mapping->base() + r.shm->guard_offset) +
-                        r.shm->guard_slot;
+      entry.shm_guard =
+          reinterpret_cast<uint64_t*>(mapping->base() + r.shm->guard_offset) + r.shm->guard_slot;
     }
     entries.push_back(std::move(entry));
   }

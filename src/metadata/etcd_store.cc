@@ -142,10 +142,10 @@ void EtcdStore::keep_alive() {
     if (s.ok()) {
       log().info("etcd: published {} again after a failed publish", key_);
     } else {
-      log().warn("etcd: publishing {} failed again (retried every {} ms): {}", key_,
-                 (std::chrono::duration_cast<std::chrono::milliseconds>(options_.record_ttl) / 3)
-                     .count(),
-                 s.to_string());
+      log().warn(
+          "etcd: publishing {} failed again (retried every {} ms): {}", key_,
+          (std::chrono::duration_cast<std::chrono::milliseconds>(options_.record_ttl) / 3).count(),
+          s.to_string());
     }
     return;
   }

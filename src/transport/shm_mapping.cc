@@ -68,9 +68,9 @@ Result<ShmAllocation::GuardClaim> ShmAllocation::claim_guard() {
     std::atomic_ref<uint64_t>(*guard_word(slot)).store(claim.generation, std::memory_order_seq_cst);
     return claim;
   }
-  return FailedPrecondition("shared allocation at " + std::to_string(reinterpret_cast<uint64_t>(addr_)) +
-                           " already holds " + std::to_string(kShmGuardSlots) +
-                           " registrations; unregister some first");
+  return FailedPrecondition(
+      "shared allocation at " + std::to_string(reinterpret_cast<uint64_t>(addr_)) +
+      " already holds " + std::to_string(kShmGuardSlots) + " registrations; unregister some first");
 }
 
 void ShmAllocation::release_guard(uint32_t slot) {

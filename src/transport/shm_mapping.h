@@ -101,10 +101,18 @@ class ShmMapping {
 inline constexpr uint32_t kShmGuardSlots = 512;
 inline constexpr uint64_t kShmGuardBytes = uint64_t{kShmGuardSlots} * sizeof(uint64_t);
 
-// Whether the guard word a peer's descriptor names still holds its generation (read after
-// a copy, behind a full fence, so the copy's bytes are in place before the word is read).
+// Whether the guard word a peer's descriptor names still holds its generation (before
+// posting an op).
 inline bool shm_guard_holds(uint64_t* word, uint64_t generation) {
   return std::atomic_ref<uint64_t>(*word).load(std::memory_order_seq_cst) == generation;
+}
+// The same after a copy, as a read-modify-write that changes nothing: it is ordered after
+// the copy's stores (a locked instruction on x86), and it precedes or follows the owner's
+// zeroing store in the word's modification order, so "still holds" means the bytes were in
+// place before the region was unregistered. (A fence and a load would do as well, but
+// ThreadSanitizer does not model fences.)
+inline bool shm_guard_held_after_copy(uint64_t* word, uint64_t generation) {
+  return std::atomic_ref<uint64_t>(*word).fetch_or(0, std::memory_order_seq_cst) == generation;
 }
 
 // The memfd name prefix every kvferry shared allocation carries.

@@ -36,8 +36,9 @@ class StoreServer {
  public:
   enum class Kind { kEtcd, kRedis };
   explicit StoreServer(Kind kind) : kind_(kind) {
-    dir_ = std::filesystem::temp_directory_path() /
-           fmt::format("kvferry-republish-{}-{}", ::getpid(), kind == Kind::kEtcd ? "etcd" : "redis");
+    dir_ =
+        std::filesystem::temp_directory_path() /
+        fmt::format("kvferry-republish-{}-{}", ::getpid(), kind == Kind::kEtcd ? "etcd" : "redis");
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     port_ = free_port();

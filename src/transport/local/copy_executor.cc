@@ -47,24 +47,19 @@ struct PluggedStep {
 
 // After a chunk's copy: every peer shm region it touched must still be registered, or the
 // bytes went into memory the peer no longer reads (it unregistered or freed the region while
-// its memfd stayed mapped here). The fence orders the copy's stores and loads before the
-// guard reads: a guard that still holds its generation means the bytes were in place while
-// the region was registered.
+// its memfd stayed mapped here). A guard that still holds its generation, read after the
+// copy (shm_guard_held_after_copy), means the bytes were in place while the region was
+// registered.
 Status check_remote_guards(std::span<const ResolvedOp> spans) {
-  bool fenced = false;
   const uint64_t* checked = nullptr;
   uint64_t checked_generation = 0;
   for (const ResolvedOp& op : spans) {
     if (op.remote_guard == nullptr) continue;
     if (op.remote_guard == checked && op.remote_generation == checked_generation) continue;
-    if (!fenced) {
-      std::atomic_thread_fence(std::memory_order_seq_cst);
-      fenced = true;
-    }
-    if (!shm_guard_holds(op.remote_guard, op.remote_generation)) {
-      return NotRegistered(fmt::format(
-          "the peer unregistered the shared region holding {:#x} while the batch ran",
-          op.remote_addr));
+    if (!shm_guard_held_after_copy(op.remote_guard, op.remote_generation)) {
+      return NotRegistered(
+          fmt::format("the peer unregistered the shared region holding {:#x} while the batch ran",
+                      op.remote_addr));
     }
     checked = op.remote_guard;
     checked_generation = op.remote_generation;

@@ -69,8 +69,8 @@ class Writer {
       TransferOp op{OpKind::kWrite, addr_of(src_ + offset), target_ + offset, kOpBytes};
       const bool after = revoked_.load();  // read before submit: the batch is "later"
       Result<BatchHandle> batch = engine_.submit(peer_, {&op, 1});
-      Status outcome = batch.ok() ? engine_.wait(*batch, std::chrono::seconds(5)).status
-                                  : batch.status();
+      Status outcome =
+          batch.ok() ? engine_.wait(*batch, std::chrono::seconds(5)).status : batch.status();
       if (!after) {
         if (outcome.ok()) ++completed_before_;
         continue;
@@ -143,8 +143,9 @@ TEST(ShmRevocation, UnregisterUnderWritesFailsLaterBatchesAndWritesNothing) {
     Status s = p.prefill->transfer_sync(peer, {&op, 1});
     EXPECT_EQ(s.code(), StatusCode::kNotRegistered) << s.to_string();
   }
-  EXPECT_TRUE(std::all_of(memory.begin(), memory.end(), [](std::byte b) { return b == std::byte{0}; }))
-      << "a batch refused as NotRegistered wrote bytes";
+  EXPECT_TRUE(std::all_of(memory.begin(), memory.end(), [](std::byte b) {
+    return b == std::byte{0};
+  })) << "a batch refused as NotRegistered wrote bytes";
   // Registered again: the writer refreshes the descriptor and the bytes arrive.
   ASSERT_TRUE(p.decode->register_memory(target.addr, kBytes).ok());
   ASSERT_TRUE(p.prefill->transfer_sync(peer, {&op, 1}).ok());

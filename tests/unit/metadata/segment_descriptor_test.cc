@@ -18,7 +18,8 @@ SegmentDescriptor sample() {
   d.pid = 4242;
   d.transports = TransportSet{TransportKind::kLocal, TransportKind::kShm};
   d.version = 3;
-  d.regions.push_back({0x1000, 0x2000, {}, ShmBacking{7, 0, 0x4000, 99, 0x2000, 1, 5}, std::nullopt});
+  d.regions.push_back(
+      {0x1000, 0x2000, {}, ShmBacking{7, 0, 0x4000, 99, 0x2000, 1, 5}, std::nullopt});
   d.regions.push_back({0x10000, 64, {}, std::nullopt, std::nullopt});
   return d;
 }
