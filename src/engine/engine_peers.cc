@@ -219,11 +219,24 @@ Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
 
 Status EngineImpl::refresh_peer(PeerState& peer, Clock::time_point batch_deadline) {
   // Another batch's refresh in progress is waited for only until this batch's deadline.
-  std::unique_lock lock(peer.refresh_mu, batch_deadline);
-  if (!lock.owns_lock()) {
-    return Timeout("refreshing the descriptor of peer " + peer.name +
-                   " did not finish before the batch deadline");
+  {
+    std::unique_lock lock(peer.refresh_mu);
+    if (!peer.refresh_cv.wait_until(lock, batch_deadline, [&] { return !peer.refreshing; })) {
+      return Timeout("refreshing the descriptor of peer " + peer.name +
+                     " did not finish before the batch deadline");
+    }
+    peer.refreshing = true;
   }
+  struct EndRefresh {
+    PeerState& peer;
+    ~EndRefresh() {
+      {
+        std::lock_guard lock(peer.refresh_mu);
+        peer.refreshing = false;
+      }
+      peer.refresh_cv.notify_all();
+    }
+  } end_refresh{peer};
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(peer.name));
   KVF_ASSIGN_OR_RETURN(
       std::string json,
