@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "transport/shm_mapping.h"
@@ -178,6 +179,24 @@ Status overlap_error(std::span<const TransferOp> ops, size_t a, size_t b) {
       a, b, destination(ops[a]), ops[a].length, destination(ops[b]), ops[b].length));
 }
 
+using StartAndOp = std::pair<uint64_t, size_t>;
+
+// LSD radix sort by start, a byte a pass, skipping the bytes every start shares (addresses in
+// one region share their high bytes): a few linear passes where std::sort of a shuffled
+// 10,000-op batch took 6x as long as resolving it (docs/PERFORMANCE.md). Written by hand: no
+// library here sorts integers by radix.
+void sort_by_start(std::vector<StartAndOp>& v) {
+  std::vector<StartAndOp> scratch(v.size());
+  for (unsigned shift = 0; shift < 64; shift += 8) {
+    std::array<size_t, 257> first{};
+    for (const StartAndOp& e : v) ++first[((e.first >> shift) & 0xff) + 1];
+    if (std::find(first.begin() + 1, first.end(), v.size()) != first.end()) continue;
+    for (size_t d = 1; d < first.size(); ++d) first[d] += first[d - 1];
+    for (const StartAndOp& e : v) scratch[first[(e.first >> shift) & 0xff]++] = e;
+    v.swap(scratch);
+  }
+}
+
 }  // namespace
 
 Status check_disjoint_destinations(std::span<const TransferOp> ops, bool one_address_space) {
@@ -197,25 +216,19 @@ Status check_disjoint_destinations(std::span<const TransferOp> ops, bool one_add
     last[space] = i;
   }
   if (ascending) return Status::Ok();
-  struct Destination {
-    size_t space;
-    uint64_t start;
-    uint64_t end;
-    size_t op;
-  };
-  std::vector<Destination> sorted;
-  sorted.reserve(ops.size());
+  // (start, op) per space, sorted by start; each op's end is looked up in `ops`.
+  std::array<std::vector<StartAndOp>, 2> by_space;
   for (size_t i = 0; i < ops.size(); ++i) {
-    sorted.push_back({destination_space(ops[i], one_address_space), destination(ops[i]),
-                      destination_end(ops[i]), i});
+    by_space[destination_space(ops[i], one_address_space)].emplace_back(destination(ops[i]), i);
   }
-  std::sort(sorted.begin(), sorted.end(), [](const Destination& a, const Destination& b) {
-    return a.space != b.space ? a.space < b.space : a.start < b.start;
-  });
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    const Destination& prev = sorted[i - 1];
-    const Destination& cur = sorted[i];
-    if (prev.space == cur.space && cur.start < prev.end) return overlap_error(ops, prev.op, cur.op);
+  for (auto& sorted : by_space) {
+    sort_by_start(sorted);
+    for (size_t i = 1; i < sorted.size(); ++i) {
+      const size_t prev = sorted[i - 1].second;
+      if (sorted[i].first < destination_end(ops[prev])) {
+        return overlap_error(ops, prev, sorted[i].second);
+      }
+    }
   }
   return Status::Ok();
 }
