@@ -13,7 +13,9 @@
 namespace kvferry {
 namespace {
 
-uint64_t dst(const TransferOp& op) { return op.kind == OpKind::kWrite ? op.remote_addr : op.local_addr; }
+uint64_t dst(const TransferOp& op) {
+  return op.kind == OpKind::kWrite ? op.remote_addr : op.local_addr;
+}
 
 bool overlap(const TransferOp& a, const TransferOp& b, bool one_space) {
   if (!one_space && a.kind != b.kind) return false;
