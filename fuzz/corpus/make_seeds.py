@@ -33,13 +33,14 @@ write("tcp_wire", "ack_not_registered", tcp(6, request_id=9, status=2))
 write("tcp_wire", "read_data_error", tcp(7, request_id=10, status=12))
 
 # segment_descriptor: what an engine publishes (serialize_segment_descriptor)
-base = {"format": 1, "name": "prefill-0", "endpoint": "10.0.0.1:41000", "incarnation": 99,
+base = {"format": 2, "name": "prefill-0", "endpoint": "10.0.0.1:41000", "incarnation": 99,
         "host_id": "1b4e28ba-2fa1-11d2-883f-0016d3cca427/4026531836", "pid": 4242,
         "transports": ["shm", "tcp"], "version": 3, "regions": []}
 write("segment_descriptor", "no_regions", json.dumps(base))
 with_regions = dict(base, tcp_endpoint="10.0.0.1:41001", regions=[
     {"addr": 140000000000, "length": 1 << 20, "device": -1,
-     "shm": {"fd": 17, "offset": 0, "file_bytes": 1 << 21, "inode": 991}},
+     "shm": {"fd": 17, "offset": 0, "file_bytes": 1 << 21, "inode": 991,
+             "guard_offset": 1 << 20, "guard_slot": 0, "generation": 1}},
     {"addr": 140000000000 + (2 << 20), "length": 4096, "device": 0}])
 write("segment_descriptor", "two_regions", json.dumps(with_regions))
 with_ucx = dict(base, transports=["tcp", "ucx"], tcp_endpoint="10.0.0.1:41001",

@@ -224,13 +224,18 @@ class TransferEngine {
   Status register_memory(void* addr, size_t length, MemoryLocation location = {});
   Status register_memory(std::span<const MemoryRegion> regions);
   // Errors: NotRegistered (no region starts at addr), FailedPrecondition (a batch in
-  // flight uses it). The batch form unregisters all or none.
+  // flight uses it). The batch form unregisters all or none. Same-host peers that mapped
+  // a shared region keep their mapping, but their ops submitted after this returns fail
+  // with NotRegistered and write nothing (the allocation's guard word, docs/TRANSPORTS.md).
   Status unregister_memory(void* addr);
   Status unregister_memory(std::span<void* const> addrs);
 
   // Allocates `bytes` (rounded up to the page size) of shared memory, registered, that
   // same-host peers reach through shm. Freed when the engine is destroyed or by
-  // free_shared (which unregisters it).
+  // free_shared (which unregisters it: peers' later ops to it fail, see unregister_memory;
+  // a later allocation at the same address is another memfd, which peers find by
+  // refreshing the descriptor). Errors: FailedPrecondition when one allocation would hold
+  // more than 512 registrations at once.
   Result<SharedBuffer> allocate_shared(size_t bytes);
   Status free_shared(void* addr);
 
@@ -253,8 +258,10 @@ class TransferEngine {
 
   // Validates every op, merges, and posts. Small batches may complete before submit
   // returns. Errors before anything is posted: InvalidArgument (zero length, empty
-  // batch), NotRegistered (an address outside the local or the peer's regions; the
-  // message names it), PeerDisconnected (the peer is gone).
+  // batch, two ops whose destinations overlap: the message names both), NotRegistered (an
+  // address outside the local or the peer's regions; the message names it),
+  // PeerDisconnected (the peer is gone), Timeout (a tcp lane that had to be connected first
+  // was not, before the batch's deadline). Never blocks past the batch's deadline.
   Result<BatchHandle> submit(const PeerHandle& peer, std::span<const TransferOp> ops,
                              const SubmitOptions& options = {});
 

@@ -54,9 +54,10 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
     // A remote miss may be a region the peer registered after we cached its descriptor.
     if (!resolved.remote_miss || peer->is_self || attempt == 1) break;
     batch->work = ResolvedBatch();
-    KVF_RETURN_IF_ERROR(refresh_peer(*peer));
+    KVF_RETURN_IF_ERROR(refresh_peer(*peer, batch->deadline()));
   }
   KVF_RETURN_IF_ERROR(resolved.status);
+  KVF_RETURN_IF_ERROR(check_disjoint_destinations(ops, peer->is_self));
   if (options.after_cuda_event != nullptr) {
     const bool device_part =
         std::any_of(batch->work.parts.begin(), batch->work.parts.end(), [&](const ResolvedPart& p) {

@@ -168,14 +168,33 @@ Fd EngineImpl::dup_shared_fd(uint64_t inode) const {
   return Fd();
 }
 
-std::optional<ShmBacking> EngineImpl::shm_backing_locked(uint64_t addr, uint64_t length) const {
+ShmAllocation* EngineImpl::shm_allocation_locked(uint64_t addr, uint64_t length) const {
   auto it = shared_allocations_.upper_bound(addr);
-  if (it == shared_allocations_.begin()) return std::nullopt;
+  if (it == shared_allocations_.begin()) return nullptr;
   --it;
-  const ShmAllocation& a = *it->second;
+  ShmAllocation& a = *it->second;
   uint64_t base = reinterpret_cast<uint64_t>(a.addr());
-  if (addr < base || addr + length > base + a.bytes()) return std::nullopt;
-  return ShmBacking{a.fd(), addr - base, a.bytes(), a.inode()};
+  if (addr < base || addr + length > base + a.bytes()) return nullptr;
+  return &a;
+}
+
+Result<std::optional<ShmBacking>> EngineImpl::claim_shm_backing_locked(uint64_t addr,
+                                                                       uint64_t length) {
+  ShmAllocation* a = shm_allocation_locked(addr, length);
+  if (a == nullptr) return std::optional<ShmBacking>();
+  KVF_ASSIGN_OR_RETURN(ShmAllocation::GuardClaim claim, a->claim_guard());
+  const uint64_t base = reinterpret_cast<uint64_t>(a->addr());
+  return std::optional<ShmBacking>(ShmBacking{a->fd(), addr - base, a->file_bytes(), a->inode(),
+                                              a->guard_offset(), claim.slot, claim.generation});
+}
+
+void EngineImpl::release_shm_backings_locked(std::span<const RegionEntry> entries) {
+  for (const RegionEntry& e : entries) {
+    if (!e.shm) continue;
+    if (ShmAllocation* a = shm_allocation_locked(e.addr, e.length)) {
+      a->release_guard(e.shm->guard_slot);
+    }
+  }
 }
 
 Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
@@ -190,32 +209,37 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
       return InvalidArgument(
           fmt::format("region {} at {:#x}: length {} wraps around", i, addr, r.length));
     }
-    RegionEntry entry{addr,
-                      r.length,
-                      static_cast<char*>(r.addr),
-                      r.location,
-                      shm_backing_locked(addr, r.length),
-                      std::make_shared<RegionUse>(),
-                      std::nullopt,
-                      {}};
+    const std::span<const RegionEntry> added_so_far(
+        entries.begin() + static_cast<ptrdiff_t>(current->entries().size()), entries.end());
     // Overlap against everything registered so far, including earlier entries of this call.
     for (const RegionEntry& e : entries) {
       if (addr < e.end() && e.addr < addr + r.length) {
-        unregister_regions(
-            {entries.begin() + static_cast<ptrdiff_t>(current->entries().size()), entries.end()});
+        unregister_regions(added_so_far);
+        release_shm_backings_locked(added_so_far);
         return AlreadyExists(
             fmt::format("region {} [{:#x}, +{}) overlaps registered region [{:#x}, +{})", i, addr,
                         r.length, e.addr, e.length));
       }
     }
+    Result<std::optional<ShmBacking>> backing = claim_shm_backing_locked(addr, r.length);
+    if (!backing.ok()) {
+      unregister_regions(added_so_far);
+      release_shm_backings_locked(added_so_far);
+      return Status(backing.status().code(),
+                    fmt::format("region {} at {:#x}: {}", i, addr, backing.status().message()));
+    }
+    RegionEntry entry{addr,         r.length, static_cast<char*>(r.addr),
+                      r.location,   *backing, std::make_shared<RegionUse>(),
+                      std::nullopt, {}};
     Status prepared = Status::Ok();
     if (r.location.kind == MemoryLocation::Kind::kCuda) {
       prepared = prepare_device_region(entry, i);
     }
     if (prepared.ok()) prepared = register_region_everywhere(entry, i);
     if (!prepared.ok()) {
-      unregister_regions(
-          {entries.begin() + static_cast<ptrdiff_t>(current->entries().size()), entries.end()});
+      unregister_regions(added_so_far);
+      release_shm_backings_locked(added_so_far);
+      release_shm_backings_locked({&entry, 1});
       return prepared;
     }
     entries.push_back(std::move(entry));
@@ -348,6 +372,8 @@ Status EngineImpl::unregister_locked(std::span<void* const> addrs) {
   }
   local_regions_.store(std::make_shared<const RegionIndex>(std::move(kept)));
   unregister_regions(gone);
+  // Same-host peers that mapped them see the guard words change: their later ops fail.
+  release_shm_backings_locked(gone);
   publish_locked().ignore();
   return Status::Ok();
 }

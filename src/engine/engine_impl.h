@@ -86,7 +86,13 @@ class EngineImpl {
   Status unregister_locked(std::span<void* const> addrs);
   // Rebuilds the descriptor and publishes it; the error is the store's.
   Status publish_locked();
-  std::optional<ShmBacking> shm_backing_locked(uint64_t addr, uint64_t length) const;
+  // The shared allocation that holds all of [addr, addr + length), or null.
+  ShmAllocation* shm_allocation_locked(uint64_t addr, uint64_t length) const;
+  // The shm backing of a range being registered, with a guard slot claimed for it (none
+  // when the range is not inside a shared allocation).
+  Result<std::optional<ShmBacking>> claim_shm_backing_locked(uint64_t addr, uint64_t length);
+  // Releases the guard slots of registrations that are gone (or never completed).
+  void release_shm_backings_locked(std::span<const RegionEntry> entries);
   // Asks the transports that reach device memory to prepare a device region (cuda_ipc
   // exports its IPC handle); the error names region `index`.
   Status prepare_device_region(RegionEntry& entry, size_t index);
@@ -107,7 +113,8 @@ class EngineImpl {
                                                               bool map_shm) const;
   // Whether a link of the peer needs its shareable host memory mapped here (and may).
   bool maps_remote_host_memory(const PeerState& peer) const;
-  Status refresh_peer(PeerState& peer);
+  // Fetches the peer's descriptor again (bounded by the batch's deadline too).
+  Status refresh_peer(PeerState& peer, Clock::time_point batch_deadline);
   // Drops what was opened for a peer incarnation that is gone (its IPC handles).
   void forget_incarnation(uint64_t incarnation);
 

@@ -1,6 +1,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <mutex>
 
 #include "core/host_identity.h"
 #include "core/logging.h"
@@ -239,6 +240,9 @@ Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
         segment->mappings.push_back(mapping);
       }
       entry.host_ptr = mapping->base() + r.shm->file_offset;
+      // Inside the mapping: the parser checked the word lies inside file_bytes.
+      entry.shm_guard =
+          reinterpret_cast<uint64_t*>(mapping->base() + r.shm->guard_offset) + r.shm->guard_slot;
     }
     entries.push_back(std::move(entry));
   }
@@ -247,11 +251,31 @@ Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
   return std::shared_ptr<const RemoteSegment>(std::move(segment));
 }
 
-Status EngineImpl::refresh_peer(PeerState& peer) {
-  std::lock_guard lock(peer.refresh_mu);
+Status EngineImpl::refresh_peer(PeerState& peer, Clock::time_point batch_deadline) {
+  // Another batch's refresh in progress is waited for only until this batch's deadline.
+  {
+    std::unique_lock lock(peer.refresh_mu);
+    if (!peer.refresh_cv.wait_until(lock, batch_deadline, [&] { return !peer.refreshing; })) {
+      return Timeout("refreshing the descriptor of peer " + peer.name +
+                     " did not finish before the batch deadline");
+    }
+    peer.refreshing = true;
+  }
+  struct EndRefresh {
+    PeerState& peer;
+    ~EndRefresh() {
+      {
+        std::lock_guard lock(peer.refresh_mu);
+        peer.refreshing = false;
+      }
+      peer.refresh_cv.notify_all();
+    }
+  } end_refresh{peer};
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(peer.name));
-  KVF_ASSIGN_OR_RETURN(std::string json, store_->fetch(endpoint.to_string(),
-                                                       Clock::now() + options_.handshake_timeout));
+  KVF_ASSIGN_OR_RETURN(
+      std::string json,
+      store_->fetch(endpoint.to_string(),
+                    std::min(Clock::now() + options_.handshake_timeout, batch_deadline)));
   KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
   if (d.incarnation != peer.incarnation) {
     std::string why = fmt::format("restarted (incarnation {:016x} -> {:016x}); open it again",

@@ -94,6 +94,13 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
                            const RegionIndex& remote, std::string_view peer_name, bool merge,
                            RouteSource& routes, ResolvedBatch& out);
 
+// InvalidArgument naming two ops whose destinations overlap (a WRITE's remote range, a
+// READ's local range): their bytes would land in an order no one chose, concurrently on
+// different threads or lanes. `one_address_space`: the peer is this engine itself, so both
+// kinds land in the same memory. Ops in ascending, disjoint destination order (what the
+// planner emits) cost one pass; otherwise the destinations are sorted, O(n log n).
+Status check_disjoint_destinations(std::span<const TransferOp> ops, bool one_address_space);
+
 // The outcome with the batch it resolved (tests).
 struct ResolvedOps {
   Status status;

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -71,7 +72,11 @@ struct PeerState {
   // By TransportKind: a link for each transport both sides serve (that connected).
   std::array<std::shared_ptr<TransportLink>, kAllTransportKinds.size()> links;
   RouteTable routes;
-  std::mutex refresh_mu;  // one descriptor refresh at a time
+  // One descriptor refresh at a time: `refreshing` is set while one runs (not std::timed_mutex:
+  // ThreadSanitizer of gcc 12 misreads its timed lock).
+  std::mutex refresh_mu;
+  std::condition_variable refresh_cv;
+  bool refreshing = false;  // guarded by refresh_mu
   // Why this process may not map the peer's shared memory (it refused us, or its shm socket
   // is out of reach); set once at open, before the peer is published. Empty: it may.
   std::string shm_refused;

@@ -111,10 +111,7 @@ Status EtcdStore::grant_and_put_locked() {
   return call("/v3/kv/put", put.dump(), options_.io_timeout).status();
 }
 
-Status EtcdStore::publish(const std::string& key, const std::string& value) {
-  std::lock_guard lock(mu_);
-  key_ = metadata_key(key);
-  value_ = value;
+Status EtcdStore::put_locked() {
   if (lease_ == 0) return grant_and_put_locked();
   json put = {{"key", base64_encode(key_)},
               {"value", base64_encode(value_)},
@@ -125,8 +122,33 @@ Status EtcdStore::publish(const std::string& key, const std::string& value) {
   return grant_and_put_locked();
 }
 
+Status EtcdStore::publish(const std::string& key, const std::string& value) {
+  std::lock_guard lock(mu_);
+  key_ = metadata_key(key);
+  value_ = value;
+  Status s = put_locked();
+  unpublished_ = !s.ok();  // keep_alive puts it until one put succeeds
+  return s;
+}
+
 void EtcdStore::keep_alive() {
   std::lock_guard lock(mu_);
+  if (key_.empty()) return;
+  if (unpublished_) {
+    // A publish failed (etcd down or unreachable): the record in etcd, if any, is stale
+    // whatever its lease says. Put the current value until etcd takes it.
+    Status s = put_locked();
+    unpublished_ = !s.ok();
+    if (s.ok()) {
+      log().info("etcd: published {} again after a failed publish", key_);
+    } else {
+      log().warn(
+          "etcd: publishing {} failed again (retried every {} ms): {}", key_,
+          (std::chrono::duration_cast<std::chrono::milliseconds>(options_.record_ttl) / 3).count(),
+          s.to_string());
+    }
+    return;
+  }
   if (lease_ == 0) return;
   auto reply =
       call("/v3/lease/keepalive", json{{"ID", std::to_string(lease_)}}.dump(), options_.io_timeout);
@@ -139,6 +161,7 @@ void EtcdStore::keep_alive() {
   if (alive) return;
   log().warn("etcd lease {} lost; publishing {} again", lease_, key_);
   if (Status s = grant_and_put_locked(); !s.ok()) {
+    unpublished_ = true;
     log().warn("etcd: republishing failed: {}", s.to_string());
   }
 }

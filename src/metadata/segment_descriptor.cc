@@ -9,7 +9,8 @@
 namespace kvferry {
 namespace {
 
-constexpr int kDescriptorFormat = 1;
+// 2: shm backings carry a guard word (guard_offset, guard_slot, generation).
+constexpr int kDescriptorFormat = 2;
 using json = nlohmann::json;
 
 Status bad(std::string_view what) {
@@ -113,10 +114,31 @@ Result<ShmBacking> parse_shm(JsonFields f, const RegionDescriptor& region) {
   KVF_RETURN_IF_ERROR(f.required("offset", shm.file_offset));
   KVF_RETURN_IF_ERROR(f.required("file_bytes", shm.file_bytes));
   KVF_RETURN_IF_ERROR(f.required("inode", shm.inode));
+  KVF_RETURN_IF_ERROR(f.required("guard_offset", shm.guard_offset));
+  KVF_ASSIGN_OR_RETURN(int64_t slot, f.required<int64_t>("guard_slot"));
+  KVF_RETURN_IF_ERROR(f.required("generation", shm.generation));
   KVF_RETURN_IF_ERROR(f.finish());
   if (shm.file_offset > shm.file_bytes || region.length > shm.file_bytes - shm.file_offset) {
     return bad("shm range of region at " + std::to_string(region.addr) + " runs past its file (" +
                std::to_string(shm.file_bytes) + " bytes)");
+  }
+  // The guard word lies inside the file, 8-aligned, after the region (never inside it: a
+  // copy into the region must not be able to forge its own guard).
+  constexpr uint64_t kWord = sizeof(uint64_t);
+  if (slot < 0 || slot >= (int64_t{1} << 20)) {
+    return bad("shm guard_slot " + std::to_string(slot) + " of region at " +
+               std::to_string(region.addr) + " out of range");
+  }
+  shm.guard_slot = static_cast<uint32_t>(slot);
+  const uint64_t word = shm.guard_offset + kWord * shm.guard_slot;
+  if (shm.guard_offset % kWord != 0 || word < shm.guard_offset || word > shm.file_bytes ||
+      shm.file_bytes - word < kWord || shm.guard_offset < shm.file_offset + region.length) {
+    return bad("shm guard word of region at " + std::to_string(region.addr) + " (offset " +
+               std::to_string(shm.guard_offset) + ", slot " + std::to_string(shm.guard_slot) +
+               ") is not an aligned word of its file after the region");
+  }
+  if (shm.generation == 0) {
+    return bad("shm generation of region at " + std::to_string(region.addr) + " is 0");
   }
   return shm;
 }
@@ -168,7 +190,10 @@ std::string serialize_segment_descriptor(const SegmentDescriptor& d) {
       region["shm"] = {{"fd", r.shm->fd},
                        {"offset", r.shm->file_offset},
                        {"file_bytes", r.shm->file_bytes},
-                       {"inode", r.shm->inode}};
+                       {"inode", r.shm->inode},
+                       {"guard_offset", r.shm->guard_offset},
+                       {"guard_slot", r.shm->guard_slot},
+                       {"generation", r.shm->generation}};
     }
     if (r.cuda && r.location.kind == MemoryLocation::Kind::kCuda) {
       region["cuda"] = {{"ipc_handle", to_hex(r.cuda->handle)},

@@ -22,11 +22,18 @@ namespace kvferry {
 // How a same-host peer reaches a region: the owner's memfd with this inode, which the peer
 // asks for on the owner's shm socket (SegmentDescriptor::shm_socket), mapped whole; the region
 // starts `file_offset` bytes into it. `fd` is the owner's descriptor number (informational).
+// The 64-bit word at file offset `guard_offset + 8 * guard_slot` holds `generation` while
+// the region is registered and something else once it is not (transport/shm_mapping.h): a
+// peer checks it after every copy, so an op into memory unregistered meanwhile fails
+// instead of completing.
 struct ShmBacking {
   int fd = -1;
   uint64_t file_offset = 0;
   uint64_t file_bytes = 0;
   uint64_t inode = 0;  // identifies the memfd, so a reused fd number is never mistaken for it
+  uint64_t guard_offset = 0;
+  uint32_t guard_slot = 0;
+  uint64_t generation = 0;  // never 0
 };
 
 // Bytes of a CUDA IPC memory handle (cudaIpcMemHandle_t; CUDA_IPC_HANDLE_SIZE). The CUDA

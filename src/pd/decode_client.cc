@@ -47,14 +47,15 @@ DecodeClientImpl::~DecodeClientImpl() {
   stopping_ = true;
   if (monitor_thread_.joinable()) monitor_thread_.join();
   bootstrap_pool_.reset();
-  std::vector<std::shared_ptr<PrefillLink>> links;
+  // No channel is started now (the bootstrap pool and the monitor have stopped).
+  std::vector<std::shared_ptr<ControlChannel>> channels;
   {
     std::lock_guard lock(mu_);
-    for (auto& [addr, inst] : instances_) {
-      for (auto& [rank, link] : inst->links) links.push_back(link);
+    for (const auto& weak : channels_) {
+      if (auto channel = weak.lock()) channels.push_back(std::move(channel));
     }
   }
-  for (auto& link : links) link->channel->close();
+  for (auto& channel : channels) channel->close();
 }
 
 bool DecodeClientImpl::replicated() const {
@@ -210,6 +211,11 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
         if (!accepted) return;
         if (auto i = weak_inst.lock()) on_link_lost(i, prefill_rank, reason);
       });
+  {
+    std::lock_guard lock(mu_);
+    std::erase_if(channels_, [](const std::weak_ptr<ControlChannel>& c) { return c.expired(); });
+    channels_.push_back(link->channel);
+  }
   link->channel->start({options_.timeouts, engine_.incarnation()});
   // A send that fails because prefill refused us and closed still gets its reply (the reader
   // hands it over before it sees the end of the stream).

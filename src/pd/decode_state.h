@@ -124,6 +124,10 @@ class DecodeClientImpl {
 
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<PrefillInstance>> instances_;
+  // Every control channel started and not yet destroyed, also those of links no instance
+  // holds any more (lost, refused, replaced): the destructor closes each, which joins its
+  // reader, so no callback still runs on `this` once it returns.
+  std::vector<std::weak_ptr<ControlChannel>> channels_;
   std::unordered_map<uint64_t, std::shared_ptr<ReceiverState>> rooms_;
   DecodeStats stats_;
   std::unique_ptr<PdMetrics> metrics_;  // DecodeClientOptions::metrics, else null

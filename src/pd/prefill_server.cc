@@ -44,12 +44,17 @@ PrefillServerImpl::~PrefillServerImpl() {
   stopping_ = true;
   if (acceptor_) acceptor_->stop();
   if (monitor_thread_.joinable()) monitor_thread_.join();
-  std::vector<std::shared_ptr<DecodePeer>> peers;
+  // The acceptor has stopped, so no channel is added now. Closing joins each reader, also
+  // of channels whose peer on_close already dropped (a reader may still be inside
+  // on_close, which uses this object).
+  std::vector<std::shared_ptr<ControlChannel>> channels;
   {
     std::lock_guard lock(mu_);
-    for (auto& [id, peer] : peers_) peers.push_back(peer);
+    for (const auto& weak : channels_) {
+      if (auto channel = weak.lock()) channels.push_back(std::move(channel));
+    }
   }
-  for (auto& peer : peers) peer->channel->close();
+  for (auto& channel : channels) channel->close();
   shards_.clear();  // runs what is queued (tasks see stopping_) and joins
 }
 
@@ -125,6 +130,8 @@ void PrefillServerImpl::on_accepted(Fd fd, ConnectionSlot slot) {
   {
     std::lock_guard lock(mu_);
     peers_[peer->id] = peer;
+    std::erase_if(channels_, [](const std::weak_ptr<ControlChannel>& c) { return c.expired(); });
+    channels_.push_back(peer->channel);
   }
   peer->channel->start({options_.timeouts, engine_.incarnation()});
 }

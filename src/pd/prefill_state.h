@@ -147,6 +147,10 @@ class PrefillServerImpl {
   mutable std::mutex mu_;
   uint64_t next_peer_id_ = 0;
   std::unordered_map<uint64_t, std::shared_ptr<DecodePeer>> peers_;
+  // Every control channel started and not yet destroyed, including those whose on_close
+  // already removed their peer from peers_: the destructor closes each (which joins its
+  // reader, so no on_close still runs on `this` once it returns).
+  std::vector<std::weak_ptr<ControlChannel>> channels_;
   std::unordered_map<uint64_t, std::shared_ptr<SenderState>> rooms_;
   PrefillStats stats_;
   std::unique_ptr<PdMetrics> metrics_;  // PrefillServerOptions::metrics, else null

@@ -40,6 +40,9 @@ struct RegionEntry {
   std::shared_ptr<RegionUse> use;      // local regions only
   std::optional<CudaIpcBacking> cuda;  // device memory exported through CUDA IPC
   std::string ucx_rkey{};              // packed UCX rkey (ucx: register_region), or empty
+  // A peer's shm region: its guard word in this process's mapping, which holds
+  // shm->generation while the peer keeps the region registered (transport/shm_mapping.h).
+  uint64_t* shm_guard = nullptr;
   uint64_t end() const { return addr + length; }
   // What routes are chosen by: device memory, memory a same-host peer may map, or other host
   // memory.

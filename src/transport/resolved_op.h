@@ -17,6 +17,10 @@ struct ResolvedOp {
   uint64_t remote_addr = 0;  // the peer's address of the remote range
   char* remote = nullptr;    // this process's pointer to it (shm, local), or null (tcp)
   uint64_t length = 0;
+  // The peer's shm region: its guard word and the generation it must hold after the copy
+  // (ShmBacking), or null.
+  uint64_t* remote_guard = nullptr;
+  uint64_t remote_generation = 0;
 
   char* dst() const { return kind == OpKind::kWrite ? remote : local; }
   const char* src() const { return kind == OpKind::kWrite ? local : remote; }

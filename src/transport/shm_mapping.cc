@@ -19,11 +19,13 @@ Result<std::unique_ptr<ShmAllocation>> ShmAllocation::create(const std::string& 
     return InvalidArgument("allocate_shared: size " + std::to_string(bytes) + " is too large");
   }
   uint64_t rounded = (bytes + page - 1) / page * page;
+  const uint64_t guard_bytes = (kShmGuardBytes + page - 1) / page * page;
+  const uint64_t file_bytes = rounded + guard_bytes;
   std::string name = std::string(kShmNamePrefix) + engine_name;
   Fd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd.valid()) return ErrnoStatus(StatusCode::kInternal, "memfd_create", errno);
-  if (::ftruncate(fd.get(), static_cast<off_t>(rounded)) != 0) {
-    return ErrnoStatus(StatusCode::kInternal, "ftruncate memfd to " + std::to_string(rounded),
+  if (::ftruncate(fd.get(), static_cast<off_t>(file_bytes)) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "ftruncate memfd to " + std::to_string(file_bytes),
                        errno);
   }
   // Sealed against shrinking: a peer that mapped it can never fault on a truncated page.
@@ -31,18 +33,51 @@ Result<std::unique_ptr<ShmAllocation>> ShmAllocation::create(const std::string& 
     return ErrnoStatus(StatusCode::kInternal, "seal memfd", errno);
   }
   void* addr =
-      ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
+      ::mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(), 0);
   if (addr == MAP_FAILED) {
-    return ErrnoStatus(StatusCode::kInternal, "mmap " + std::to_string(rounded) + " shared bytes",
-                       errno);
+    return ErrnoStatus(StatusCode::kInternal,
+                       "mmap " + std::to_string(file_bytes) + " shared bytes", errno);
   }
   struct stat st {};
   ::fstat(fd.get(), &st);
-  return std::unique_ptr<ShmAllocation>(new ShmAllocation(
-      std::move(fd), static_cast<char*>(addr), rounded, static_cast<uint64_t>(st.st_ino)));
+  return std::unique_ptr<ShmAllocation>(new ShmAllocation(std::move(fd), static_cast<char*>(addr),
+                                                          rounded, guard_bytes,
+                                                          static_cast<uint64_t>(st.st_ino)));
 }
 
-ShmAllocation::~ShmAllocation() { ::munmap(addr_, bytes_); }
+ShmAllocation::ShmAllocation(Fd fd, char* addr, uint64_t bytes, uint64_t guard_bytes,
+                             uint64_t inode)
+    : fd_(std::move(fd)),
+      addr_(addr),
+      bytes_(bytes),
+      guard_bytes_(guard_bytes),
+      inode_(inode),
+      slot_used_(kShmGuardSlots, false) {}
+
+ShmAllocation::~ShmAllocation() {
+  // Peers that still map the memfd see every registration of it gone.
+  for (uint32_t slot = 0; slot < kShmGuardSlots; ++slot) release_guard(slot);
+  ::munmap(addr_, file_bytes());
+}
+
+Result<ShmAllocation::GuardClaim> ShmAllocation::claim_guard() {
+  for (uint32_t slot = 0; slot < kShmGuardSlots; ++slot) {
+    if (slot_used_[slot]) continue;
+    slot_used_[slot] = true;
+    GuardClaim claim{slot, next_generation_++};
+    std::atomic_ref<uint64_t>(*guard_word(slot)).store(claim.generation, std::memory_order_seq_cst);
+    return claim;
+  }
+  return FailedPrecondition(
+      "shared allocation at " + std::to_string(reinterpret_cast<uint64_t>(addr_)) +
+      " already holds " + std::to_string(kShmGuardSlots) + " registrations; unregister some first");
+}
+
+void ShmAllocation::release_guard(uint32_t slot) {
+  if (slot >= kShmGuardSlots) return;
+  slot_used_[slot] = false;
+  std::atomic_ref<uint64_t>(*guard_word(slot)).store(0, std::memory_order_seq_cst);
+}
 
 Result<std::shared_ptr<ShmMapping>> ShmMapping::open(Fd file, const std::string& what,
                                                      uint64_t file_bytes, uint64_t inode) {

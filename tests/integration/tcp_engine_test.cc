@@ -53,19 +53,24 @@ TEST(TcpTwoProcess, KilledPeerFailsTheBatchWithPeerDisconnectedLongBeforeItsTime
   PeerHandle handle = open_tcp(*engine, peer.endpoint);
   std::vector<std::byte> src(kBytes, std::byte{3});
   ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
-  std::vector<TransferOp> ops(
-      16, {OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes});
+  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes};
   SubmitOptions options;
   options.timeout = std::chrono::seconds(30);
-  BatchHandle batch = must(engine->submit(handle, ops, options));  // 4 GiB: seconds of work
+  // 16 batches of one op (a batch may not write one destination twice), 4 GiB in all:
+  // seconds of work.
+  std::vector<BatchHandle> batches;
+  for (int i = 0; i < 16; ++i) batches.push_back(must(engine->submit(handle, {&op, 1}, options)));
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   auto t0 = Clock::now();
   peer.process.kill_now();
-  BatchStatus s = engine->wait(batch, std::chrono::seconds(30));
+  for (const BatchHandle& batch : batches) {
+    BatchStatus s = engine->wait(batch, std::chrono::seconds(30));
+    if (&batch != &batches.back() && s.state == BatchState::kCompleted) continue;  // before kill
+    ASSERT_EQ(s.state, BatchState::kFailed);
+    EXPECT_EQ(s.status.code(), StatusCode::kPeerDisconnected) << s.status.to_string();
+  }
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
-  ASSERT_EQ(s.state, BatchState::kFailed);
-  EXPECT_EQ(s.status.code(), StatusCode::kPeerDisconnected) << s.status.to_string();
-  EXPECT_EQ(engine->submit(handle, ops).status().code(), StatusCode::kPeerDisconnected);
+  EXPECT_EQ(engine->submit(handle, {&op, 1}).status().code(), StatusCode::kPeerDisconnected);
 }
 
 TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards) {
@@ -78,23 +83,28 @@ TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards
   // One small write first: the lanes are connected before the peer stops.
   std::vector<std::byte> zero_page(4096, std::byte{0});
   ASSERT_TRUE(engine->register_memory(zero_page.data(), zero_page.size()).ok());
-  std::vector<TransferOp> warm(
-      2, {OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()), peer.addr, 4096});
+  // Two ops (one per lane), to two pages: a batch may not write one destination twice.
+  std::vector<TransferOp> warm = {
+      {OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()), peer.addr, 4096},
+      {OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()), peer.addr + 4096, 4096}};
   ASSERT_TRUE(engine->transfer_sync(handle, warm).ok());
   ASSERT_EQ(::kill(peer.process.pid(), SIGSTOP), 0);
   int wstatus = 0;  // kill() only queues the signal: wait until the child has stopped
   ASSERT_EQ(::waitpid(peer.process.pid(), &wstatus, WUNTRACED), peer.process.pid());
   ASSERT_TRUE(WIFSTOPPED(wstatus));
-  std::vector<TransferOp> ops(
-      8, {OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes});
+  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes};
   SubmitOptions options;
   options.timeout = std::chrono::milliseconds(500);
   auto t0 = Clock::now();
-  BatchHandle batch = must(engine->submit(handle, ops, options));
-  BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
+  // 8 batches of one op: a batch may not write one destination twice.
+  std::vector<BatchHandle> batches;
+  for (int i = 0; i < 8; ++i) batches.push_back(must(engine->submit(handle, {&op, 1}, options)));
+  for (const BatchHandle& batch : batches) {
+    BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
+    ASSERT_EQ(s.state, BatchState::kFailed);
+    EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
+  }
   auto took = Clock::now() - t0;
-  ASSERT_EQ(s.state, BatchState::kFailed);
-  EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
   EXPECT_LT(took, std::chrono::seconds(3));
   // Resume the peer: whatever sat in its socket buffer is past its deadline, so the
   // receiver drains it without writing. The buffer stays all zero.
@@ -103,6 +113,49 @@ TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards
   std::vector<std::byte> zeros(kBytes, std::byte{0});
   EXPECT_EQ(*peer.process.ask(fmt::format("checksum 0 {}", kBytes), std::chrono::seconds(30)),
             fmt::format("{:016x}", checksum(zeros)));
+}
+
+// A stopped peer whose lanes are not connected yet: the tcp handshake with it never
+// finishes. submit waits for it only until the batch's own deadline (300 ms), not the
+// engine's handshake timeout (10 s here), and nothing lands once the peer resumes.
+TEST(TcpTwoProcess, SubmitToAStoppedPeerWhoseLaneMustOpenEndsByTheBatchDeadline) {
+  constexpr uint64_t kBytes = 1 << 20;
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kBytes));
+  EngineOptions eo;
+  eo.name = "initiator";
+  eo.handshake_timeout = std::chrono::seconds(10);
+  auto engine = must(TransferEngine::create(eo));
+  PeerHandle handle = open_tcp(*engine, peer.endpoint);  // fetches the descriptor; no lane yet
+  std::vector<std::byte> src(kBytes);
+  fill_pattern(src, 43);
+  ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
+  ASSERT_EQ(::kill(peer.process.pid(), SIGSTOP), 0);
+  int wstatus = 0;
+  ASSERT_EQ(::waitpid(peer.process.pid(), &wstatus, WUNTRACED), peer.process.pid());
+  ASSERT_TRUE(WIFSTOPPED(wstatus));
+  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes};
+  SubmitOptions options;
+  options.timeout = std::chrono::milliseconds(300);
+  auto t0 = Clock::now();
+  Result<BatchHandle> batch = engine->submit(handle, {&op, 1}, options);
+  const auto submit_took = Clock::now() - t0;
+  Status outcome =
+      batch.ok() ? engine->wait(*batch, std::chrono::seconds(20)).status : batch.status();
+  const auto took = Clock::now() - t0;
+  EXPECT_EQ(outcome.code(), StatusCode::kTimeout) << outcome.to_string();
+  // Bounds far below the 10 s handshake timeout that held submit before.
+  EXPECT_LT(submit_took, std::chrono::seconds(2));
+  EXPECT_LT(took, std::chrono::seconds(2));
+  ASSERT_EQ(::kill(peer.process.pid(), SIGCONT), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::vector<std::byte> zeros(kBytes, std::byte{0});
+  EXPECT_EQ(*peer.process.ask(fmt::format("checksum 0 {}", kBytes), std::chrono::seconds(30)),
+            fmt::format("{:016x}", checksum(zeros)))
+      << "bytes of the timed-out batch landed";
+  // The peer is back: the next batch connects its lane and arrives intact.
+  ASSERT_TRUE(engine->transfer_sync(handle, {&op, 1}).ok());
+  EXPECT_EQ(*peer.process.ask(fmt::format("verify 43 0 {}", kBytes), std::chrono::seconds(30)),
+            "ok");
 }
 
 // A peer in its own network namespace, reached over a veth pair; nftables then drops its
@@ -156,15 +209,18 @@ TEST_F(DroppedPackets, PeerThatStopsAnsweringFailsTheBatchWithTimeout) {
       "policy drop; }}'",
       ns_);
   if (std::system(drop.c_str()) != 0) GTEST_SKIP() << "nftables unavailable";
-  std::vector<TransferOp> ops(4, op);
   SubmitOptions options;
   options.timeout = std::chrono::milliseconds(800);
   auto t0 = Clock::now();
-  BatchHandle batch = must(engine->submit(handle, ops, options));
-  BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
+  // 4 batches of one op: a batch may not write one destination twice.
+  std::vector<BatchHandle> batches;
+  for (int i = 0; i < 4; ++i) batches.push_back(must(engine->submit(handle, {&op, 1}, options)));
+  for (const BatchHandle& batch : batches) {
+    BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
+    ASSERT_EQ(s.state, BatchState::kFailed);
+    EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
+  }
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(4));
-  ASSERT_EQ(s.state, BatchState::kFailed);
-  EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
   child.process.kill_now();
 }
 

@@ -1,10 +1,14 @@
 #include "transport/local/copy_executor.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
 #include <vector>
+
+#include "transport/shm_mapping.h"
 
 namespace kvferry {
 namespace {
@@ -41,6 +45,28 @@ struct PluggedStep {
   size_t count = 0;
 };
 
+// After a chunk's copy: every peer shm region it touched must still be registered, or the
+// bytes went into memory the peer no longer reads (it unregistered or freed the region while
+// its memfd stayed mapped here). A guard that still holds its generation, read after the
+// copy (shm_guard_held_after_copy), means the bytes were in place while the region was
+// registered.
+Status check_remote_guards(std::span<const ResolvedOp> spans) {
+  const uint64_t* checked = nullptr;
+  uint64_t checked_generation = 0;
+  for (const ResolvedOp& op : spans) {
+    if (op.remote_guard == nullptr) continue;
+    if (op.remote_guard == checked && op.remote_generation == checked_generation) continue;
+    if (!shm_guard_held_after_copy(op.remote_guard, op.remote_generation)) {
+      return NotRegistered(
+          fmt::format("the peer unregistered the shared region holding {:#x} while the batch ran",
+                      op.remote_addr));
+    }
+    checked = op.remote_guard;
+    checked_generation = op.remote_generation;
+  }
+  return Status::Ok();
+}
+
 // Copies one slice chunk by chunk.
 template <typename Step>
 Status copy_slice(BatchProgress& b, std::span<const ResolvedOp> spans, const CopySlice& s,
@@ -50,6 +76,7 @@ Status copy_slice(BatchProgress& b, std::span<const ResolvedOp> spans, const Cop
   while (span <= s.last_span) {
     auto guard = b.copying();
     if (Status why = b.stop_reason(); !why.ok()) return why;
+    const size_t chunk_first = span;
     uint64_t chunk_bytes = 0;
     size_t chunk_spans = 0;
     while (span <= s.last_span && chunk_bytes < kCopyChunkBytes && chunk_spans < kCopyChunkSpans) {
@@ -65,6 +92,9 @@ Status copy_slice(BatchProgress& b, std::span<const ResolvedOp> spans, const Cop
       }
     }
     if (Status copied = step.end_chunk(); !copied.ok()) return copied;
+    // The chunk covered spans [chunk_first, span], the last one possibly not at all.
+    const size_t chunk_end = std::min(span + 1, s.last_span + 1);
+    KVF_RETURN_IF_ERROR(check_remote_guards(spans.subspan(chunk_first, chunk_end - chunk_first)));
   }
   return Status::Ok();
 }

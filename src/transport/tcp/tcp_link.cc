@@ -67,7 +67,9 @@ constexpr size_t kDirectReceiveBytes = size_t{16} << 10;
 
 class TcpLane {
  public:
-  static Result<std::shared_ptr<TcpLane>> connect(const TcpLinkOptions& o);
+  // Connects and runs the tcp handshake, all of it before `deadline`.
+  static Result<std::shared_ptr<TcpLane>> connect(const TcpLinkOptions& o,
+                                                  Clock::time_point deadline);
   ~TcpLane() {
     {
       std::lock_guard lock(mu_);
@@ -531,8 +533,8 @@ class TcpLane {
   std::thread reader_;
 };
 
-Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o) {
-  auto deadline = Clock::now() + o.connect_timeout;
+Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
+                                                  Clock::time_point deadline) {
   KVF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(o.endpoint, deadline));
   std::array<std::byte, kTcpHeaderBytes> raw{};
   TcpHeader hello;
@@ -585,27 +587,49 @@ Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o) {
 
 TcpLink::TcpLink(TcpLinkOptions options) : options_(std::move(options)) {
   lanes_.resize(std::max(1, options_.lanes));
+  connecting_.resize(lanes_.size(), false);
 }
 
 TcpLink::~TcpLink() = default;
 
-Result<std::shared_ptr<TcpLane>> TcpLink::lane(size_t index) {
-  std::lock_guard lock(mu_);
-  std::shared_ptr<TcpLane>& slot = lanes_[index];
-  if (!slot || slot->broken()) {
-    const bool had_connection = slot != nullptr;
-    auto fresh = TcpLane::connect(options_);
-    if (!fresh.ok()) {
-      // A peer we were connected to and cannot reach again is gone, not "unreachable".
-      if (had_connection && fresh.status().code() == StatusCode::kPeerUnreachable) {
-        return PeerDisconnected("lost the connection to " + options_.peer_name +
-                                " and cannot reconnect: " + fresh.status().message());
-      }
-      return fresh.status();
+Result<std::shared_ptr<TcpLane>> TcpLink::lane(size_t index, Clock::time_point batch_deadline) {
+  std::unique_lock lock(mu_);
+  const auto usable = [&] { return lanes_[index] && !lanes_[index]->broken(); };
+  // One caller connects a lane at a time, without the lock; the others wait for it, each
+  // only until its own batch's deadline.
+  while (connecting_[index] && !usable()) {
+    if (lanes_cv_.wait_until(lock, batch_deadline) == std::cv_status::timeout &&
+        connecting_[index] && !usable()) {
+      return Timeout("tcp lane to " + options_.peer_name +
+                     " still connecting at the batch deadline");
     }
-    slot = std::move(*fresh);
   }
-  return slot;
+  if (usable()) return lanes_[index];
+  const bool had_connection = lanes_[index] != nullptr;
+  connecting_[index] = true;
+  lock.unlock();
+  const Clock::time_point own_deadline = Clock::now() + options_.connect_timeout;
+  const bool batch_bounded = batch_deadline < own_deadline;
+  auto fresh = TcpLane::connect(options_, std::min(own_deadline, batch_deadline));
+  lock.lock();
+  connecting_[index] = false;
+  if (fresh.ok()) lanes_[index] = *fresh;
+  lock.unlock();
+  lanes_cv_.notify_all();
+  if (fresh.ok()) return std::move(*fresh);
+  // The batch's deadline cut the connection short: its timeout, not a verdict on the peer
+  // (the next batch tries again).
+  if (batch_bounded && Clock::now() >= batch_deadline &&
+      fresh.status().code() == StatusCode::kPeerUnreachable) {
+    return Timeout("tcp lane to " + options_.peer_name +
+                   " not connected before the batch deadline: " + fresh.status().message());
+  }
+  // A peer we were connected to and cannot reach again is gone, not "unreachable".
+  if (had_connection && fresh.status().code() == StatusCode::kPeerUnreachable) {
+    return PeerDisconnected("lost the connection to " + options_.peer_name +
+                            " and cannot reconnect: " + fresh.status().message());
+  }
+  return fresh.status();
 }
 
 void TcpLink::shutdown() {
@@ -712,7 +736,7 @@ Status TcpLink::post(const BatchPart& part) {
   std::vector<std::shared_ptr<TcpLane>> targets(lane_count);
   for (size_t i = 0; i < lane_count; ++i) {
     if (!lane_used[i]) continue;
-    KVF_ASSIGN_OR_RETURN(targets[i], lane(i));
+    KVF_ASSIGN_OR_RETURN(targets[i], lane(i, part.batch->deadline()));
   }
   part.batch->add_tasks(static_cast<int>(chunks));
   // Device chunks go to the stager in op order; it hands each to its lane once the chunk is

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -67,12 +68,16 @@ class TcpLink final : public TransportLink {
   void shutdown() override;
 
  private:
-  Result<std::shared_ptr<TcpLane>> lane(size_t index);
+  // Lane `index`, connected first if it is not (or broke). Never blocks past
+  // `batch_deadline`: a connection still in progress then is the batch's Timeout.
+  Result<std::shared_ptr<TcpLane>> lane(size_t index, Clock::time_point batch_deadline);
   Result<TcpDeviceStager*> stager();
 
   TcpLinkOptions options_;
   std::mutex mu_;
+  std::condition_variable lanes_cv_;             // a lane's connection attempt ended
   std::vector<std::shared_ptr<TcpLane>> lanes_;  // guarded by mu_
+  std::vector<bool> connecting_;                 // per lane, guarded by mu_
   std::atomic<uint64_t> next_lane_{0};
   std::mutex stager_mu_;
   // Declared last, destroyed first: it fails the chunks it has not staged.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -137,20 +138,58 @@ TEST_F(LocalTransfer, CancelledBatchWritesNothingAfterCancelReturns) {
 }
 
 TEST_F(LocalTransfer, BatchPastItsTimeoutEndsInTimeoutAndStopsWriting) {
-  // 64 copies of the whole buffer: far longer than 1 ms.
-  std::vector<TransferOp> ops(64,
-                              {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()), kBytes});
+  // 64 copies of the source into disjoint pieces of a 512 MiB target (a batch may not write
+  // one destination twice): far longer than 1 ms.
+  constexpr size_t kCopies = 64;
+  std::vector<std::byte> big(kCopies * kBytes, std::byte{0});
+  ASSERT_TRUE(engine_->register_memory(big.data(), big.size()).ok());
+  std::vector<TransferOp> ops;
+  for (size_t i = 0; i < kCopies; ++i) {
+    ops.push_back({OpKind::kWrite, addr_of(src_.data()), addr_of(big.data() + i * kBytes), kBytes});
+  }
   SubmitOptions options;
   options.timeout = std::chrono::milliseconds(1);
   BatchHandle b = must(engine_->submit(self_, ops, options));
   BatchStatus s = engine_->wait(b, std::chrono::seconds(10));
   ASSERT_EQ(s.state, BatchState::kFailed);
   EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
-  std::vector<std::byte> snapshot = dst_;
-  std::memset(dst_.data(), 0, kBytes);  // any later copy would show up again
+  std::memset(big.data(), 0, big.size());  // any later copy would show up again
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_EQ(dst_[0], std::byte{0});
-  EXPECT_EQ(dst_[kBytes - 1], std::byte{0});
+  EXPECT_TRUE(std::all_of(big.begin(), big.end(), [](std::byte v) { return v == std::byte{0}; }));
+}
+
+TEST_F(LocalTransfer, OverlappingDestinationsAreRefusedNamingBothOps) {
+  // Descending order takes the sorting path; op 2 writes into op 0's range.
+  std::vector<TransferOp> ops = {
+      {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data() + 8192), 4096},
+      {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()), 4096},
+      {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data() + 8192 + 4095), 10},
+  };
+  auto r = engine_->submit(self_, ops);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(r.status().message(), "ops 0 and 2")) << r.status().message();
+  EXPECT_EQ(dst_[8192], std::byte{0}) << "nothing moves";
+  // Ascending order, one pass: ops 1 and 2 overlap by one byte.
+  ops = {{OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data()), 100},
+         {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data() + 100), 100},
+         {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data() + 199), 100}};
+  r = engine_->submit(self_, ops);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(contains(r.status().message(), "ops 1 and 2")) << r.status().message();
+  // On the engine itself, a READ's destination (local) and a WRITE's (remote) are one
+  // memory.
+  ops = {{OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data() + 5000), 100},
+         {OpKind::kRead, addr_of(dst_.data() + 5050), addr_of(src_.data()), 100}};
+  r = engine_->submit(self_, ops);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(contains(r.status().message(), "ops 0 and 1")) << r.status().message();
+  // Touching ranges are not overlapping; the same source twice is fine.
+  ops = {{OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data() + 300), 100},
+         {OpKind::kWrite, addr_of(src_.data()), addr_of(dst_.data() + 200), 100}};
+  ASSERT_TRUE(engine_->transfer_sync(self_, ops).ok());
+  EXPECT_EQ(std::memcmp(dst_.data() + 200, src_.data(), 100), 0);
+  EXPECT_EQ(std::memcmp(dst_.data() + 300, src_.data(), 100), 0);
 }
 
 TEST(ShmTransfer, TwoEnginesOnOneHostUseShmAndMoveBytes) {

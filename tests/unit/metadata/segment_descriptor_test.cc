@@ -18,7 +18,8 @@ SegmentDescriptor sample() {
   d.pid = 4242;
   d.transports = TransportSet{TransportKind::kLocal, TransportKind::kShm};
   d.version = 3;
-  d.regions.push_back({0x1000, 0x2000, {}, ShmBacking{7, 0, 0x4000, 99}, std::nullopt});
+  d.regions.push_back(
+      {0x1000, 0x2000, {}, ShmBacking{7, 0, 0x4000, 99, 0x2000, 1, 5}, std::nullopt});
   d.regions.push_back({0x10000, 64, {}, std::nullopt, std::nullopt});
   return d;
 }
@@ -35,6 +36,9 @@ TEST(SegmentDescriptor, RoundTripsEveryField) {
   ASSERT_TRUE(d.regions[0].shm.has_value());
   EXPECT_EQ(d.regions[0].shm->fd, 7);
   EXPECT_EQ(d.regions[0].shm->inode, 99u);
+  EXPECT_EQ(d.regions[0].shm->guard_offset, 0x2000u);
+  EXPECT_EQ(d.regions[0].shm->guard_slot, 1u);
+  EXPECT_EQ(d.regions[0].shm->generation, 5u);
   EXPECT_FALSE(d.regions[1].shm.has_value());
 }
 
@@ -52,13 +56,18 @@ TEST(SegmentDescriptor, RejectsMalformedInputNamingTheProblem) {
   std::vector<Case> cases = {
       {"", "not valid JSON"},
       {"[]", "not an object"},
-      {replace("\"format\":1", "\"format\":2"), "format 2"},
+      {replace("\"format\":2", "\"format\":1"), "format 1"},
       {replace("\"pid\":4242", "\"pid\":\"x\""), "'pid'"},
       {replace("\"length\":64", "\"length\":0"), "length 0"},
       {replace("\"length\":64", "\"length\":-5"), "'length'"},
       {replace("\"addr\":65536", "\"addr\":18446744073709551600"), "wraps"},
       {replace("\"addr\":65536", "\"addr\":4096"), "overlap"},
       {replace("\"file_bytes\":16384", "\"file_bytes\":16"), "runs past"},
+      {replace("\"generation\":5", "\"generation\":0"), "generation"},
+      {replace("\"guard_offset\":8192", "\"guard_offset\":4096"), "guard word"},
+      {replace("\"guard_offset\":8192", "\"guard_offset\":8193"), "guard word"},
+      {replace("\"guard_slot\":1", "\"guard_slot\":1024"), "guard word"},
+      {replace("\"guard_slot\":1", "\"guard_slot\":-1"), "guard_slot"},
       {replace("\"regions\":[", "\"regions\":3,\"x\":["), "'regions'"},
       {replace("\"pid\":4242", "\"pid\":18446744073709551615"), "'pid'"},
   };
