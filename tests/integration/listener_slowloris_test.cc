@@ -207,6 +207,12 @@ TEST(ControlListener, LengthClaimsCostNothingAndConnectionsAreBounded) {
     std::vector<std::byte> reply(pd::kFrameHeaderBytes);
     ASSERT_TRUE(recv_all(fd.get(), reply, Clock::now() + 1s).ok());
     pd::FrameHeader h = must(pd::decode_frame_header(reply));
+    // Every connection opens with prefill's AuthChallenge (empty without a secret).
+    ASSERT_EQ(h.type, pd::MessageType::kAuthChallenge);
+    std::vector<std::byte> challenge(h.payload_bytes);
+    ASSERT_TRUE(recv_all(fd.get(), challenge, Clock::now() + 1s).ok());
+    ASSERT_TRUE(recv_all(fd.get(), reply, Clock::now() + 1s).ok());
+    h = must(pd::decode_frame_header(reply));
     EXPECT_EQ(h.type, pd::MessageType::kRequestStatus);
     // Connections that never register are closed (hello_timeout, or the heartbeat timeout).
     EXPECT_TRUE(eventually([&] { return greedy.closed_by_server() == greedy.connected(); }));

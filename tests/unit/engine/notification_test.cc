@@ -216,14 +216,33 @@ TEST(Notifications, LargerThanTheLimitIsRefusedNamingTheSize) {
 }
 
 TEST(Notifications, ASecretIsRequiredWhenTheTargetHasOne) {
+  using namespace detail;
   auto target = engine_named("target", "s3cret");
   auto stranger = engine_named("stranger");
   auto liar = engine_named("liar", "wrong");
   auto friend_engine = engine_named("friend", "s3cret");
-  EXPECT_EQ(stranger->send_notification(must(stranger->open_peer(target->endpoint())), "x").code(),
-            StatusCode::kUnauthenticated);
-  EXPECT_EQ(liar->send_notification(must(liar->open_peer(target->endpoint())), "x").code(),
-            StatusCode::kUnauthenticated);
+  // The handshake already keeps the descriptor (and so the notification endpoint) from
+  // peers without the secret.
+  EXPECT_EQ(stranger->open_peer(target->endpoint()).status().code(), StatusCode::kUnauthenticated);
+  EXPECT_EQ(liar->open_peer(target->endpoint()).status().code(), StatusCode::kUnauthenticated);
+  // The notification listener checks on its own, for whoever learnt its endpoint: a sender
+  // whose proof is wrong is refused and nothing reaches the inbox.
+  const Endpoint handshake = must(parse_endpoint(target->endpoint()));
+  const auto deadline = Clock::now() + 5s;
+  SegmentDescriptor d = must(
+      parse_segment_descriptor(must(fetch_descriptor(handshake, deadline, std::string("s3cret")))));
+  {
+    Fd fd = must(connect_tcp(must(parse_endpoint(d.notify_endpoint)), deadline));
+    NotifyHello hello{d.incarnation, 44, "liar", "127.0.0.1:1"};
+    ASSERT_TRUE(
+        write_notify_frame(fd.get(), NotifyFrame::kHello, encode_hello(hello), deadline).ok());
+    NotifyMessage challenge = must(read_notify_frame(fd.get(), 0, deadline));
+    ASSERT_EQ(challenge.type, NotifyFrame::kChallenge);
+    ASSERT_FALSE(must(decode_challenge(challenge.payload)).nonce.empty());
+    const std::array<std::byte, 32> wrong_proof{};
+    ASSERT_TRUE(write_notify_frame(fd.get(), NotifyFrame::kProof, wrong_proof, deadline).ok());
+    EXPECT_EQ(must(read_notify_frame(fd.get(), 0, deadline)).type, NotifyFrame::kError);
+  }
   ASSERT_TRUE(
       friend_engine->send_notification(must(friend_engine->open_peer(target->endpoint())), "hi")
           .ok());
