@@ -146,7 +146,7 @@ ShmFdServer::ShmFdServer(Fd listener, Fd wake, std::string name, Lookup lookup,
       lookup_(std::move(lookup)),
       secret_(std::move(secret)),
       io_timeout_(io_timeout),
-      pool_(2) {}
+      pool_(kThreads) {}
 
 ShmFdServer::~ShmFdServer() {
   uint64_t one = 1;
@@ -171,13 +171,23 @@ void ShmFdServer::accept_loop() {
       }
       continue;
     }
-    auto holder = std::make_shared<Fd>(conn);
-    pool_.post([this, holder] { serve(std::move(*holder)); });
+    Fd accepted(conn);
+    if (open_.load() >= kMaxConnections) {
+      log().debug("shm fd: closed a connection: {} are open (the limit)", kMaxConnections);
+      continue;  // closes it
+    }
+    open_.fetch_add(1);
+    auto holder = std::make_shared<Fd>(std::move(accepted));
+    const auto deadline = Clock::now() + io_timeout_;  // from accept: queued time counts
+    pool_.post([this, holder, deadline] {
+      serve(std::move(*holder), deadline);
+      open_.fetch_sub(1);
+    });
   }
 }
 
-void ShmFdServer::serve(Fd connection) {
-  const auto deadline = Clock::now() + io_timeout_;
+void ShmFdServer::serve(Fd connection, Clock::time_point deadline) {
+  if (Clock::now() >= deadline) return;  // waited out its time in the queue
   AuthNonce nonce{};
   if (secret_) {
     Result<AuthNonce> fresh = make_auth_nonce();

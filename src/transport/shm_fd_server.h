@@ -18,6 +18,11 @@
 // Abstract sockets belong to a network namespace: a peer in another one cannot connect
 // (fetch_shm_fd: NotSupported), and takes the next route too.
 //
+// Bounds: at most kMaxConnections connections at once (the next is closed at accept), each
+// with io_timeout from accept to its reply, served by kThreads threads. A local crowd of slow
+// clients can delay a peer's fetch past its own timeout; that peer then takes the next route
+// (cma, tcp), so its transfers still go — only the shm route is lost while the crowd lasts.
+//
 // Thread-safety: ShmFdServer serves on its own threads; the lookup callback is called on them.
 // fetch_shm_fd is a free function.
 #pragma once
@@ -62,10 +67,13 @@ class ShmFdServer {
   const std::string& name() const { return name_; }
 
  private:
+  static constexpr uint32_t kMaxConnections = 64;
+  static constexpr int kThreads = 4;
+
   ShmFdServer(Fd listener, Fd wake, std::string name, Lookup lookup,
               std::optional<std::string> secret, std::chrono::milliseconds io_timeout);
   void accept_loop();
-  void serve(Fd connection);
+  void serve(Fd connection, Clock::time_point deadline);
 
   Fd listener_;
   Fd wake_;  // eventfd: readable once the destructor runs
@@ -73,6 +81,7 @@ class ShmFdServer {
   Lookup lookup_;
   std::optional<std::string> secret_;
   std::chrono::milliseconds io_timeout_;
+  std::atomic<uint32_t> open_{0};  // accepted and not yet served to the end
   ThreadPool pool_;
   std::thread thread_;
 };

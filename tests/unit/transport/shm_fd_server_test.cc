@@ -3,10 +3,17 @@
 #include "transport/shm_fd_server.h"
 
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "metadata/handshake.h"
@@ -30,7 +37,8 @@ std::vector<std::byte> random_bytes(size_t n, uint32_t seed) {
 
 // One shared allocation with random bytes, served by a ShmFdServer.
 struct Served {
-  explicit Served(std::optional<std::string> secret)
+  explicit Served(std::optional<std::string> secret,
+                  std::chrono::milliseconds io_timeout = kTimeout)
       : allocation(must(ShmAllocation::create("fd-server-test", 1 << 16))),
         bytes(random_bytes(allocation->bytes(), 7)) {
     std::memcpy(allocation->addr(), bytes.data(), bytes.size());
@@ -39,7 +47,7 @@ struct Served {
         [this](uint64_t inode) {
           return inode == allocation->inode() ? Fd(::dup(allocation->fd())) : Fd();
         },
-        std::move(secret), kTimeout));
+        std::move(secret), io_timeout));
   }
   // Maps what fetch_shm_fd returned and compares it with the allocation's bytes.
   bool maps_the_same_bytes(Fd fd) const {
@@ -51,6 +59,57 @@ struct Served {
   std::vector<std::byte> bytes;
   std::unique_ptr<ShmFdServer> server;
 };
+
+// A client connection to the abstract socket `name` that sends nothing.
+Fd connect_idle(const std::string& name) {
+  Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
+  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&address), length) != 0) return Fd();
+  return fd;
+}
+
+// True once the server closed `fd` (EOF after whatever it sent), waiting at most `wait`.
+bool closed_by_server(int fd, std::chrono::milliseconds wait) {
+  const auto deadline = Clock::now() + wait;
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0))) <= 0) return false;
+    std::byte sink[64];
+    ssize_t n = ::recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+  }
+}
+
+// 100 idle clients: at most kMaxConnections are held (the rest closed at once), each only
+// until its deadline; then the server serves a peer again.
+TEST(ShmFdServer, AnIdleCrowdIsBoundedAndItsPlacesFreeUpAtTheDeadline) {
+  Served s(std::nullopt, std::chrono::milliseconds(2000));
+  std::vector<Fd> crowd;
+  for (int i = 0; i < 100; ++i) {
+    crowd.push_back(connect_idle(s.server->name()));
+    ASSERT_TRUE(crowd.back().valid()) << "connection " << i;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the accept loop caught up
+  size_t closed_at_once = 0;
+  for (const Fd& fd : crowd) {
+    if (closed_by_server(fd.get(), std::chrono::milliseconds(10))) ++closed_at_once;
+  }
+  // Well before the 2 s deadline: only the connections over the limit are gone.
+  EXPECT_GE(closed_at_once, 100u - 64u);
+  EXPECT_LT(closed_at_once, 100u);
+  for (const Fd& fd : crowd) {
+    EXPECT_TRUE(closed_by_server(fd.get(), std::chrono::milliseconds(6000)));
+  }
+  auto fd =
+      fetch_shm_fd(s.server->name(), s.allocation->inode(), std::nullopt, Clock::now() + kTimeout);
+  ASSERT_TRUE(fd.ok()) << fd.status().to_string();
+  EXPECT_TRUE(s.maps_the_same_bytes(std::move(*fd)));
+}
 
 TEST(ShmFdServer, WithoutASecretTheSameUserGetsTheMemfd) {
   Served s(std::nullopt);
