@@ -17,7 +17,7 @@ constexpr std::chrono::milliseconds kWaitSlice{60'000};
 
 EnginePlanSink::EnginePlanSink(TransferEngine& engine, PeerHandle peer,
                                SubmitOptions submit_options)
-    : engine_(engine), peer_(std::move(peer)), submit_options_(submit_options) {}
+    : engine_(engine), peer_(std::move(peer)), submit_options_(std::move(submit_options)) {}
 
 Result<PlanSink::CallId> EnginePlanSink::submit(std::span<const TransferOp> ops) {
   KVF_ASSIGN_OR_RETURN(BatchHandle batch, engine_.submit(peer_, ops, submit_options_));
