@@ -37,31 +37,31 @@ def sha256(array):
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
-class PeerProcess:
-    """peer_process.py running in a child process; its buffer starts as seeded_bytes(seed)."""
+class ScriptProcess:
+    """A test script of this folder in a child process, driven by lines on its stdin; it answers
+    each command with one line. Every wait is bounded (PROCESS_TIMEOUT_S unless told)."""
 
-    def __init__(self, protocol, nbytes, seed):
+    def __init__(self, script, args):
         env = dict(os.environ, KVFERRY_LOG_LEVEL=os.environ.get("KVFERRY_LOG_LEVEL", "warn"))
+        self.name = script
         self.process = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "peer_process.py"), protocol, str(nbytes),
-             str(seed)],
+            [sys.executable, os.path.join(HERE, script)] + [str(a) for a in args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        hello = json.loads(self._readline())
-        assert "error" not in hello, hello
-        self.session, self.addr, self.length = hello["session"], hello["addr"], hello["length"]
-        self.initial = seeded_bytes(seed, nbytes)
 
-    def _readline(self):
-        ready, _, _ = select.select([self.process.stdout], [], [], PROCESS_TIMEOUT_S)
-        assert ready, "peer process did not answer in time"
+    def _readline(self, timeout=PROCESS_TIMEOUT_S):
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        assert ready, f"{self.name} did not answer in time"
         line = self.process.stdout.readline()
-        assert line, "peer process exited"
+        assert line, f"{self.name} exited"
         return line
 
-    def digest(self, offset, length):
-        self.process.stdin.write(f"digest {offset} {length}\n")
+    def command(self, text, timeout=PROCESS_TIMEOUT_S):
+        self.process.stdin.write(text + "\n")
         self.process.stdin.flush()
-        return self._readline().strip()
+        return self._readline(timeout)
+
+    def digest(self, offset, length):
+        return self.command(f"digest {offset} {length}").strip()
 
     def kill(self):
         if self.process.poll() is None:
@@ -77,6 +77,17 @@ class PeerProcess:
             except (BrokenPipeError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+class PeerProcess(ScriptProcess):
+    """peer_process.py running in a child process; its buffer starts as seeded_bytes(seed)."""
+
+    def __init__(self, protocol, nbytes, seed):
+        super().__init__("peer_process.py", [protocol, nbytes, seed])
+        hello = json.loads(self._readline())
+        assert "error" not in hello, hello
+        self.session, self.addr, self.length = hello["session"], hello["addr"], hello["length"]
+        self.initial = seeded_bytes(seed, nbytes)
 
 
 @pytest.fixture

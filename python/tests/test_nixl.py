@@ -7,7 +7,6 @@ seeded random bytes and every byte is checked.
 import hashlib
 import json
 import os
-import select
 import subprocess
 import sys
 import threading
@@ -16,64 +15,28 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PROCESS_TIMEOUT_S, seeded_bytes
+from conftest import PROCESS_TIMEOUT_S, ScriptProcess, seeded_bytes
 from kvferry import errors
 from kvferry.nixl import _api, install_as_nixl, shim_path
 from kvferry.nixl._api import nixl_agent, nixl_agent_config
 from kvferry.nixl._bindings import nixlXferTelemetry
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 BLOCK = 4096
 BLOCKS = 64
 
 
-class NixlPeer:
+class NixlPeer(ScriptProcess):
     """nixl_peer.py in a child process (the prefill worker)."""
 
     def __init__(self, name, nbytes, seed, scribble=False):
-        env = dict(os.environ, KVFERRY_LOG_LEVEL=os.environ.get("KVFERRY_LOG_LEVEL", "warn"))
-        args = [sys.executable, os.path.join(HERE, "nixl_peer.py"), name, str(nbytes), str(seed)]
-        if scribble:
-            args.append("--scribble")
-        self.process = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, env=env)
+        super().__init__("nixl_peer.py", [name, nbytes, seed] + (["--scribble"] if scribble else []))
         hello = json.loads(self._readline())
         self.metadata = bytes.fromhex(hello["metadata"])
         self.addr, self.length = hello["addr"], hello["length"]
         self.initial = seeded_bytes(seed, nbytes) if seed >= 0 else np.zeros(nbytes, np.uint8)
 
-    def _readline(self, timeout=PROCESS_TIMEOUT_S):
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
-        assert ready, "nixl peer did not answer in time"
-        line = self.process.stdout.readline()
-        assert line, "nixl peer exited"
-        return line
-
-    def command(self, text, timeout=PROCESS_TIMEOUT_S):
-        self.process.stdin.write(text + "\n")
-        self.process.stdin.flush()
-        return self._readline(timeout + 5)
-
     def wait_notifs(self, count, timeout=10):
-        return json.loads(self.command(f"wait {count} {timeout}", timeout))
-
-    def digest(self, offset, length):
-        return self.command(f"digest {offset} {length}").strip()
-
-    def kill(self):
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(timeout=PROCESS_TIMEOUT_S)
-
-    def close(self):
-        if self.process.poll() is None:
-            try:
-                self.process.stdin.write("quit\n")
-                self.process.stdin.flush()
-                self.process.wait(timeout=PROCESS_TIMEOUT_S)
-            except (BrokenPipeError, subprocess.TimeoutExpired):
-                pass
-        self.kill()
+        return json.loads(self.command(f"wait {count} {timeout}", timeout + 5))
 
 
 @pytest.fixture
