@@ -2,9 +2,14 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kvferry/status.h"
 #include "kvferry/transfer_engine.h"
@@ -32,6 +37,29 @@ inline std::unique_ptr<TransferEngine> make_engine(const std::string& name, int 
 
 inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
+}
+
+// The first `count` lines a child writes to `fd` (a pipe), waiting at most `limit` in all;
+// lines that did not come are empty.
+inline std::vector<std::string> read_lines(int fd, size_t count, std::chrono::milliseconds limit) {
+  std::string text;
+  const auto until = std::chrono::steady_clock::now() + limit;
+  char buf[4096];
+  while (static_cast<size_t>(std::count(text.begin(), text.end(), '\n')) < count &&
+         std::chrono::steady_clock::now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    text.append(buf, static_cast<size_t>(n));
+  }
+  std::vector<std::string> lines;
+  size_t start = 0;
+  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
+    lines.push_back(text.substr(start, nl - start));
+  }
+  lines.resize(count);
+  return lines;
 }
 
 }  // namespace kvferry::testing

@@ -219,22 +219,7 @@ struct RefusedOutcome {
 
 // Reads the child's three lines, waiting at most `limit` in all.
 RefusedOutcome read_outcome(int fd, std::chrono::seconds limit) {
-  std::string text;
-  const auto until = Clock::now() + limit;
-  char buf[4096];
-  while (std::count(text.begin(), text.end(), '\n') < 3 && Clock::now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0) continue;
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n <= 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  std::vector<std::string> lines;
-  size_t start = 0;
-  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
-    lines.push_back(text.substr(start, nl - start));
-  }
-  lines.resize(3);
+  std::vector<std::string> lines = testing::read_lines(fd, 3, limit);
   return {lines[0], lines[1], lines[2]};
 }
 

@@ -90,22 +90,7 @@ struct Outcome {
 }
 
 Outcome read_outcome(int fd) {
-  std::string text;
-  const auto until = Clock::now() + std::chrono::seconds(60);
-  char buf[4096];
-  while (std::count(text.begin(), text.end(), '\n') < 4 && Clock::now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) <= 0) continue;
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n <= 0) break;
-    text.append(buf, static_cast<size_t>(n));
-  }
-  std::vector<std::string> lines;
-  size_t start = 0;
-  for (size_t nl; (nl = text.find('\n', start)) != std::string::npos; start = nl + 1) {
-    lines.push_back(text.substr(start, nl - start));
-  }
-  lines.resize(4);
+  std::vector<std::string> lines = testing::read_lines(fd, 4, std::chrono::seconds(60));
   return {lines[0], lines[1], lines[2], lines[3]};
 }
 
