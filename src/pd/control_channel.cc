@@ -14,6 +14,10 @@ namespace {
 constexpr auto kReadForever = std::chrono::hours(24 * 365);
 // A frame's payload is received in steps of at most this many bytes.
 constexpr size_t kPayloadStepBytes = size_t{64} << 10;
+// The channel whose reader runs on this thread (none elsewhere). close() asks this, not
+// reader_: the reader may call close() (from on_message or on_close) before start() has
+// even finished assigning reader_.
+thread_local const ControlChannel* t_reader_of = nullptr;
 }  // namespace
 
 std::shared_ptr<ControlChannel> ControlChannel::open(Fd fd, std::string peer_name,
@@ -31,7 +35,10 @@ void ControlChannel::start(const Heartbeats& heartbeats) {
   // Each thread keeps the channel alive until it is done (the reader until it has run
   // on_close), so a callback may drop the owner's last reference without destroying the
   // object under a running thread.
-  reader_ = std::thread([self = self_.lock()] { self->read_loop(); });
+  reader_ = std::thread([self = self_.lock()] {
+    t_reader_of = self.get();
+    self->read_loop();
+  });
   heartbeat_ = std::thread([self = self_.lock(), heartbeats] { self->heartbeat_loop(heartbeats); });
 }
 
@@ -69,12 +76,13 @@ void ControlChannel::close() {
     std::lock_guard lock(close_mu_);  // so the heartbeat thread cannot miss the wake-up
   }
   close_cv_.notify_all();
-  // The reader may call close() from on_close: it joins neither itself nor the heartbeat
-  // thread (the destructor does).
-  const auto self = std::this_thread::get_id();
-  if (reader_.joinable() && reader_.get_id() == self) return;
+  // The reader may call close() (from its callbacks): it joins neither itself nor the
+  // heartbeat thread (the destructor does).
+  if (t_reader_of == this) return;
   if (reader_.joinable()) reader_.join();
-  if (heartbeat_.joinable() && heartbeat_.get_id() != self) heartbeat_.join();
+  if (heartbeat_.joinable() && heartbeat_.get_id() != std::this_thread::get_id()) {
+    heartbeat_.join();
+  }
 }
 
 void ControlChannel::fail(Status reason) {

@@ -78,22 +78,28 @@ TEST_P(NotificationAfterData, ArrivesOnlyOnceEveryByteIsInPlace) {
     target = target_engine.get();
   }
   constexpr size_t kBytes = 3u << 20;
-  SharedBuffer local = must(initiator->allocate_shared(kBytes));
-  SharedBuffer remote = must(target->allocate_shared(kBytes));
-  std::span<std::byte> src(
-      static_cast<std::byte*>(c.op == OpKind::kWrite ? local.addr : remote.addr), kBytes);
-  std::span<std::byte> dst(
-      static_cast<std::byte*>(c.op == OpKind::kWrite ? remote.addr : local.addr), kBytes);
+  constexpr int kRounds = 3;
+  // Each round has bytes of its own: a round never rewrites what the last one sent (the
+  // sender's socket reads happen-before the next round only through the kernel, which
+  // ThreadSanitizer does not see).
+  SharedBuffer local = must(initiator->allocate_shared(kBytes * kRounds));
+  SharedBuffer remote = must(target->allocate_shared(kBytes * kRounds));
   PeerOptions po;
   if (c.transport != TransportKind::kLocal) po.transport = c.transport;
   PeerHandle peer = must(initiator->open_peer(target->endpoint(), po));
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < kRounds; ++round) {
+    const uint64_t local_base = addr_of(local.addr) + round * kBytes;
+    const uint64_t remote_base = addr_of(remote.addr) + round * kBytes;
+    std::span<std::byte> src(
+        reinterpret_cast<std::byte*>(c.op == OpKind::kWrite ? local_base : remote_base), kBytes);
+    std::span<std::byte> dst(
+        reinterpret_cast<std::byte*>(c.op == OpKind::kWrite ? remote_base : local_base), kBytes);
     fill_random(src, 100 + round);
     std::memset(dst.data(), 0, kBytes);
     std::vector<TransferOp> ops;
     for (size_t off = 0; off < kBytes; off += 256 * 1024) {  // reversed: nothing merges
       const size_t at = kBytes - 256 * 1024 - off;
-      ops.push_back({c.op, addr_of(local.addr) + at, addr_of(remote.addr) + at, 256 * 1024});
+      ops.push_back({c.op, local_base + at, remote_base + at, 256 * 1024});
     }
     SubmitOptions so;
     so.notification = fmt::format("round {}", round);
