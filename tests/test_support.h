@@ -1,6 +1,7 @@
 // Helpers shared by kvferry tests.
 #pragma once
 
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <unistd.h>
@@ -60,6 +61,19 @@ inline std::vector<std::string> read_lines(int fd, size_t count, std::chrono::mi
   }
   lines.resize(count);
   return lines;
+}
+
+// Writes `text` and a newline to `fd` (a forked child's report to its parent).
+inline void write_line(int fd, const std::string& text) {
+  std::string line = text + "\n";
+  (void)!::write(fd, line.data(), line.size());
+}
+
+// In a forked child of a root test: becomes uid/gid 65534 (nobody) with no groups. False
+// when the kernel refuses.
+inline bool drop_to_nobody() {
+  return ::setgroups(0, nullptr) == 0 && ::setresgid(65534, 65534, 65534) == 0 &&
+         ::setresuid(65534, 65534, 65534) == 0;
 }
 
 }  // namespace kvferry::testing

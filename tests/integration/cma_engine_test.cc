@@ -184,12 +184,8 @@ struct RefusedOutcome {
 // Runs in the forked child: drops to uid/gid 65534, opens the root-owned peer, reports the
 // host-memory route and the outcome of one 64 KiB WRITE.
 [[noreturn]] void run_unprivileged_initiator(int out_fd, const ServePeer& peer) {
-  auto report = [&](const std::string& text) {
-    std::string line = text + "\n";
-    (void)!::write(out_fd, line.data(), line.size());
-  };
-  if (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
-      ::setresuid(65534, 65534, 65534) != 0) {
+  auto report = [&](const std::string& text) { testing::write_line(out_fd, text); };
+  if (!testing::drop_to_nobody()) {
     report("error: cannot drop privileges");
     ::_exit(1);
   }

@@ -47,12 +47,8 @@ struct Outcome {
 // In the forked child: drops to uid/gid 65534, opens the root-owned peer, reports.
 [[noreturn]] void run_as_other_user(int out_fd, const ServePeer& peer,
                                     std::optional<std::string> secret, uint32_t seed) {
-  auto report = [&](const std::string& text) {
-    std::string line = text + "\n";
-    (void)!::write(out_fd, line.data(), line.size());
-  };
-  if (::setgroups(0, nullptr) != 0 || ::setresgid(65534, 65534, 65534) != 0 ||
-      ::setresuid(65534, 65534, 65534) != 0) {
+  auto report = [&](const std::string& text) { testing::write_line(out_fd, text); };
+  if (!testing::drop_to_nobody()) {
     report("error: cannot drop privileges");
     ::_exit(1);
   }
