@@ -23,16 +23,32 @@ TcpDeviceLander::~TcpDeviceLander() {
   api_->free_pinned(buffer_);
 }
 
-Status TcpDeviceLander::land(char* device_dst, uint64_t bytes) {
+Status TcpDeviceLander::land(char* device_dst, uint64_t bytes, CudaEvent after) {
   if (bytes > bytes_) {
     return Internal(fmt::format("tcp lander: {} bytes staged in a {}-byte buffer", bytes, bytes_));
   }
+  if (after != nullptr) KVF_RETURN_IF_ERROR(api_->stream_wait_event(stream_, after));
   KVF_RETURN_IF_ERROR(
       api_->copy_async(device_dst, buffer_, bytes, CudaCopyDirection::kHostToDevice, stream_));
   KVF_ASSIGN_OR_RETURN(CudaEvent done, api_->record_event(stream_));
   Status s = api_->wait_event(done);
   api_->destroy_event(done);
+  if (!s.ok()) {
+    return Internal(fmt::format("copying {} staged bytes to device memory at {}: {}", bytes,
+                                static_cast<const void*>(device_dst), s.message()));
+  }
   return s;
+}
+
+Result<TcpDeviceLander*> TcpLanderSet::for_device(int device) {
+  if (auto it = landers_.find(device); it != landers_.end()) return it->second.get();
+  if (!staging_ || !staging_->built()) {
+    return NotSupported("this build has no CUDA: tcp cannot land bytes in device memory");
+  }
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<CudaMemoryApi> api, staging_->api());
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<TcpDeviceLander> lander,
+                       TcpDeviceLander::create(std::move(api), staging_->buffer_bytes(), device));
+  return landers_.emplace(device, std::move(lander)).first->second.get();
 }
 
 }  // namespace kvferry

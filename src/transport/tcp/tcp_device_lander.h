@@ -9,14 +9,19 @@
 // receiver's staging is bounded by design (I/O threads x devices touched x buffer bytes):
 // it never waits for a buffer and never allocates per request.
 //
-// Thread-safety: one I/O thread uses a lander.
+// The initiator lands the payload of a READ into its device memory the same way, one lander
+// per (lane reader thread, device): TcpLanderSet below.
+//
+// Thread-safety: one thread (an I/O thread, a lane's reader) uses a lander.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
 
 #include "kvferry/status.h"
 #include "transport/cuda_memory_api.h"
+#include "transport/tcp/tcp_staging_pool.h"
 
 namespace kvferry {
 
@@ -30,8 +35,9 @@ class TcpDeviceLander {
 
   char* buffer() const { return buffer_; }
   uint64_t capacity() const { return bytes_; }
-  // Copies the buffer's first `bytes` to `device_dst` and waits until the copy completed.
-  Status land(char* device_dst, uint64_t bytes);
+  // Copies the buffer's first `bytes` to `device_dst` and waits until the copy completed;
+  // with `after`, the copy runs only after that event (SubmitOptions::after_cuda_event).
+  Status land(char* device_dst, uint64_t bytes, CudaEvent after = nullptr);
 
  private:
   TcpDeviceLander(std::shared_ptr<CudaMemoryApi> api, char* buffer, uint64_t bytes,
@@ -42,6 +48,20 @@ class TcpDeviceLander {
   char* buffer_;
   uint64_t bytes_;
   CudaStream stream_;
+};
+
+// One thread's landers, by device, created on first need from the transport's staging.
+class TcpLanderSet {
+ public:
+  explicit TcpLanderSet(std::shared_ptr<TcpDeviceStaging> staging)
+      : staging_(std::move(staging)) {}
+  // NotSupported when this build cannot stage (no CUDA); the runtime's error when the lander
+  // cannot be made.
+  Result<TcpDeviceLander*> for_device(int device);
+
+ private:
+  std::shared_ptr<TcpDeviceStaging> staging_;
+  std::unordered_map<int, std::unique_ptr<TcpDeviceLander>> landers_;
 };
 
 }  // namespace kvferry

@@ -15,6 +15,7 @@
 
 #include "core/auth.h"
 #include "core/logging.h"
+#include "transport/tcp/tcp_device_lander.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace kvferry::detail {
@@ -42,6 +43,9 @@ struct TcpChunk {
   // A WRITE from device memory: the pinned buffer `local` points into, returned when the
   // chunk ends.
   StagingLease staging;
+  // A READ into device memory (of this device): its payload is landed by the lane's reader.
+  int local_device = -1;
+  CudaEvent after_event = nullptr;  // the landing copies wait for it (after_cuda_event)
 };
 
 // Chunks per sendmsg: a header and a payload iovec each, within IOV_MAX.
@@ -114,8 +118,11 @@ class TcpLane {
   }
 
  private:
-  TcpLane(Fd fd, std::string peer, int64_t offset_ns)
-      : fd_(std::move(fd)), peer_(std::move(peer)), clock_offset_ns_(offset_ns) {
+  TcpLane(Fd fd, std::string peer, int64_t offset_ns, std::shared_ptr<TcpDeviceStaging> device)
+      : fd_(std::move(fd)),
+        peer_(std::move(peer)),
+        clock_offset_ns_(offset_ns),
+        landers_(std::move(device)) {
     sender_ = std::thread([this] { send_loop(); });
     reader_ = std::thread([this] { read_loop(); });
   }
@@ -466,7 +473,8 @@ class TcpLane {
         return ProtocolError(
             fmt::format("peer {} sent {} bytes for a {}-byte read", peer_, h.length, chunk.length));
       }
-      Status received = receive_read_payload(chunk);
+      Status received = chunk.local_device >= 0 ? receive_read_into_device(chunk)
+                                                : receive_read_payload(chunk);
       if (!received.ok() && received.code() != StatusCode::kCancelled &&
           received.code() != StatusCode::kTimeout) {
         finish(chunk, received);
@@ -506,9 +514,52 @@ class TcpLane {
     return outcome;
   }
 
+  // Reads a READ's payload for device memory into the reader's staging buffer for that
+  // device, and copies each buffer-full to the device (waiting for the copy) before reading
+  // on: the chunk completes only after its last copy. A copy runs only while the batch may
+  // proceed (checked under a CopyGuard), so nothing lands after stop(); once stopped or
+  // failed, the rest of the payload is drained.
+  Status receive_read_into_device(TcpChunk& c) {
+    // Drain target only, never read: not zeroed on the receive path.
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
+    std::array<std::byte, kTcpScratchBytes> scratch;
+    Result<TcpDeviceLander*> lander = landers_.for_device(c.local_device);
+    Status outcome = lander.ok() ? Status::Ok() : lander.status();
+    CudaEvent after = c.after_event;
+    BatchProgress& b = *c.batch;
+    uint64_t done = 0;
+    uint64_t staged = 0;
+    while (done < c.length) {
+      std::span<std::byte> into;
+      if (outcome.ok()) {
+        TcpDeviceLander& l = **lander;
+        into = {reinterpret_cast<std::byte*>(l.buffer()) + staged,
+                std::min({kTcpReceivePieceBytes, c.length - done, l.capacity() - staged})};
+      } else {
+        into = {scratch.data(), std::min<uint64_t>(scratch.size(), c.length - done)};
+      }
+      if (Status s = read_input(into, Clock::now() + kTcpFrameRestTimeout); !s.ok()) {
+        return PeerDisconnected("connection to " + peer_ + " lost mid-payload: " + s.message());
+      }
+      done += into.size();
+      if (!outcome.ok()) continue;
+      staged += into.size();
+      if (staged == (*lander)->capacity() || done == c.length) {
+        auto guard = b.copying();
+        outcome = b.stop_reason();
+        if (outcome.ok()) {
+          outcome = (*lander)->land(c.local + (done - staged), staged, std::exchange(after, nullptr));
+        }
+        staged = 0;
+      }
+    }
+    return outcome;
+  }
+
   Fd fd_;
   std::string peer_;
   int64_t clock_offset_ns_;
+  TcpLanderSet landers_;  // reader thread only
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<TcpChunk> queue_;                        // guarded by mu_
@@ -582,7 +633,7 @@ Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
       return Unauthenticated("peer " + o.peer_name + " refused our credentials (wrong secret?)");
     }
   }
-  return std::shared_ptr<TcpLane>(new TcpLane(std::move(fd), o.peer_name, offset_ns));
+  return std::shared_ptr<TcpLane>(new TcpLane(std::move(fd), o.peer_name, offset_ns, o.device));
 }
 
 TcpLink::TcpLink(TcpLinkOptions options) : options_(std::move(options)) {
@@ -660,9 +711,12 @@ bool is_device(const RegionEntry* r) {
 
 Status TcpLink::post(const BatchPart& part) {
   const size_t lane_count = lanes_.size();
-  // Which spans read this engine's device memory (staged); READs touching device memory on
-  // either side are not carried.
+  // Which spans read this engine's device memory (WRITEs, staged by the stager), which land
+  // in it (READs, landed by the lane's reader), and which touch the peer's (its receiver
+  // stages them): all of these are cut at the staging buffer size.
   std::vector<int> source_device(part.spans.size(), -1);
+  std::vector<int> target_device(part.spans.size(), -1);
+  std::vector<bool> device_sized(part.spans.size(), false);
   bool any_device = false;
   size_t local_hint = 0;
   size_t remote_hint = 0;
@@ -675,19 +729,26 @@ Status TcpLink::post(const BatchPart& part) {
     const RegionEntry* r = part.remote == nullptr
                                ? nullptr
                                : part.remote->find(op.remote_addr, op.length, remote_hint);
-    if (op.kind == OpKind::kRead && (is_device(l) || is_device(r))) {
-      return NotSupported(fmt::format(
-          "tcp to {}: a READ of {} bytes at {:#x} touches device memory ({} side); tcp stages "
-          "device memory for WRITEs only",
-          options_.peer_name, op.length, op.remote_addr, is_device(l) ? "local" : "remote"));
-    }
-    if (is_device(l)) {
+    device_sized[i] = is_device(l) || is_device(r);
+    if (op.kind == OpKind::kRead && is_device(l)) {
+      target_device[i] = l->location.device;
+    } else if (is_device(l)) {
       source_device[i] = l->location.device;
       any_device = true;
     }
   }
+  const bool any_landing =
+      std::any_of(target_device.begin(), target_device.end(), [](int d) { return d >= 0; });
+  if (any_landing) {
+    // Checked here, so that nothing is queued when landing cannot work.
+    if (!options_.device || !options_.device->built()) {
+      return NotSupported("tcp to " + options_.peer_name +
+                          ": this build has no CUDA, so a READ cannot land in device memory");
+    }
+    KVF_RETURN_IF_ERROR(options_.device->api().status());
+  }
   TcpDeviceStager* device_stager = nullptr;
-  uint64_t staging_bytes = kTcpChunkBytes;
+  uint64_t staging_bytes = options_.device ? options_.device->buffer_bytes() : kTcpChunkBytes;
   if (any_device) {
     KVF_ASSIGN_OR_RETURN(device_stager, stager());
     KVF_ASSIGN_OR_RETURN(std::shared_ptr<TcpStagingPool> pool, options_.device->pool());
@@ -714,7 +775,7 @@ Status TcpLink::post(const BatchPart& part) {
   for (size_t i = 0; i < part.spans.size(); ++i) {
     const ResolvedOp& op = part.spans[i];
     const bool staged = source_device[i] >= 0;
-    const uint64_t step = staged ? std::min(chunk_bytes, staging_bytes) : chunk_bytes;
+    const uint64_t step = device_sized[i] ? std::min(chunk_bytes, staging_bytes) : chunk_bytes;
     for (uint64_t off = 0; off < op.length; off += step) {
       uint64_t n = std::min(step, op.length - off);
       TcpChunk chunk;
@@ -723,6 +784,9 @@ Status TcpLink::post(const BatchPart& part) {
       chunk.local = op.local + off;
       chunk.remote_addr = op.remote_addr + off;
       chunk.length = n;
+      chunk.local_device = target_device[i];
+      // Every landing chunk waits for the event: they land on several lanes' streams.
+      if (target_device[i] >= 0) chunk.after_event = part.after_cuda_event;
       const size_t lane_index = next++ % lane_count;
       lane_used[lane_index] = true;
       if (staged) {

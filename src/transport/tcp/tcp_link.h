@@ -8,8 +8,11 @@
 // data) arrives: completion means the bytes are in place.
 //
 // A WRITE from this engine's device memory is staged through pinned host buffers first
-// (TcpDeviceStager, one per link, created on first need) and sent from there; READs into or
-// out of device memory are refused (NotSupported) before anything is queued.
+// (TcpDeviceStager, one per link, created on first need) and sent from there. A READ into
+// this engine's device memory is received into the lane reader's pinned buffer and copied to
+// the device (TcpDeviceLander) before its chunk completes; a READ of the peer's device memory
+// is staged by the peer's receiver. Ops touching device memory are cut at the staging buffer
+// size.
 //
 // Failure: a lane whose connection breaks fails every chunk queued or in flight on it
 // with PeerDisconnected and is replaced on the next post (checking the peer's

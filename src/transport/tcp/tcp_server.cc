@@ -19,6 +19,7 @@
 #include "core/auth.h"
 #include "core/logging.h"
 #include "transport/tcp/tcp_device_lander.h"
+#include "transport/tcp/tcp_device_reader.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace kvferry {
@@ -60,7 +61,7 @@ struct Pin {
 };
 
 // Finds and pins [addr, +length) in one registered region; device memory only when
-// `device_ok` (WRITEs, staged through a lander).
+// `device_ok` (staged: WRITEs through a lander, READs through the read stager).
 Result<Pin> pin_range(const std::shared_ptr<const RegionIndex>& regions, uint64_t addr,
                       uint64_t length, bool device_ok) {
   size_t hint = 0;
@@ -72,7 +73,7 @@ Result<Pin> pin_range(const std::shared_ptr<const RegionIndex>& regions, uint64_
   const bool device = r->location.kind != MemoryLocation::Kind::kHost;
   if (device && !device_ok) {  // a device pointer: not for send()
     return NotSupported("range at " + std::to_string(addr) +
-                        " is device memory; tcp serves READs from host memory only");
+                        " is device memory and this receiver cannot stage it");
   }
   r->use->in_flight.fetch_add(1);
   if (r->use->removed.load()) {
@@ -91,6 +92,16 @@ struct OutPiece {
   uint64_t payload_len = 0;
   uint64_t payload_sent = 0;
   Pin pin;  // keeps a kReadData source registered until sent
+  StagingLease staging;  // a device READ's staged bytes (payload points into it)
+};
+
+// Keeps a device READ's source pinned while the read stager copies it.
+struct PinHold {
+  Pin pin;
+  explicit PinHold(Pin p) : pin(std::move(p)) {}
+  ~PinHold() { pin.release(); }
+  PinHold(const PinHold&) = delete;
+  PinHold& operator=(const PinHold&) = delete;
 };
 
 enum class InState { kHeader, kPayload, kDrain, kAuth };
@@ -122,12 +133,18 @@ struct Conn {
   AuthNonce nonce{};
   std::array<std::byte, kTcpProofBytes> proof{};
   size_t proof_have = 0;
+  // Device READs being staged for this connection (answered by take_staged_reads), and
+  // what ends their staging when the connection goes.
+  uint32_t serial = 0;
+  uint32_t staging_reads = 0;
+  std::shared_ptr<PeerLiveness> alive = std::make_shared<PeerLiveness>("a tcp initiator");
   // Received but not yet consumed: [in_pos, in_end) of input.
   std::unique_ptr<std::byte[]> input = std::make_unique<std::byte[]>(kInputBufferBytes);
   size_t in_pos = 0;
   size_t in_end = 0;
 
   ~Conn() {
+    alive->mark_disconnected("its connection closed");
     target.release();
     for (OutPiece& p : out) p.pin.release();
   }
@@ -185,6 +202,7 @@ struct TcpServer::IoThread {
           uint64_t drained;
           [[maybe_unused]] ssize_t r = ::read(wake_.get(), &drained, sizeof(drained));
           take_incoming();
+          take_staged_reads();
           continue;
         }
         auto it = conns_.find(fd);
@@ -193,7 +211,7 @@ struct TcpServer::IoThread {
         bool alive = true;
         if ((events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) != 0) alive = on_readable(c);
         if (alive && (events[i].events & EPOLLOUT) != 0) alive = flush(c);
-        if (alive && c.reading_paused && c.out.size() < options_.max_queued_replies) {
+        if (alive && c.reading_paused && queued_replies(c) < options_.max_queued_replies) {
           c.reading_paused = false;  // the peer took replies: act on what is buffered
           alive = on_readable(c);
         }
@@ -230,7 +248,8 @@ struct TcpServer::IoThread {
         closing.emplace_back(fd, "request payload stalled");
       } else if (!c.out.empty() && now - c.out_since_ns > stall_ns) {
         closing.emplace_back(fd, "replies not read");
-      } else if (idle_ns != 0 && !mid_frame && c.out.empty() && now - c.last_in_ns > idle_ns) {
+      } else if (idle_ns != 0 && !mid_frame && c.out.empty() && c.staging_reads == 0 &&
+                 now - c.last_in_ns > idle_ns) {
         closing.emplace_back(fd, nullptr);  // idle: its initiator reopens a lane on next use
       }
     }
@@ -265,6 +284,7 @@ struct TcpServer::IoThread {
       conn->fd = std::move(fd);
       conn->slot = std::move(in.slot);
       conn->accepted_ns = conn->last_in_ns = now;
+      conn->serial = ++next_serial_;
       conns_.emplace(raw, std::move(conn));
     }
   }
@@ -365,9 +385,9 @@ struct TcpServer::IoThread {
       if (c.close_after_flush) return c.drain_until_ns != 0 ? discard_input(c) : flush(c);
       // A peer that does not read its replies is not read either, so what it sends cannot
       // grow the queue without bound (a flood of zero-length Reads).
-      if (c.in == InState::kHeader && c.out.size() >= options_.max_queued_replies) {
+      if (c.in == InState::kHeader && queued_replies(c) >= options_.max_queued_replies) {
         if (!flush(c)) return false;
-        if (c.out.size() >= options_.max_queued_replies) {
+        if (queued_replies(c) >= options_.max_queued_replies) {
           c.reading_paused = true;
           return true;
         }
@@ -556,7 +576,12 @@ struct TcpServer::IoThread {
         TcpHeader reply;
         reply.type = TcpFrame::kReadData;
         reply.request_id = c.current.request_id;
-        auto pin = pin_range(regions_(), c.current.addr, c.current.length, false);
+        auto pin = pin_range(regions_(), c.current.addr, c.current.length, true);
+        if (pin.ok() && pin->device >= 0) {  // answered once staged (take_staged_reads)
+          Status staging = stage_device_read(c, std::move(*pin));
+          if (staging.ok()) return true;
+          pin = staging;
+        }
         OutPiece piece;
         if (pin.ok()) {
           reply.length = c.current.length;
@@ -573,6 +598,98 @@ struct TcpServer::IoThread {
         log().warn("tcp: unexpected frame type {} from an initiator",
                    static_cast<int>(c.current.type));
         return false;
+    }
+  }
+
+  // Replies queued or being staged (device READs) on the connection.
+  static size_t queued_replies(const Conn& c) { return c.out.size() + c.staging_reads; }
+
+  Result<TcpDeviceReadStager*> read_stager() {
+    if (read_stager_) return read_stager_.get();
+    if (!options_.device || !options_.device->built()) {
+      return NotSupported("this receiver's build has no CUDA: tcp cannot read device memory");
+    }
+    KVF_ASSIGN_OR_RETURN(std::shared_ptr<CudaMemoryApi> api, options_.device->api());
+    KVF_ASSIGN_OR_RETURN(std::shared_ptr<TcpStagingPool> pool, options_.device->serve_pool());
+    read_stager_ = std::make_unique<TcpDeviceReadStager>(std::move(api), std::move(pool),
+                                                         [this] { signal(); });
+    return read_stager_.get();
+  }
+
+  // Hands the current kRead of device memory to the read stager; its answer is queued when
+  // the stager is done (take_staged_reads). The pin travels with the request.
+  Status stage_device_read(Conn& c, Pin pin) {
+    Result<TcpDeviceReadStager*> stager = read_stager();
+    if (!stager.ok()) {
+      pin.release();
+      return stager.status();
+    }
+    const auto deadline =
+        c.current.deadline_ns != 0
+            ? Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+                  std::chrono::nanoseconds(c.current.deadline_ns)))
+            : Clock::now() + std::chrono::hours(1);
+    const char* src = pin.ptr;
+    const int device = pin.device;
+    ++c.staging_reads;
+    (*stager)->stage((uint64_t{c.serial} << 32) | static_cast<uint32_t>(c.fd.get()), c.current.request_id,
+                     src, c.current.length, device, deadline, c.alive,
+                     std::make_shared<PinHold>(std::move(pin)));
+    return Status::Ok();
+  }
+
+  // Queues the answers of device READs whose staging finished: the kReadData frame is sent
+  // from the staging buffers (each lease returns once its bytes are sent), or an error status
+  // with no payload. Results for connections closed meanwhile are dropped.
+  void take_staged_reads() {
+    if (!read_stager_) return;
+    std::vector<int> touched;
+    for (StagedRead& r : read_stager_->take()) {
+      const int fd = static_cast<int>(r.conn & 0xffffffffu);
+      auto it = conns_.find(fd);
+      if (it == conns_.end() || it->second->serial != (r.conn >> 32)) continue;
+      Conn& c = *it->second;
+      --c.staging_reads;
+      TcpHeader reply;
+      reply.type = TcpFrame::kReadData;
+      reply.request_id = r.request_id;
+      if (!r.status.ok()) {
+        const StatusCode code = r.status.code();
+        if (code != StatusCode::kTimeout && code != StatusCode::kPeerDisconnected) {
+          log().warn("tcp: a read of {} bytes of device memory failed: {}", r.length,
+                     r.status.message());
+        }
+        reply.status = static_cast<uint32_t>(code);
+        queue(c, reply);
+      } else {
+        reply.length = r.length;
+        for (size_t i = 0; i < r.pieces.size(); ++i) {
+          OutPiece piece;
+          piece.payload = r.pieces[i].data();
+          piece.payload_len = std::min(r.pieces[i].bytes(), r.length - i * r.pieces[0].bytes());
+          piece.staging = std::move(r.pieces[i]);
+          if (i == 0) {
+            queue(c, reply, std::move(piece));
+          } else {
+            piece.header_sent = kTcpHeaderBytes;  // one frame: the header went with piece 0
+            c.out.push_back(std::move(piece));
+          }
+        }
+        if (r.pieces.empty()) queue(c, reply);
+      }
+      touched.push_back(fd);
+    }
+    for (int fd : touched) {
+      auto it = conns_.find(fd);
+      if (it == conns_.end()) continue;
+      Conn& c = *it->second;
+      bool alive = flush(c);
+      if (alive && c.reading_paused && queued_replies(c) < options_.max_queued_replies) {
+        c.reading_paused = false;
+        alive = on_readable(c);
+      }
+      if (alive) alive = update_interest(c);
+      if (!alive) drop(fd);
     }
   }
 
@@ -644,6 +761,9 @@ struct TcpServer::IoThread {
   std::unordered_map<int, std::unique_ptr<Conn>> conns_;  // I/O thread only
   // Device memory staging, by device (I/O thread only).
   std::unordered_map<int, std::unique_ptr<TcpDeviceLander>> landers_;
+  uint32_t next_serial_ = 0;  // I/O thread only (wraps)
+  // Answers READs of device memory (created on first need; I/O thread only).
+  std::unique_ptr<TcpDeviceReadStager> read_stager_;
   std::thread thread_;
 };
 

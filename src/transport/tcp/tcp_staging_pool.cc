@@ -141,4 +141,13 @@ Result<std::shared_ptr<TcpStagingPool>> TcpDeviceStaging::pool() {
   return pool_;
 }
 
+Result<std::shared_ptr<TcpStagingPool>> TcpDeviceStaging::serve_pool() {
+  std::lock_guard lock(mu_);
+  KVF_RETURN_IF_ERROR(open_locked());
+  if (!serve_pool_) {
+    KVF_ASSIGN_OR_RETURN(serve_pool_, TcpStagingPool::create(api_, buffer_bytes_, max_buffers_));
+  }
+  return serve_pool_;
+}
+
 }  // namespace kvferry

@@ -5,7 +5,9 @@
 // caller's deadline or stop condition — and never allocates more.
 //
 // TcpDeviceStaging (below) is what the transport shares between its links and its
-// receiver: the CUDA API, opened on first use (opening initialises CUDA), and the pool.
+// receiver: the CUDA API, opened on first use (opening initialises CUDA), the links' pool
+// (WRITEs from device memory), and the receiver's pool (answers to READs of device memory),
+// each bounded on its own so neither side can starve the other.
 //
 // Ownership: a lease keeps its pool alive (shared_ptr). Thread-safety: every call is
 // thread-safe.
@@ -103,9 +105,12 @@ class TcpDeviceStaging {
   bool built() const { return static_cast<bool>(opener_); }
   // The API, opened on the first call (later calls return the same one, or the same error).
   Result<std::shared_ptr<CudaMemoryApi>> api();
-  // The pool, created with the API on first call.
+  // The links' pool, created with the API on first call.
   Result<std::shared_ptr<TcpStagingPool>> pool();
+  // The receiver's pool for READ answers (same bounds), created on first call.
+  Result<std::shared_ptr<TcpStagingPool>> serve_pool();
   uint64_t buffer_bytes() const { return buffer_bytes_; }
+  int max_buffers() const { return max_buffers_; }
 
  private:
   Status open_locked();
@@ -117,7 +122,8 @@ class TcpDeviceStaging {
   bool tried_ = false;                    // guarded by mu_
   Status open_status_;                    // guarded by mu_
   std::shared_ptr<CudaMemoryApi> api_;    // guarded by mu_
-  std::shared_ptr<TcpStagingPool> pool_;  // guarded by mu_
+  std::shared_ptr<TcpStagingPool> pool_;        // guarded by mu_
+  std::shared_ptr<TcpStagingPool> serve_pool_;  // guarded by mu_
 };
 
 }  // namespace kvferry
