@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On a machine with an NVIDIA GPU: builds kvferry with CUDA (build-gpu/), runs the cuda_ipc
 # GPU tests and tcp's device-memory tests (device -> device across two processes over tcp on
-# loopback, staged through pinned buffers; these must run, not skip), the deepseek-v3
-# all_layers / per_layer / single device copy benchmark, and the tcp benchmark
-# device memory / host memory (goal >= 0.7), and writes everything to a results file. About 3-5 minutes on one
+# loopback, staged through pinned buffers, WRITE and READ; these must run, not skip), the
+# deepseek-v3 all_layers / per_layer / single device copy benchmark, and the tcp benchmark
+# device memory / host memory for WRITE and for READ (goal >= 0.7 each), and writes
+# everything to a results file. About 3-5 minutes on one
 # H200 (mostly the build); every step has a time limit so the whole stays under 8 minutes.
 #   RESULTS  results file (default bench-results/gpu-check.txt)
 #   JOBS     build parallelism (default: all cores)
@@ -47,6 +48,12 @@ grep -E '^\[ +(OK|FAILED|SKIPPED) +\]' "$log" | tee -a "$RESULTS"
 [ "$rc" -eq 0 ] || { tail -50 "$log"; fail "GPU tests (exit $rc)"; }
 unexpected=$(grep -E '^\[  SKIPPED \] ' "$log" | grep -vE 'CudaIpcPeer\.Serve|CudaIpcNoDevice\.' | sort -u || true)
 [ -z "$unexpected" ] || fail "GPU tests skipped on a GPU machine: $unexpected"
+# tcp with device memory, both directions: WRITE (device -> device) and READ (the peer's
+# device memory into ours and into host memory), each across two processes.
+for t in TcpDeviceGpu.DeviceToDeviceAcrossTwoProcessesArrivesIntact \
+  TcpDeviceGpu.DeviceReadAcrossTwoProcessesArrivesIntact; do
+  grep -qE "^\[       OK \] $t " "$log" || fail "tcp device check $t did not pass"
+done
 
 echo "== benchmark: deepseek-v3, 4k and 16k tokens, random pages, page size 64" | tee -a "$RESULTS"
 set +e
@@ -58,7 +65,7 @@ grep -E '^deepseek|\[ +(OK|FAILED|SKIPPED) +\]' "$log" || true
 [ "$rc" -eq 0 ] || { tail -40 "$log"; fail "benchmark (exit $rc; goals: all_layers <= 0.67x per_layer, >= 0.8x single-copy bandwidth)"; }
 grep -q '^\[  SKIPPED \]' "$log" && fail "benchmark skipped on a GPU machine"
 
-echo "== benchmark: tcp with device memory / tcp with host memory (256 MiB writes, loopback)" | tee -a "$RESULTS"
+echo "== benchmark: tcp with device memory / tcp with host memory (256 MiB writes and reads, loopback)" | tee -a "$RESULTS"
 set +e
 KVFERRY_TCP_DEVICE_BENCH=1 KVFERRY_CUDA_BENCH_OUT="$RESULTS" timeout 180 "$tests" \
   --gtest_filter='TcpDeviceBench.*' >"$log" 2>&1
@@ -71,5 +78,9 @@ ratio=$(sed -n 's/^tcp_device .* ratio \([0-9.]*\) .*/\1/p' "$log" | tail -1)
 [ -n "$ratio" ] || fail "tcp device benchmark printed no ratio"
 awk -v r="$ratio" 'BEGIN { exit !(r >= 0.7) }' \
   || fail "tcp device/host ratio $ratio is below the goal 0.7"
+read_ratio=$(sed -n 's/^tcp_device_read .* ratio \([0-9.]*\) .*/\1/p' "$log" | tail -1)
+[ -n "$read_ratio" ] || fail "tcp device benchmark printed no READ ratio"
+awk -v r="$read_ratio" 'BEGIN { exit !(r >= 0.7) }' \
+  || fail "tcp device/host READ ratio $read_ratio is below the goal 0.7"
 rm -f "$log"
 echo "== gpu-check passed; results in $RESULTS" | tee -a "$RESULTS"

@@ -1,6 +1,8 @@
 #include "transport/cma/cma_copier.h"
 
 #include <fmt/format.h>
+#include <poll.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -78,6 +80,33 @@ Status move_iovecs(pid_t pid, const std::string& peer_name, OpKind kind, iovec* 
 
 }  // namespace
 
+Result<Fd> open_cma_pidfd(pid_t pid, const std::string& peer_name) {
+  Fd fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (fd.valid()) return fd;
+  const int err = errno;
+  if (err == ENOSYS) return Fd{};
+  if (err == ESRCH) {
+    return PeerDisconnected(fmt::format("cma: peer {} (pid {}) has exited", peer_name, pid));
+  }
+  return Internal(
+      fmt::format("cma: pidfd_open of peer {} (pid {}): {}", peer_name, pid, std::strerror(err)));
+}
+
+Status CmaCopier::check_alive() const {
+  if (!pidfd_.valid()) return Status::Ok();
+  pollfd p{pidfd_.get(), POLLIN, 0};
+  int rc = 0;
+  do {
+    rc = ::poll(&p, 1, 0);
+  } while (rc < 0 && errno == EINTR);
+  if (rc == 0) return Status::Ok();
+  // Readable (the process exited), or poll itself failed: either way no call may follow.
+  return PeerDisconnected(fmt::format(
+      "cma: peer {} (pid {}) has exited; nothing more is copied to or from its pid, which "
+      "another process may now hold",
+      peer_name_, pid_));
+}
+
 Status CmaCopier::copy_chunk(std::span<const CopyPiece> pieces) const {
   // Filled up to the count each call passes: not zeroed per chunk.
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
@@ -96,7 +125,12 @@ Status CmaCopier::copy_chunk(std::span<const CopyPiece> pieces) const {
       remote[n] = iovec{reinterpret_cast<char*>(p.span->remote_addr) + p.offset, p.length};
       ++n;
     }
-    KVF_RETURN_IF_ERROR(move_iovecs(pid_, peer_name_, kind, local.data(), remote.data(), n));
+    KVF_RETURN_IF_ERROR(check_alive());
+    Status moved = move_iovecs(pid_, peer_name_, kind, local.data(), remote.data(), n);
+    // Checked after the call too: a call that raced with the exit may have reached another
+    // process holding the pid by now, and what it read is not the peer's.
+    KVF_RETURN_IF_ERROR(check_alive());
+    KVF_RETURN_IF_ERROR(moved);
   }
   return Status::Ok();
 }

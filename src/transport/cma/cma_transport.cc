@@ -53,11 +53,18 @@ class CmaTransport final : public Transport {
       return std::shared_ptr<TransportLink>(std::make_shared<UnroutedLink>());
     }
     const auto pid = static_cast<pid_t>(peer.descriptor.pid);
+    // The pidfd first: the process the probe then validates is the one it refers to, unless
+    // that one exited meanwhile (checked after the probe).
+    KVF_ASSIGN_OR_RETURN(Fd pidfd, open_cma_pidfd(pid, peer.name));
+    if (!pidfd.valid()) {
+      log().warn("peer {}: no pidfd_open in this kernel: cma cannot notice pid reuse", peer.name);
+    }
     if (std::string why = probe_cma(pid, probe_address(peer.descriptor)); !why.empty()) {
       log().warn("peer {}: cma refused: {}; its host memory takes the next route", peer.name, why);
       return PeerUnreachable("cma probe refused: " + why);
     }
-    auto copier = std::make_shared<const CmaCopier>(pid, peer.name);
+    auto copier = std::make_shared<const CmaCopier>(pid, peer.name, std::move(pidfd));
+    KVF_RETURN_IF_ERROR(copier->check_alive());
     auto executor =
         std::make_shared<CopyExecutor>(*env_.workers, env_.inline_batch_bytes, std::move(copier));
     return std::shared_ptr<TransportLink>(std::make_shared<CopyLink>(std::move(executor)));

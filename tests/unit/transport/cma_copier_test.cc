@@ -7,6 +7,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
+
 #include <vector>
 
 #include "core/pattern.h"
@@ -16,6 +18,7 @@ namespace kvferry {
 namespace {
 
 using testing::contains;
+using testing::must;
 
 ResolvedOp op(OpKind kind, std::byte* local, std::byte* remote, uint64_t length) {
   return ResolvedOp{kind, reinterpret_cast<char*>(local), reinterpret_cast<uint64_t>(remote),
@@ -91,6 +94,77 @@ TEST(CmaCopier, APeerThatExitedIsPeerDisconnected) {
   Status s = CmaCopier(gone_pid(), "gone").copy_chunk(pieces);
   EXPECT_EQ(s.code(), StatusCode::kPeerDisconnected) << s.to_string();
   EXPECT_TRUE(contains(s.message(), "has exited")) << s.message();
+}
+
+// A child that idles until killed (or, at the latest, for 60 s): after fork it holds a copy of
+// the parent's memory at the same addresses, so the parent's buffers name its own.
+pid_t idle_child() {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::alarm(60);
+    for (;;) ::pause();
+  }
+  return child;
+}
+
+void kill_and_reap(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+}
+
+TEST(CmaCopier, APeerKilledAndReapedFailsTheNextChunkThroughItsPidfd) {
+  std::vector<std::byte> a(64 << 10), b(64 << 10, std::byte{0}), back(64 << 10);
+  fill_pattern(a, 5);
+  const pid_t child = idle_child();
+  ASSERT_GT(child, 0);
+  CmaCopier copier(child, "child", must(open_cma_pidfd(child, "child")));
+  // Into the child's copy of b, then back out of it: every byte verified.
+  std::vector<ResolvedOp> spans = {op(OpKind::kWrite, a.data(), b.data(), a.size()),
+                                   op(OpKind::kRead, back.data(), b.data(), b.size())};
+  const std::vector<CopyPiece> pieces = {{&spans[0], 0, a.size()}, {&spans[1], 0, b.size()}};
+  ASSERT_TRUE(copier.copy_chunk(pieces).ok());
+  EXPECT_FALSE(find_pattern_mismatch(back, 5));
+  EXPECT_TRUE(std::all_of(b.begin(), b.end(), [](std::byte x) { return x == std::byte{0}; }));
+  EXPECT_TRUE(copier.check_alive().ok());
+  kill_and_reap(child);
+  Status s = copier.copy_chunk(pieces);
+  EXPECT_EQ(s.code(), StatusCode::kPeerDisconnected) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), "has exited")) << s.message();
+  EXPECT_TRUE(contains(s.message(), "another process")) << s.message();
+}
+
+TEST(CmaCopier, APidNowHeldByAnotherProcessIsNeverWrittenInto) {
+  // Pid reuse cannot be forced; what it amounts to can: the copier's pidfd is of a process
+  // that exited and was reaped, its pid that of another live process (of the same user).
+  const pid_t first = idle_child();
+  ASSERT_GT(first, 0);
+  Fd first_pidfd = must(open_cma_pidfd(first, "first"));
+  kill_and_reap(first);
+  std::vector<std::byte> a(4096), b(4096, std::byte{0}), back(4096, std::byte{1});
+  fill_pattern(a, 6);
+  const pid_t second = idle_child();
+  ASSERT_GT(second, 0);
+  CmaCopier stale(second, "first", std::move(first_pidfd));
+  std::vector<ResolvedOp> spans = {op(OpKind::kWrite, a.data(), b.data(), a.size())};
+  const std::vector<CopyPiece> pieces = {{&spans[0], 0, a.size()}};
+  Status s = stale.copy_chunk(pieces);
+  EXPECT_EQ(s.code(), StatusCode::kPeerDisconnected) << s.to_string();
+  // The other process's memory is untouched (read through a copier of its own).
+  CmaCopier own(second, "second", must(open_cma_pidfd(second, "second")));
+  std::vector<ResolvedOp> read_spans = {op(OpKind::kRead, back.data(), b.data(), b.size())};
+  const std::vector<CopyPiece> read_pieces = {{&read_spans[0], 0, b.size()}};
+  ASSERT_TRUE(own.copy_chunk(read_pieces).ok());
+  EXPECT_TRUE(
+      std::all_of(back.begin(), back.end(), [](std::byte x) { return x == std::byte{0}; }));
+  kill_and_reap(second);
+}
+
+TEST(CmaCopier, OpeningThePidfdOfAGonePidIsPeerDisconnected) {
+  auto fd = open_cma_pidfd(gone_pid(), "gone");
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.status().code(), StatusCode::kPeerDisconnected) << fd.status().to_string();
+  EXPECT_TRUE(contains(fd.status().message(), "pid")) << fd.status().message();
 }
 
 TEST(CmaProbe, PermitsThisProcessAndNamesWhyOthersAreRefused) {
