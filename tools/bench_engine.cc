@@ -11,9 +11,10 @@
 // context switches (wake-ups) per batch, of both processes together, for both contestants.
 // Destinations are laid out in reverse block order so ops never merge: the figures measure
 // per-op cost, not the merger. Cells above --max-batch-bytes are listed as skipped.
-// `--local-memory device` (CUDA builds, tcp, WRITE) sends from device memory of cuda:0,
-// staged through pinned buffers, against the same socket reference; `host,device` runs both
-// in one run, so the rows give tcp-with-device-memory / tcp-with-host-memory.
+// `--local-memory device` (CUDA builds, tcp) sends WRITEs from device memory of cuda:0, and
+// lands READs in it, staged through pinned buffers, against the same socket reference;
+// `host,device` runs both in one run, so the rows give tcp-with-device-memory /
+// tcp-with-host-memory.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/socket.h>
@@ -300,10 +301,6 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
       return NotSupported("bench engine: --local-memory device is for tcp only, not " +
                           plain_transport_name);
     }
-    if (engine_src.device() &&
-        std::find(op_kinds.begin(), op_kinds.end(), OpKind::kRead) != op_kinds.end()) {
-      return NotSupported("bench engine: --local-memory device: tcp stages WRITEs only");
-    }
     const std::string transport_name =
         engine_src.device() ? plain_transport_name + "(dev)" : plain_transport_name;
     auto how = std::find_if(benchable.begin(), benchable.end(),
@@ -372,8 +369,9 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
                          far_off,
                      block});
               } else {
-                ops.push_back({OpKind::kRead,
-                               reinterpret_cast<uint64_t>(local_dst.data()) + far_off,
+                // With device memory, READs land in it (the device buffer, as large).
+                char* into = engine_src.device() ? engine_src.data() : local_dst.data();
+                ops.push_back({OpKind::kRead, reinterpret_cast<uint64_t>(into) + far_off,
                                remote_base + block * i, block});
               }
               copies.emplace_back(ref_dst.data() + far_off, src.data() + block * i);
@@ -478,7 +476,7 @@ void add_bench_engine_command(CLI::App& bench) {
   cmd->add_option("--inline-bytes", args->inline_bytes, "engine inline_batch_bytes");
   cmd->add_option("--json", args->json_path, "write rows as JSON to this file ('-' = stdout)");
   cmd->add_option("--local-memory", args->local_memory,
-                  "host, device (device: tcp WRITEs from cuda:0, CUDA builds)")
+                  "host, device (device: tcp WRITEs from / READs into cuda:0, CUDA builds)")
       ->delimiter(',');
   cmd->callback([args] {
     std::vector<Row> rows;
