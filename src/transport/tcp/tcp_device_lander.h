@@ -53,8 +53,7 @@ class TcpDeviceLander {
 // One thread's landers, by device, created on first need from the transport's staging.
 class TcpLanderSet {
  public:
-  explicit TcpLanderSet(std::shared_ptr<TcpDeviceStaging> staging)
-      : staging_(std::move(staging)) {}
+  explicit TcpLanderSet(std::shared_ptr<TcpDeviceStaging> staging) : staging_(std::move(staging)) {}
   // NotSupported when this build cannot stage (no CUDA); the runtime's error when the lander
   // cannot be made.
   Result<TcpDeviceLander*> for_device(int device);

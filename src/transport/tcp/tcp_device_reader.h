@@ -31,7 +31,7 @@ struct StagedRead {
   uint64_t conn = 0;  // the connection's serial, as given to stage()
   uint64_t request_id = 0;
   uint64_t length = 0;
-  Status status;                    // OK: `pieces` hold the request's bytes, in order
+  Status status;                     // OK: `pieces` hold the request's bytes, in order
   std::vector<StagingLease> pieces;  // each full but the last (length % buffer bytes)
 };
 

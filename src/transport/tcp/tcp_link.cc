@@ -473,8 +473,8 @@ class TcpLane {
         return ProtocolError(
             fmt::format("peer {} sent {} bytes for a {}-byte read", peer_, h.length, chunk.length));
       }
-      Status received = chunk.local_device >= 0 ? receive_read_into_device(chunk)
-                                                : receive_read_payload(chunk);
+      Status received =
+          chunk.local_device >= 0 ? receive_read_into_device(chunk) : receive_read_payload(chunk);
       if (!received.ok() && received.code() != StatusCode::kCancelled &&
           received.code() != StatusCode::kTimeout) {
         finish(chunk, received);
@@ -548,7 +548,8 @@ class TcpLane {
         auto guard = b.copying();
         outcome = b.stop_reason();
         if (outcome.ok()) {
-          outcome = (*lander)->land(c.local + (done - staged), staged, std::exchange(after, nullptr));
+          outcome =
+              (*lander)->land(c.local + (done - staged), staged, std::exchange(after, nullptr));
         }
         staged = 0;
       }

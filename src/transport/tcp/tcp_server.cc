@@ -91,7 +91,7 @@ struct OutPiece {
   const char* payload = nullptr;
   uint64_t payload_len = 0;
   uint64_t payload_sent = 0;
-  Pin pin;  // keeps a kReadData source registered until sent
+  Pin pin;               // keeps a kReadData source registered until sent
   StagingLease staging;  // a device READ's staged bytes (payload points into it)
 };
 
@@ -624,16 +624,15 @@ struct TcpServer::IoThread {
       pin.release();
       return stager.status();
     }
-    const auto deadline =
-        c.current.deadline_ns != 0
-            ? Clock::time_point(std::chrono::duration_cast<Clock::duration>(
-                  std::chrono::nanoseconds(c.current.deadline_ns)))
-            : Clock::now() + std::chrono::hours(1);
+    const auto deadline = c.current.deadline_ns != 0
+                              ? Clock::time_point(std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::nanoseconds(c.current.deadline_ns)))
+                              : Clock::now() + std::chrono::hours(1);
     const char* src = pin.ptr;
     const int device = pin.device;
     ++c.staging_reads;
-    (*stager)->stage((uint64_t{c.serial} << 32) | static_cast<uint32_t>(c.fd.get()), c.current.request_id,
-                     src, c.current.length, device, deadline, c.alive,
+    (*stager)->stage((uint64_t{c.serial} << 32) | static_cast<uint32_t>(c.fd.get()),
+                     c.current.request_id, src, c.current.length, device, deadline, c.alive,
                      std::make_shared<PinHold>(std::move(pin)));
     return Status::Ok();
   }

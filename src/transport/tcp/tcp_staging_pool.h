@@ -119,9 +119,9 @@ class TcpDeviceStaging {
   const uint64_t buffer_bytes_;
   const int max_buffers_;
   std::mutex mu_;
-  bool tried_ = false;                    // guarded by mu_
-  Status open_status_;                    // guarded by mu_
-  std::shared_ptr<CudaMemoryApi> api_;    // guarded by mu_
+  bool tried_ = false;                          // guarded by mu_
+  Status open_status_;                          // guarded by mu_
+  std::shared_ptr<CudaMemoryApi> api_;          // guarded by mu_
   std::shared_ptr<TcpStagingPool> pool_;        // guarded by mu_
   std::shared_ptr<TcpStagingPool> serve_pool_;  // guarded by mu_
 };

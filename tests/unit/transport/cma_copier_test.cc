@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include <csignal>
-
 #include <vector>
 
 #include "core/pattern.h"
@@ -155,8 +154,7 @@ TEST(CmaCopier, APidNowHeldByAnotherProcessIsNeverWrittenInto) {
   std::vector<ResolvedOp> read_spans = {op(OpKind::kRead, back.data(), b.data(), b.size())};
   const std::vector<CopyPiece> read_pieces = {{&read_spans[0], 0, b.size()}};
   ASSERT_TRUE(own.copy_chunk(read_pieces).ok());
-  EXPECT_TRUE(
-      std::all_of(back.begin(), back.end(), [](std::byte x) { return x == std::byte{0}; }));
+  EXPECT_TRUE(std::all_of(back.begin(), back.end(), [](std::byte x) { return x == std::byte{0}; }));
   kill_and_reap(second);
 }
 
