@@ -10,6 +10,7 @@ namespace {
 // One request being staged: its pieces come back one by one (in order, on the stager's
 // thread); the last one completes it.
 struct PendingRead {
+  std::shared_ptr<StagedReadInbox> inbox;
   StagedRead result;
   size_t outstanding = 0;
   std::shared_ptr<void> keep;
@@ -17,35 +18,35 @@ struct PendingRead {
 
 }  // namespace
 
-TcpDeviceReadStager::TcpDeviceReadStager(std::shared_ptr<CudaMemoryApi> api,
-                                         std::shared_ptr<TcpStagingPool> pool,
-                                         std::function<void()> wake)
-    : pool_(pool),
-      wake_(std::move(wake)),
-      stager_(std::make_unique<TcpDeviceStager>(std::move(api), std::move(pool))) {}
-
-TcpDeviceReadStager::~TcpDeviceReadStager() {
-  stager_.reset();  // fails what it has not staged; their results are dropped with done_
+void StagedReadInbox::put(StagedRead read) {
+  std::lock_guard lock(mu_);
+  if (!wake_) return;
+  done_.push_back(std::move(read));
+  wake_();
 }
 
-void TcpDeviceReadStager::finished(StagedRead read) {
-  {
-    std::lock_guard lock(mu_);
-    done_.push_back(std::move(read));
-  }
-  if (wake_) wake_();
-}
-
-std::vector<StagedRead> TcpDeviceReadStager::take() {
+std::vector<StagedRead> StagedReadInbox::take() {
   std::lock_guard lock(mu_);
   return std::exchange(done_, {});
 }
 
-void TcpDeviceReadStager::stage(uint64_t conn, uint64_t request_id, const char* device_src,
-                                uint64_t length, int device, Clock::time_point deadline,
+void StagedReadInbox::close() {
+  std::vector<StagedRead> dropped;
+  std::lock_guard lock(mu_);
+  wake_ = nullptr;
+  dropped.swap(done_);
+}
+
+TcpDeviceReadStager::TcpDeviceReadStager(std::shared_ptr<CudaMemoryApi> api,
+                                         std::shared_ptr<TcpStagingPool> pool)
+    : pool_(pool), stager_(std::move(api), std::move(pool)) {}
+
+void TcpDeviceReadStager::stage(const std::shared_ptr<StagedReadInbox>& inbox, uint64_t conn,
+                                uint64_t request_id, const char* device_src, uint64_t length,
+                                int device, Clock::time_point deadline,
                                 std::shared_ptr<PeerLiveness> alive, std::shared_ptr<void> keep) {
   const uint64_t piece_bytes = pool_->buffer_bytes();
-  const uint64_t pieces = length == 0 ? 0 : (length + piece_bytes - 1) / piece_bytes;
+  const uint64_t pieces = (length + piece_bytes - 1) / piece_bytes;
   StagedRead result;
   result.conn = conn;
   result.request_id = request_id;
@@ -56,11 +57,9 @@ void TcpDeviceReadStager::stage(uint64_t conn, uint64_t request_id, const char* 
         fmt::format("a READ of {} bytes of device memory needs {} staging buffers of {} bytes; "
                     "the receiver has {}",
                     length, pieces, piece_bytes, pool_->max_buffers()));
-    finished(std::move(result));
-    return;
   }
-  if (pieces == 0) {
-    finished(std::move(result));
+  if (pieces == 0 || !result.status.ok()) {
+    inbox->put(std::move(result));
     return;
   }
   // The request as the stager sees a batch: its deadline, and its connection as the "peer".
@@ -68,6 +67,7 @@ void TcpDeviceReadStager::stage(uint64_t conn, uint64_t request_id, const char* 
   auto batch = std::make_shared<BatchProgress>(
       std::move(alive), std::chrono::duration_cast<std::chrono::milliseconds>(left));
   auto pending = std::make_shared<PendingRead>();
+  pending->inbox = inbox;
   pending->result = std::move(result);
   pending->result.pieces.resize(pieces);
   pending->outstanding = pieces;
@@ -80,7 +80,7 @@ void TcpDeviceReadStager::stage(uint64_t conn, uint64_t request_id, const char* 
     job.device_src = device_src + i * piece_bytes;
     job.length = std::min(piece_bytes, length - i * piece_bytes);
     job.device = device;
-    job.deliver = [this, pending, i](Result<StagingLease> staged) {
+    job.deliver = [pending, i](Result<StagingLease> staged) {
       StagedRead& r = pending->result;
       if (staged.ok()) {
         r.pieces[i] = std::move(*staged);
@@ -90,11 +90,23 @@ void TcpDeviceReadStager::stage(uint64_t conn, uint64_t request_id, const char* 
       if (--pending->outstanding != 0) return;
       pending->keep.reset();  // every copy of the request has completed (or never ran)
       if (!r.status.ok()) r.pieces.clear();
-      finished(std::move(r));
+      pending->inbox->put(std::move(r));
     };
     jobs.push_back(std::move(job));
   }
-  stager_->enqueue(std::move(jobs));
+  stager_.enqueue(std::move(jobs));
+}
+
+Result<TcpDeviceReadStager*> TcpDeviceReadService::stager() {
+  std::lock_guard lock(mu_);
+  if (stager_) return stager_.get();
+  if (!staging_ || !staging_->built()) {
+    return NotSupported("this receiver's build has no CUDA: tcp cannot read device memory");
+  }
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<CudaMemoryApi> api, staging_->api());
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<TcpStagingPool> pool, staging_->serve_pool());
+  stager_ = std::make_unique<TcpDeviceReadStager>(std::move(api), std::move(pool));
+  return stager_.get();
 }
 
 }  // namespace kvferry

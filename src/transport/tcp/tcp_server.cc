@@ -153,9 +153,11 @@ struct Conn {
 }  // namespace
 
 struct TcpServer::IoThread {
-  IoThread(const TcpServerOptions& options, RegionSource regions)
+  IoThread(const TcpServerOptions& options, RegionSource regions,
+           std::shared_ptr<TcpDeviceReadService> reads)
       : options_(options),
         regions_(std::move(regions)),
+        reads_(std::move(reads)),
         epoll_(::epoll_create1(EPOLL_CLOEXEC)),
         wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
     epoll_event ev{};
@@ -168,6 +170,7 @@ struct TcpServer::IoThread {
     stopping_.store(true);
     signal();
     thread_.join();
+    inbox_->close();  // the shared read stager may outlive this thread
   }
 
   void adopt(Fd fd, ConnectionSlot slot) {
@@ -604,22 +607,10 @@ struct TcpServer::IoThread {
   // Replies queued or being staged (device READs) on the connection.
   static size_t queued_replies(const Conn& c) { return c.out.size() + c.staging_reads; }
 
-  Result<TcpDeviceReadStager*> read_stager() {
-    if (read_stager_) return read_stager_.get();
-    if (!options_.device || !options_.device->built()) {
-      return NotSupported("this receiver's build has no CUDA: tcp cannot read device memory");
-    }
-    KVF_ASSIGN_OR_RETURN(std::shared_ptr<CudaMemoryApi> api, options_.device->api());
-    KVF_ASSIGN_OR_RETURN(std::shared_ptr<TcpStagingPool> pool, options_.device->serve_pool());
-    read_stager_ = std::make_unique<TcpDeviceReadStager>(std::move(api), std::move(pool),
-                                                         [this] { signal(); });
-    return read_stager_.get();
-  }
-
   // Hands the current kRead of device memory to the read stager; its answer is queued when
   // the stager is done (take_staged_reads). The pin travels with the request.
   Status stage_device_read(Conn& c, Pin pin) {
-    Result<TcpDeviceReadStager*> stager = read_stager();
+    Result<TcpDeviceReadStager*> stager = reads_->stager();
     if (!stager.ok()) {
       pin.release();
       return stager.status();
@@ -631,7 +622,7 @@ struct TcpServer::IoThread {
     const char* src = pin.ptr;
     const int device = pin.device;
     ++c.staging_reads;
-    (*stager)->stage((uint64_t{c.serial} << 32) | static_cast<uint32_t>(c.fd.get()),
+    (*stager)->stage(inbox_, (uint64_t{c.serial} << 32) | static_cast<uint32_t>(c.fd.get()),
                      c.current.request_id, src, c.current.length, device, deadline, c.alive,
                      std::make_shared<PinHold>(std::move(pin)));
     return Status::Ok();
@@ -641,9 +632,8 @@ struct TcpServer::IoThread {
   // from the staging buffers (each lease returns once its bytes are sent), or an error status
   // with no payload. Results for connections closed meanwhile are dropped.
   void take_staged_reads() {
-    if (!read_stager_) return;
     std::vector<int> touched;
-    for (StagedRead& r : read_stager_->take()) {
+    for (StagedRead& r : inbox_->take()) {
       const int fd = static_cast<int>(r.conn & 0xffffffffu);
       auto it = conns_.find(fd);
       if (it == conns_.end() || it->second->serial != (r.conn >> 32)) continue;
@@ -746,8 +736,11 @@ struct TcpServer::IoThread {
 
   const TcpServerOptions& options_;
   RegionSource regions_;
+  std::shared_ptr<TcpDeviceReadService> reads_;  // answers READs of device memory
   Fd epoll_;
   Fd wake_;
+  // Where the read stager puts this thread's answers (wakes it through wake_).
+  std::shared_ptr<StagedReadInbox> inbox_ = std::make_shared<StagedReadInbox>([this] { signal(); });
   struct Incoming {
     Fd fd;
     ConnectionSlot slot;
@@ -761,8 +754,6 @@ struct TcpServer::IoThread {
   // Device memory staging, by device (I/O thread only).
   std::unordered_map<int, std::unique_ptr<TcpDeviceLander>> landers_;
   uint32_t next_serial_ = 0;  // I/O thread only (wraps)
-  // Answers READs of device memory (created on first need; I/O thread only).
-  std::unique_ptr<TcpDeviceReadStager> read_stager_;
   std::thread thread_;
 };
 
@@ -788,8 +779,9 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(const TcpServerOptions& opti
 TcpServer::TcpServer(const TcpServerOptions& options, RegionSource regions,
                      std::unique_ptr<Acceptor> acceptor)
     : options_(options), regions_(std::move(regions)), acceptor_(std::move(acceptor)) {
+  auto reads = std::make_shared<TcpDeviceReadService>(options_.device);
   for (int i = 0; i < options_.io_threads; ++i) {
-    io_.push_back(std::make_unique<IoThread>(options_, regions_));
+    io_.push_back(std::make_unique<IoThread>(options_, regions_, reads));
   }
 }
 

@@ -468,19 +468,19 @@ class TcpDeviceReadStagerTest : public ::testing::Test {
     fill_pattern(device_, 3);
     api_->pretend_device(device_.data(), device_.size());
     pool_ = must(TcpStagingPool::create(api_, kBuf, 2));
-    stager_ = std::make_unique<TcpDeviceReadStager>(api_, pool_, [this] { woken_.fetch_add(1); });
+    stager_ = std::make_unique<TcpDeviceReadStager>(api_, pool_);
   }
 
   void stage(uint64_t id, uint64_t offset, uint64_t length,
              std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-    stager_->stage(1, id, reinterpret_cast<const char*>(device_.data() + offset), length, 0,
+    stager_->stage(inbox_, 1, id, reinterpret_cast<const char*>(device_.data() + offset), length, 0,
                    Clock::now() + timeout, alive_, nullptr);
   }
 
   // Waits (bounded) until `n` results in all have come back, collecting them.
   void collect(size_t n, std::vector<StagedRead>& into) {
     for (int i = 0; i < 5000 && into.size() < n; ++i) {
-      for (StagedRead& r : stager_->take()) into.push_back(std::move(r));
+      for (StagedRead& r : inbox_->take()) into.push_back(std::move(r));
       if (into.size() < n) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   }
@@ -490,6 +490,8 @@ class TcpDeviceReadStagerTest : public ::testing::Test {
   std::shared_ptr<TcpStagingPool> pool_;
   std::shared_ptr<PeerLiveness> alive_ = std::make_shared<PeerLiveness>("conn");
   std::atomic<int> woken_{0};
+  std::shared_ptr<StagedReadInbox> inbox_ =
+      std::make_shared<StagedReadInbox>([this] { woken_.fetch_add(1); });
   std::unique_ptr<TcpDeviceReadStager> stager_;
 };
 
@@ -500,7 +502,7 @@ TEST_F(TcpDeviceReadStagerTest, ExhaustedPoolStallsUntilAnswersAreSentThenRecove
   ASSERT_EQ(got.size(), 2u);
   // Both buffers are held by answers not yet sent: nothing more is staged meanwhile.
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  EXPECT_TRUE(stager_->take().empty());
+  EXPECT_TRUE(inbox_->take().empty());
   EXPECT_EQ(pool_->buffers_allocated(), 2);
   EXPECT_GE(pool_->waits(), 1u);
   std::vector<StagedRead> all;
@@ -516,7 +518,7 @@ TEST_F(TcpDeviceReadStagerTest, ExhaustedPoolStallsUntilAnswersAreSentThenRecove
       r.pieces.clear();
       all.push_back(std::move(r));
     }
-    got = stager_->take();
+    got = inbox_->take();
     if (got.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   EXPECT_EQ(all.size(), 6u);
