@@ -9,7 +9,8 @@
 // pinned buffer of the I/O thread's and copied to the device (TcpDeviceLander) before it is
 // acknowledged. A request's bytes are never written after
 // its deadline (they are drained instead and acknowledged with Timeout). kRead is served
-// from registered memory the same way.
+// from registered memory the same way; a kRead of device memory is staged device -> pinned
+// first (TcpDeviceReadStager) and answered, whole or with an error status, once staged.
 //
 // Thread-safety: constructed and destroyed by the engine; the region source is called
 // from the I/O threads and must be thread-safe.
@@ -46,7 +47,7 @@ struct TcpServerOptions {
   ListenerLimits limits{.idle_timeout = std::chrono::minutes(5)};
   uint32_t max_queued_replies = 1024;
   std::chrono::milliseconds stall_timeout{10'000};
-  // Device memory staging (writes into device regions); null: device regions are refused.
+  // Device memory staging (writes into and reads of device regions); null: refused.
   std::shared_ptr<TcpDeviceStaging> device;
 };
 
