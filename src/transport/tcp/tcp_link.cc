@@ -713,8 +713,8 @@ bool is_device(const RegionEntry* r) {
 Status TcpLink::post(const BatchPart& part) {
   const size_t lane_count = lanes_.size();
   // Which spans read this engine's device memory (WRITEs, staged by the stager), which land
-  // in it (READs, landed by the lane's reader), and which touch the peer's (its receiver
-  // stages them): all of these are cut at the staging buffer size.
+  // in it (READs, landed by the lane's reader, a buffer-full at a time), and which read the
+  // peer's (its receiver stages them). Staged ones are cut at the staging buffer size.
   std::vector<int> source_device(part.spans.size(), -1);
   std::vector<int> target_device(part.spans.size(), -1);
   std::vector<bool> device_sized(part.spans.size(), false);
@@ -730,7 +730,8 @@ Status TcpLink::post(const BatchPart& part) {
     const RegionEntry* r = part.remote == nullptr
                                ? nullptr
                                : part.remote->find(op.remote_addr, op.length, remote_hint);
-    device_sized[i] = is_device(l) || is_device(r);
+    // A READ of the peer's device memory must fit the peer's staging (answered whole).
+    device_sized[i] = op.kind == OpKind::kRead ? is_device(r) : is_device(l);
     if (op.kind == OpKind::kRead && is_device(l)) {
       target_device[i] = l->location.device;
     } else if (is_device(l)) {
