@@ -212,7 +212,11 @@ class UcxTransport final : public Transport {
     }
     // The caller names the peer in its message.
     KVF_ASSIGN_OR_RETURN(std::string address, peer_worker_address(peer.descriptor));
-    auto channel = std::make_shared<UcxChannel>(*worker_, peer.name, address, peer.liveness);
+    const detail::UcxDataPath path =
+        detail::choose_ucx_data_path(resources_.hardware_rma, peer.descriptor.ucx->hardware_rma);
+    log().debug("ucx: peer {} over {}", peer.name, detail::ucx_data_path_name(path));
+    auto channel =
+        std::make_shared<UcxChannel>(*worker_, peer.name, address, peer.liveness, path);
     return std::shared_ptr<TransportLink>(
         std::make_shared<UcxLink>(worker_, std::move(channel), peer.name));
   }
@@ -263,7 +267,7 @@ Result<std::unique_ptr<Transport>> make_ucx_transport(const TransportEnv& env) {
                     "authenticate; {}",
                     detail::join_transports(resources->transports), kAllowHint)));
   }
-  KVF_ASSIGN_OR_RETURN(std::shared_ptr<UcxWorker> worker, UcxWorker::create(env.engine_name));
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<UcxWorker> worker, UcxWorker::create(env.engine_name, env.local_regions));
   detail::UcxResources used = worker->resources();
   log().info("ucx: worker up ({}; hardware RMA: {}{})", detail::join_transports(used.transports),
              used.hardware_rma ? "yes" : "no", used.hardware_rma ? "" : ", emulation allowed");

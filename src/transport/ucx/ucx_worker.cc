@@ -44,7 +44,7 @@ Result<ucp_context_h> init_context(std::string_view name) {
   std::string context_name(name);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   params.name = context_name.c_str();
   ucp_context_h context = nullptr;
   s = ucp_init(&params, config, &context);
@@ -79,8 +79,10 @@ Result<UcxResources> query_ucx_resources() {
   return r;
 }
 
-Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_name) {
+Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_name,
+                                                     UcxRegionSource regions) {
   std::unique_ptr<UcxWorker> w(new UcxWorker());
+  w->regions_ = std::move(regions);
   KVF_ASSIGN_OR_RETURN(w->context_, init_context(engine_name));
   w->resources_ = resources_of(w->context_);
   ucp_worker_params_t params{};
@@ -94,6 +96,7 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_n
   if (s != UCS_OK) return Internal("ucx: ucp_worker_get_address failed: " + ucx_status_text(s));
   w->address_.assign(reinterpret_cast<const char*>(address), address_bytes);
   ucp_worker_release_address(w->worker_, address);
+  KVF_RETURN_IF_ERROR(w->set_am_handlers());
   s = ucp_worker_get_efd(w->worker_, &w->event_fd_);
   if (s != UCS_OK) return Internal("ucx: ucp_worker_get_efd failed: " + ucx_status_text(s));
   int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -141,6 +144,14 @@ void UcxWorker::activate(std::shared_ptr<UcxPumped> p) {
     active_.push_back(std::move(p));
   }
 }
+
+uint64_t UcxWorker::expect_am_reply(UcxAmClient* client) {
+  const uint64_t id = next_am_request_++;
+  am_waiters_.emplace(id, client);
+  return id;
+}
+
+void UcxWorker::forget_am_request(uint64_t request_id) { am_waiters_.erase(request_id); }
 
 void UcxWorker::run() {
   ::pthread_setname_np(::pthread_self(), "kvf-ucx");
