@@ -37,14 +37,17 @@ std::string printed_context_info(ucp_context_h context) {
   return out;
 }
 
-Result<ucp_context_h> init_context(std::string_view name) {
+// `rma`: UCP's put/get (with their emulated handlers, which check nothing, on a worker
+// reached over tcp or shared memory) only where this engine has hardware RMA and may use
+// the kRma path; otherwise kvferry's active messages alone move bytes.
+Result<ucp_context_h> init_context(std::string_view name, bool rma) {
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return Internal("ucx: reading UCX's configuration: " + ucx_status_text(s));
   std::string context_name(name);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (rma ? UCP_FEATURE_RMA : 0);
   params.name = context_name.c_str();
   ucp_context_h context = nullptr;
   s = ucp_init(&params, config, &context);
@@ -73,17 +76,17 @@ std::string ucx_status_text(ucs_status_t status) {
 }
 
 Result<UcxResources> query_ucx_resources() {
-  KVF_ASSIGN_OR_RETURN(ucp_context_h context, init_context("kvferry-probe"));
+  KVF_ASSIGN_OR_RETURN(ucp_context_h context, init_context("kvferry-probe", true));
   UcxResources r = resources_of(context);
   ucp_cleanup(context);
   return r;
 }
 
 Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_name,
-                                                     UcxRegionSource regions) {
+                                                     UcxRegionSource regions, bool rma) {
   std::unique_ptr<UcxWorker> w(new UcxWorker());
   w->regions_ = std::move(regions);
-  KVF_ASSIGN_OR_RETURN(w->context_, init_context(engine_name));
+  KVF_ASSIGN_OR_RETURN(w->context_, init_context(engine_name, rma));
   w->resources_ = resources_of(w->context_);
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;

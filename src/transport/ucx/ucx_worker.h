@@ -69,13 +69,14 @@ class UcxAmClient {
 using UcxRegionSource = std::function<std::shared_ptr<const RegionIndex>()>;
 
 // Reads UCX's configuration (UCX_TLS and the rest of the environment) and initialises a
-// context with RMA and wakeup; reports its resources.
+// context with RMA, active messages and wakeup; reports its resources.
 Result<UcxResources> query_ucx_resources();
 
 class UcxWorker {
  public:
+  // `rma`: enable UCP's put/get (only where this engine has hardware RMA).
   static Result<std::unique_ptr<UcxWorker>> create(const std::string& engine_name,
-                                                   UcxRegionSource regions);
+                                                   UcxRegionSource regions, bool rma);
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
