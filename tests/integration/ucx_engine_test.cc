@@ -28,7 +28,7 @@ using cli::start_serve_peer;
 using testing::must;
 
 // Every engine of the test (and the serve children, which inherit the environment) uses
-// UCX's tcp transport with emulated put/get allowed.
+// UCX's tcp transport with emulated paths allowed (bytes move as active messages).
 class UcxTwoProcess : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -210,8 +210,7 @@ void resume_peer(TransferEngine& engine, PeerHandle& handle, ServePeer& peer,
                  std::vector<std::byte>& probe) {
   ASSERT_EQ(::kill(peer.process.pid(), SIGCONT), 0);
   ASSERT_EQ(must(peer.process.ask("verify 0 0 0", std::chrono::seconds(10))), "ok");
-  TransferOp read{OpKind::kRead, reinterpret_cast<uint64_t>(probe.data()), peer.addr,
-                  probe.size()};
+  TransferOp read{OpKind::kRead, reinterpret_cast<uint64_t>(probe.data()), peer.addr, probe.size()};
   ASSERT_TRUE(engine.transfer_sync(handle, {&read, 1}).ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
 }

@@ -90,8 +90,7 @@ ucs_status_t UcxWorker::on_am(void* arg, const void* header, size_t header_lengt
       return UCS_OK;
     case UcxAmId::kPong:
     case UcxAmId::kWriteAck:
-    case UcxAmId::kReadReply:
-      return self->deliver_reply(kId, *h, data, length, rndv);
+    case UcxAmId::kReadReply: return self->deliver_reply(kId, *h, data, length, rndv);
   }
   return UCS_OK;
 }
@@ -102,8 +101,7 @@ void UcxWorker::on_am_sent(void* request, ucs_status_t /*status*/, void* user_da
   ucp_request_free(request);
 }
 
-void UcxWorker::send_am(ucp_ep_h ep, UcxAmId id, const UcxAmHeader& h, UcxAmPin pin,
-                        size_t bytes) {
+void UcxWorker::send_am(ucp_ep_h ep, UcxAmId id, const UcxAmHeader& h, UcxAmPin pin, size_t bytes) {
   auto send = std::make_unique<AmSend>();
   send->header = encode_ucx_am_header(h);
   send->pin = std::move(pin);
@@ -141,8 +139,8 @@ ucs_status_t UcxWorker::serve_write(const UcxAmHeader& h, void* data, size_t len
     return UCS_OK;  // the data (eager) or the rendezvous (dropped) goes with it
   };
   if (length != h.length) {
-    return refuse(ProtocolError(
-        fmt::format("write header says {} bytes, data has {}", h.length, length)));
+    return refuse(
+        ProtocolError(fmt::format("write header says {} bytes, data has {}", h.length, length)));
   }
   Result<UcxAmPin> pin = check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now_ns());
   if (!pin.ok()) return refuse(pin.status());
@@ -166,8 +164,8 @@ ucs_status_t UcxWorker::serve_write(const UcxAmHeader& h, void* data, size_t len
   ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_, data, into, length, &param);
   // From here on the descriptor is UCX's again, whatever the outcome.
   if (UCS_PTR_IS_ERR(request)) {
-    refuse(PeerDisconnected(fmt::format("rendezvous receive failed: {}",
-                                        ucx_status_text(UCS_PTR_STATUS(request)))));
+    refuse(PeerDisconnected(
+        fmt::format("rendezvous receive failed: {}", ucx_status_text(UCS_PTR_STATUS(request)))));
     return UCS_INPROGRESS;
   }
   if (UCS_PTR_IS_PTR(request)) (void)receive.release();  // on_reply_received deletes it
@@ -190,8 +188,8 @@ void UcxWorker::serve_read(const UcxAmHeader& h, ucp_ep_h reply_ep) {
   send_am(reply_ep, UcxAmId::kReadReply, reply, std::move(pin).value(), h.length);
 }
 
-ucs_status_t UcxWorker::deliver_reply(UcxAmId id, const UcxAmHeader& h, void* data,
-                                      size_t length, bool rndv) {
+ucs_status_t UcxWorker::deliver_reply(UcxAmId id, const UcxAmHeader& h, void* data, size_t length,
+                                      bool rndv) {
   auto it = am_waiters_.find(h.request_id);
   if (it == am_waiters_.end()) return UCS_OK;  // nobody waits (timed out): dropped
   if (!rndv) {

@@ -57,8 +57,7 @@ Result<UcxAmHeader> decode_ucx_am_header(const void* bytes, size_t size) {
 }
 
 UcxDataPath choose_ucx_data_path(bool local_hardware_rma, bool peer_hardware_rma) {
-  return local_hardware_rma && peer_hardware_rma ? UcxDataPath::kRma
-                                                 : UcxDataPath::kActiveMessages;
+  return local_hardware_rma && peer_hardware_rma ? UcxDataPath::kRma : UcxDataPath::kActiveMessages;
 }
 
 const char* ucx_data_path_name(UcxDataPath path) {
@@ -119,9 +118,8 @@ Result<UcxAmPin> check_ucx_am_target(const std::shared_ptr<const RegionIndex>& r
         "range [{:#x}, +{}) is outside every registered region of the target", addr, length));
   }
   if (r->location.kind != MemoryLocation::Kind::kHost) {
-    return NotSupported(
-        fmt::format("range [{:#x}, +{}) is device memory; ucx moves host memory only", addr,
-                    length));
+    return NotSupported(fmt::format(
+        "range [{:#x}, +{}) is device memory; ucx moves host memory only", addr, length));
   }
   r->use->in_flight.fetch_add(1);
   if (r->use->removed.load()) {

@@ -240,9 +240,9 @@ bool UcxChannel::clock_synced() {
   param.cb.send = &UcxChannel::on_ping_sent;
   param.user_data = this;
   param.flags = UCP_AM_SEND_FLAG_REPLY;
-  ucs_status_ptr_t request = ucp_am_send_nbx(ep_, static_cast<unsigned>(UcxAmId::kPing),
-                                             ping_header_.data(), ping_header_.size(), nullptr,
-                                             0, &param);
+  ucs_status_ptr_t request =
+      ucp_am_send_nbx(ep_, static_cast<unsigned>(UcxAmId::kPing), ping_header_.data(),
+                      ping_header_.size(), nullptr, 0, &param);
   if (UCS_PTR_IS_PTR(request)) {
     ping_sending_ = true;
   } else if (UCS_PTR_IS_ERR(request)) {
@@ -266,8 +266,7 @@ void UcxChannel::forget_replies(UcxJob& job) {
   job.awaiting_bytes = 0;
 }
 
-void UcxChannel::on_am_reply(UcxAmId id, const UcxAmHeader& h, const void* data,
-                             size_t length) {
+void UcxChannel::on_am_reply(UcxAmId id, const UcxAmHeader& h, const void* data, size_t length) {
   if (id == UcxAmId::kPong) {
     if (h.request_id != ping_id_) return;
     ping_id_ = 0;

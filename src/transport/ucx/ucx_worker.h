@@ -61,8 +61,7 @@ class UcxAmClient {
   // A reply (kPong, kWriteAck, kReadReply) to request `h.request_id`; `data` holds its
   // `length` payload bytes for the duration of the call (a rendezvous payload is first
   // received into a buffer the worker owns). The waiter is already removed.
-  virtual void on_am_reply(UcxAmId id, const UcxAmHeader& h, const void* data,
-                           size_t length) = 0;
+  virtual void on_am_reply(UcxAmId id, const UcxAmHeader& h, const void* data, size_t length) = 0;
 };
 
 // This engine's registered regions now (the target checks every request against them).
@@ -119,8 +118,7 @@ class UcxWorker {
   // Initiator side.
   ucs_status_t deliver_reply(UcxAmId id, const UcxAmHeader& h, void* data, size_t length,
                              bool rndv);
-  static void on_reply_received(void* request, ucs_status_t status, size_t length,
-                                void* user_data);
+  static void on_reply_received(void* request, ucs_status_t status, size_t length, void* user_data);
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -134,8 +132,8 @@ class UcxWorker {
   bool stopping_ = false;                           // guarded by mu_
   std::vector<std::shared_ptr<UcxPumped>> active_;  // progress thread only
   UcxRegionSource regions_;
-  uint64_t next_am_request_ = 1;                              // progress thread only
-  std::unordered_map<uint64_t, UcxAmClient*> am_waiters_;     // progress thread only
+  uint64_t next_am_request_ = 1;                           // progress thread only
+  std::unordered_map<uint64_t, UcxAmClient*> am_waiters_;  // progress thread only
   std::thread thread_;
 };
 

@@ -67,8 +67,8 @@ TEST(UcxAmWire, DeadlinesConvertByTheOffsetAndSaturate) {
 
 TEST(UcxAmWire, ReplyStatusCarriesTheCodeAndNamesThePeer) {
   EXPECT_TRUE(ucx_am_reply_status(0, "peer-a", "write").ok());
-  Status s = ucx_am_reply_status(static_cast<uint32_t>(StatusCode::kNotRegistered), "peer-a",
-                                 "write");
+  Status s =
+      ucx_am_reply_status(static_cast<uint32_t>(StatusCode::kNotRegistered), "peer-a", "write");
   EXPECT_EQ(s.code(), StatusCode::kNotRegistered);
   EXPECT_NE(s.message().find("peer-a"), std::string::npos) << s.message();
 }
@@ -117,9 +117,9 @@ TEST_F(UcxAmTargetCheck, RangesOutsideOrStraddlingARegionAreNotRegisteredNamingT
   struct Case {
     uint64_t addr, length;
   };
-  for (Case c : {Case{kHostAddr + kBytes, 1}, Case{kHostAddr + kBytes - 8, 16},
-                 Case{kHostAddr - 1, 2}, Case{0, 16},
-                 Case{kHostAddr, std::numeric_limits<uint64_t>::max()}}) {
+  for (Case c :
+       {Case{kHostAddr + kBytes, 1}, Case{kHostAddr + kBytes - 8, 16}, Case{kHostAddr - 1, 2},
+        Case{0, 16}, Case{kHostAddr, std::numeric_limits<uint64_t>::max()}}) {
     Result<UcxAmPin> pin = check_ucx_am_target(regions_, c.addr, c.length, kNow + 1, kNow);
     ASSERT_FALSE(pin.ok()) << c.addr;
     EXPECT_EQ(pin.status().code(), StatusCode::kNotRegistered);
