@@ -204,7 +204,7 @@ ucs_status_t UcxWorker::deliver_reply(UcxAmId id, const UcxAmHeader& h, void* da
   receive->worker = this;
   receive->id = id;
   receive->header = h;
-  receive->buffer = std::make_unique<char[]>(length);
+  receive->buffer = std::make_unique_for_overwrite<char[]>(length);  // received into
   receive->length = length;
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
