@@ -51,8 +51,8 @@ class UcxAmTarget : public ::testing::Test {
     initiator_ = must(UcxWorker::create(
         "am-initiator", [] { return std::make_shared<const RegionIndex>(); }, false));
     liveness_ = std::make_shared<PeerLiveness>("am-target");
-    channel_ = std::make_shared<UcxChannel>(*initiator_, "am-target", target_->address(),
-                                            liveness_, UcxDataPath::kActiveMessages);
+    channel_ = std::make_shared<UcxChannel>(*initiator_, "am-target", target_->address(), liveness_,
+                                            UcxDataPath::kActiveMessages);
   }
   void TearDown() override {
     initiator_
@@ -129,8 +129,8 @@ TEST_F(UcxAmTarget, ReadsOutsideTheRegionAreRefusedByTheTargetAndLandNothing) {
     ASSERT_EQ(ok.state, BatchState::kCompleted) << ok.status.to_string();
     std::vector<std::byte> expected(kBufferBytes);
     fill_pattern(expected, 5);
-    EXPECT_TRUE(std::equal(dst.begin(), dst.begin() + static_cast<ptrdiff_t>(length),
-                           expected.begin()))
+    EXPECT_TRUE(
+        std::equal(dst.begin(), dst.begin() + static_cast<ptrdiff_t>(length), expected.begin()))
         << length;
   }
 }
