@@ -1,7 +1,8 @@
 // The ucx transport between two processes over UCX's tcp transport (UCX_TLS=tcp, emulation
-// explicitly allowed on both sides): bytes verified by the `kvferry serve` child, and the
-// failure cases — a range outside the peer's regions, a killed peer, a stopped peer, a
-// restarted one. Without UCX in the build these tests are not compiled.
+// explicitly allowed on both sides, so bytes move as kvferry's active messages): bytes
+// verified by the `kvferry serve` child, and the failure cases — a range outside the peer's
+// regions, a killed peer, a stopped peer (whose timed-out batch lands nothing after it
+// resumes), a restarted one. Without UCX in the build these tests are not compiled.
 #ifdef KVFERRY_WITH_UCX
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
 #include <vector>
@@ -26,7 +28,7 @@ using cli::start_serve_peer;
 using testing::must;
 
 // Every engine of the test (and the serve children, which inherit the environment) uses
-// UCX's tcp transport with emulated put/get allowed.
+// UCX's tcp transport with emulated paths allowed (bytes move as active messages).
 class UcxTwoProcess : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -174,84 +176,129 @@ TEST_F(UcxTwoProcess, KilledPeerFailsTheBatchWithPeerDisconnectedWithinFiveSecon
   EXPECT_EQ(engine->submit(handle, {&op, 1}).status().code(), StatusCode::kPeerDisconnected);
 }
 
-// A stopped peer: its worker serves nothing, so the batch hangs in UCX until kvferry's
-// deadline force-closes the endpoint; the next batch reconnects.
-TEST_F(UcxTwoProcess, StoppedPeerFailsAReadWithTimeoutAtItsDeadlineAndLaterBatchesSucceed) {
-  constexpr uint64_t kBytes = 16ull << 20;
-  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kBytes));
-  auto engine = initiator();
-  PeerHandle handle = open_ucx(*engine, peer.endpoint);
-  std::vector<std::byte> dst(kBytes, std::byte{0});
-  ASSERT_TRUE(engine->register_memory(dst.data(), kBytes).ok());
-  ASSERT_EQ(ask(peer, fmt::format("fill 61 0 {}", kBytes)), "ok");
-  // One small read first: the endpoint is connected before the peer stops.
-  TransferOp warm{OpKind::kRead, reinterpret_cast<uint64_t>(dst.data()), peer.addr, 4096};
-  ASSERT_TRUE(engine->transfer_sync(handle, {&warm, 1}).ok());
-  std::fill(dst.begin(), dst.end(), std::byte{0});
+// The ops of one stopped-peer batch over [0, kStoppedBytes) of the peer's buffer: one
+// 8 MiB op (a rendezvous chunk) and 1024 ops of 4 KiB every 8 KiB after it (eager: their
+// bytes or requests sit in the stopped peer's socket buffer). The gaps keep the engine from
+// merging them.
+constexpr uint64_t kStoppedBytes = 16ull << 20;
+constexpr uint64_t kStoppedBigOp = 8ull << 20;
+constexpr uint64_t kStoppedSmallOp = 4096;
+constexpr uint64_t kStoppedStride = 8192;
+
+std::vector<TransferOp> stopped_peer_ops(OpKind kind, const std::vector<std::byte>& local,
+                                         uint64_t remote) {
+  const auto base = reinterpret_cast<uint64_t>(local.data());
+  std::vector<TransferOp> ops{{kind, base, remote, kStoppedBigOp}};
+  for (uint64_t at = kStoppedBigOp; at < kStoppedBytes; at += kStoppedStride) {
+    ops.push_back({kind, base + at, remote + at, kStoppedSmallOp});
+  }
+  return ops;
+}
+
+// Stops the peer and waits until it is stopped.
+void stop_peer(ServePeer& peer) {
   ASSERT_EQ(::kill(peer.process.pid(), SIGSTOP), 0);
   int wstatus = 0;
   ASSERT_EQ(::waitpid(peer.process.pid(), &wstatus, WUNTRACED), peer.process.pid());
   ASSERT_TRUE(WIFSTOPPED(wstatus));
-  TransferOp op{OpKind::kRead, reinterpret_cast<uint64_t>(dst.data()), peer.addr, kBytes};
+}
+
+// Resumes the peer and gives it a bounded time to serve what queued up while it was
+// stopped: it answers a command (so it runs again), then a small READ over ucx into
+// `probe`, then 500 ms more for anything still in flight.
+void resume_peer(TransferEngine& engine, PeerHandle& handle, ServePeer& peer,
+                 std::vector<std::byte>& probe) {
+  ASSERT_EQ(::kill(peer.process.pid(), SIGCONT), 0);
+  ASSERT_EQ(must(peer.process.ask("verify 0 0 0", std::chrono::seconds(10))), "ok");
+  TransferOp read{OpKind::kRead, reinterpret_cast<uint64_t>(probe.data()), peer.addr, probe.size()};
+  ASSERT_TRUE(engine.transfer_sync(handle, {&read, 1}).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+}
+
+// A stopped peer: its worker serves nothing, so the batch waits until kvferry's deadline;
+// after the peer resumes, none of the timed-out READ's replies land (this engine's reply
+// handler drops replies to batches that ended), and the next batches succeed.
+TEST_F(UcxTwoProcess, StoppedPeerFailsAReadWithTimeoutAndNoByteOfItLandsAfterItResumes) {
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kStoppedBytes));
+  auto engine = initiator();
+  PeerHandle handle = open_ucx(*engine, peer.endpoint);
+  std::vector<std::byte> dst(kStoppedBytes, std::byte{0});
+  std::vector<std::byte> probe(4096);
+  ASSERT_TRUE(engine->register_memory(dst.data(), kStoppedBytes).ok());
+  ASSERT_TRUE(engine->register_memory(probe.data(), probe.size()).ok());
+  ASSERT_EQ(ask(peer, fmt::format("fill 61 0 {}", kStoppedBytes)), "ok");
+  // One small read first: the endpoint is connected before the peer stops.
+  TransferOp warm{OpKind::kRead, reinterpret_cast<uint64_t>(probe.data()), peer.addr, 4096};
+  ASSERT_TRUE(engine->transfer_sync(handle, {&warm, 1}).ok());
+  stop_peer(peer);
+  std::vector<TransferOp> ops = stopped_peer_ops(OpKind::kRead, dst, peer.addr);
   SubmitOptions options;
   options.timeout = std::chrono::milliseconds(500);
   auto t0 = Clock::now();
-  BatchHandle batch = must(engine->submit(handle, {&op, 1}, options));
+  BatchHandle batch = must(engine->submit(handle, ops, options));
   BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
   auto took = Clock::now() - t0;
   ASSERT_EQ(s.state, BatchState::kFailed);
   EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
   EXPECT_GE(took, std::chrono::milliseconds(450));
   EXPECT_LT(took, std::chrono::seconds(3));
-  ASSERT_EQ(::kill(peer.process.pid(), SIGCONT), 0);
-  // Not asserted: that nothing of the timed-out READ lands after SIGCONT. Over UCX 1.13's
-  // emulated tcp path it does — the resumed peer answers the cancelled gets and this
-  // worker's get-reply handler copies them into dst, consulting no registration, so
-  // kvferry cannot refuse them (docs/TRANSPORTS.md, "ucx", late bytes); on hardware RMA
-  // the QPs are gone after the force close. Let them settle before reusing dst.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  // Later batches reconnect and succeed, both ways.
-  ASSERT_TRUE(engine->transfer_sync(handle, {&op, 1}).ok());
-  EXPECT_FALSE(find_pattern_mismatch(dst, 61));
+  resume_peer(*engine, handle, peer, probe);
+  // Not one byte of the timed-out READ landed.
+  auto landed = std::find_if(dst.begin(), dst.end(), [](std::byte b) { return b != std::byte{0}; });
+  EXPECT_EQ(landed, dst.end()) << "a late byte landed at offset " << (landed - dst.begin());
+  // Later batches succeed, both ways.
+  ASSERT_TRUE(engine->transfer_sync(handle, ops).ok());
+  std::vector<std::byte> expected(kStoppedBytes);
+  fill_pattern(expected, 61);
+  for (const TransferOp& op : ops) {
+    const auto at = static_cast<ptrdiff_t>(op.local_addr - reinterpret_cast<uint64_t>(dst.data()));
+    ASSERT_TRUE(std::equal(dst.begin() + at, dst.begin() + at + static_cast<ptrdiff_t>(op.length),
+                           expected.begin() + at))
+        << "op at offset " << at;
+  }
   fill_pattern(dst, 62);
-  TransferOp write{OpKind::kWrite, reinterpret_cast<uint64_t>(dst.data()), peer.addr, kBytes};
+  TransferOp write{OpKind::kWrite, reinterpret_cast<uint64_t>(dst.data()), peer.addr,
+                   kStoppedBytes};
   ASSERT_TRUE(engine->transfer_sync(handle, {&write, 1}).ok());
-  EXPECT_EQ(ask(peer, fmt::format("verify 62 0 {}", kBytes)), "ok");
+  EXPECT_EQ(ask(peer, fmt::format("verify 62 0 {}", kStoppedBytes)), "ok");
 }
 
-TEST_F(UcxTwoProcess, StoppedPeerFailsAWriteWithTimeoutAtItsDeadline) {
-  constexpr uint64_t kBytes = 16ull << 20;
-  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kBytes));
+// A stopped peer and a WRITE: the chunks (eager bytes in the peer's socket buffer, a
+// rendezvous request) reach the peer's handler only after it resumes, past their deadline
+// on its clock, so it drops them: the peer still holds its old bytes everywhere.
+TEST_F(UcxTwoProcess, StoppedPeerFailsAWriteWithTimeoutAndNoByteOfItLandsAfterItResumes) {
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kStoppedBytes));
   auto engine = initiator();
   PeerHandle handle = open_ucx(*engine, peer.endpoint);
-  std::vector<std::byte> src(kBytes);
+  std::vector<std::byte> src(kStoppedBytes);
+  std::vector<std::byte> probe(4096);
   fill_pattern(src, 71);
-  ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
-  TransferOp warm{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, 4096};
+  ASSERT_TRUE(engine->register_memory(src.data(), kStoppedBytes).ok());
+  ASSERT_TRUE(engine->register_memory(probe.data(), probe.size()).ok());
+  ASSERT_EQ(ask(peer, fmt::format("fill 70 0 {}", kStoppedBytes)), "ok");
+  TransferOp warm{OpKind::kRead, reinterpret_cast<uint64_t>(probe.data()), peer.addr, 4096};
   ASSERT_TRUE(engine->transfer_sync(handle, {&warm, 1}).ok());
-  ASSERT_EQ(::kill(peer.process.pid(), SIGSTOP), 0);
-  int wstatus = 0;
-  ASSERT_EQ(::waitpid(peer.process.pid(), &wstatus, WUNTRACED), peer.process.pid());
-  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes};
+  stop_peer(peer);
+  std::vector<TransferOp> ops = stopped_peer_ops(OpKind::kWrite, src, peer.addr);
   SubmitOptions options;
   options.timeout = std::chrono::milliseconds(500);
   auto t0 = Clock::now();
-  // 8 batches of one op: a batch may not write one destination twice.
-  std::vector<BatchHandle> batches;
-  for (int i = 0; i < 8; ++i) batches.push_back(must(engine->submit(handle, {&op, 1}, options)));
-  for (const BatchHandle& batch : batches) {
-    BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
-    ASSERT_EQ(s.state, BatchState::kFailed);
-    EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
-  }
+  BatchHandle batch = must(engine->submit(handle, ops, options));
+  BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
   auto took = Clock::now() - t0;
+  ASSERT_EQ(s.state, BatchState::kFailed);
+  EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
+  EXPECT_GE(took, std::chrono::milliseconds(450));
   EXPECT_LT(took, std::chrono::seconds(3));
-  ASSERT_EQ(::kill(peer.process.pid(), SIGCONT), 0);
+  resume_peer(*engine, handle, peer, probe);
+  // The peer still holds the old pattern everywhere.
+  EXPECT_EQ(ask(peer, fmt::format("verify 70 0 {}", kStoppedBytes)), "ok");
+  // A later batch succeeds, verified.
   fill_pattern(src, 72);
-  TransferOp write{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes};
+  TransferOp write{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr,
+                   kStoppedBytes};
   ASSERT_TRUE(engine->transfer_sync(handle, {&write, 1}).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  EXPECT_EQ(ask(peer, fmt::format("verify 72 0 {}", kBytes)), "ok");
+  EXPECT_EQ(ask(peer, fmt::format("verify 72 0 {}", kStoppedBytes)), "ok");
 }
 
 TEST_F(UcxTwoProcess, RestartedPeerIsReachedAtItsNewIncarnation) {

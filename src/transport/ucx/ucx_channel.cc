@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "core/logging.h"
@@ -10,11 +11,12 @@
 namespace kvferry::detail {
 
 UcxChannel::UcxChannel(UcxWorker& worker, std::string peer_name, std::string peer_address,
-                       std::shared_ptr<PeerLiveness> liveness)
+                       std::shared_ptr<PeerLiveness> liveness, UcxDataPath path)
     : worker_(worker),
       peer_name_(std::move(peer_name)),
       peer_address_(std::move(peer_address)),
-      liveness_(std::move(liveness)) {}
+      liveness_(std::move(liveness)),
+      path_(path) {}
 
 UcxChannel::~UcxChannel() {
   // Reached only once the endpoint is closed and no request refers to a job (the worker
@@ -97,6 +99,9 @@ void UcxChannel::close_endpoint() {
   // peer's, and must not mark the peer disconnected.
   ucp_ep_h ep = std::exchange(ep_, nullptr);
   ep_broken_ = false;
+  if (ping_id_ != 0) {  // asked again on the next endpoint
+    worker_.forget_am_request(std::exchange(ping_id_, 0));
+  }
   log().debug("peer {}: ucx endpoint force-closed", peer_name_);
   ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
   if (UCS_PTR_IS_PTR(request)) closing.request = request;
@@ -206,6 +211,163 @@ void UcxChannel::start_flush(UcxJob& job) {
   }
 }
 
+void UcxChannel::on_am_chunk_sent(void* request, ucs_status_t status, void* user_data) {
+  auto* chunk = static_cast<UcxAmChunk*>(user_data);
+  UcxJob* job = chunk->job;
+  chunk->sent = true;
+  --job->outstanding;
+  if (status != UCS_OK && job->request_error == UCS_OK) job->request_error = status;
+  ucp_request_free(request);
+}
+
+void UcxChannel::on_ping_sent(void* request, ucs_status_t /*status*/, void* user_data) {
+  // A failed ping is seen as the endpoint's error, or asked again after a reconnect.
+  static_cast<UcxChannel*>(user_data)->ping_sending_ = false;
+  ucp_request_free(request);
+}
+
+bool UcxChannel::clock_synced() {
+  if (clock_synced_) return true;
+  if (ping_id_ != 0 || ping_sending_ || ep_ == nullptr) return false;
+  ping_id_ = worker_.expect_am_reply(this);
+  UcxAmHeader h;
+  h.request_id = ping_id_;
+  h.deadline_ns = ucx_clock_ns(Clock::now());
+  ping_header_ = encode_ucx_am_header(h);
+  ucp_request_param_t param{};
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.cb.send = &UcxChannel::on_ping_sent;
+  param.user_data = this;
+  param.flags = UCP_AM_SEND_FLAG_REPLY;
+  ucs_status_ptr_t request =
+      ucp_am_send_nbx(ep_, static_cast<unsigned>(UcxAmId::kPing), ping_header_.data(),
+                      ping_header_.size(), nullptr, 0, &param);
+  if (UCS_PTR_IS_PTR(request)) {
+    ping_sending_ = true;
+  } else if (UCS_PTR_IS_ERR(request)) {
+    log().warn("peer {}: ucx clock ping not sent: {}", peer_name_,
+               ucx_status_text(UCS_PTR_STATUS(request)));
+    worker_.forget_am_request(std::exchange(ping_id_, 0));
+    ep_broken_ = true;  // reconnect on the next pump
+    ep_error_ = UCS_PTR_STATUS(request);
+  }
+  return false;
+}
+
+void UcxChannel::forget_replies(UcxJob& job) {
+  for (UcxAmChunk& c : job.chunks) {
+    if (c.replied) continue;
+    c.replied = true;
+    awaiting_.erase(c.request_id);
+    worker_.forget_am_request(c.request_id);
+  }
+  job.awaiting = 0;
+  job.awaiting_bytes = 0;
+}
+
+void UcxChannel::on_am_reply(UcxAmId id, const UcxAmHeader& h, const void* data, size_t length) {
+  if (id == UcxAmId::kPong) {
+    if (h.request_id != ping_id_) return;
+    ping_id_ = 0;
+    clock_offset_ns_ = ucx_clock_offset_ns(h.deadline_ns, ucx_clock_ns(Clock::now()));
+    clock_synced_ = true;
+    log().debug("peer {}: ucx clock offset {} ns", peer_name_, clock_offset_ns_);
+    return;
+  }
+  auto it = awaiting_.find(h.request_id);
+  if (it == awaiting_.end()) return;  // forgotten: dropped
+  UcxAmChunk& chunk = *it->second;
+  awaiting_.erase(it);
+  UcxJob& job = *chunk.job;
+  chunk.replied = true;
+  --job.awaiting;
+  job.awaiting_bytes -= chunk.length;
+  const bool read = chunk.kind == OpKind::kRead;
+  const UcxAmId expected = read ? UcxAmId::kReadReply : UcxAmId::kWriteAck;
+  if (id != expected) {
+    if (job.error.ok()) {
+      job.error = ProtocolError(fmt::format("ucx: {} answered request {} with message {}",
+                                            peer_name_, h.request_id, static_cast<unsigned>(id)));
+    }
+    return;
+  }
+  Status verdict = ucx_am_reply_status(h.status, peer_name_, read ? "read" : "write");
+  if (verdict.ok() && read && length != chunk.length) {
+    verdict = ProtocolError(fmt::format("ucx: {} answered a read of {} bytes with {}", peer_name_,
+                                        chunk.length, length));
+  }
+  if (!verdict.ok()) {
+    if (job.error.ok()) job.error = verdict;
+    return;
+  }
+  if (!read) return;
+  // Lands only while the batch may proceed: stop() waits for this guard, and once it has
+  // set the stop reason no copy starts.
+  BatchProgress::CopyGuard copying = job.batch->copying();
+  if (!job.error.ok()) return;
+  if (Status why = job.batch->stop_reason(); !why.ok()) {
+    job.error = why;
+    return;
+  }
+  if (length != 0) std::memcpy(chunk.local, data, length);
+}
+
+bool UcxChannel::post_am_chunks(UcxJob& job) {
+  bool posted = false;
+  while (job.next_op < job.ops.size() && job.awaiting < kUcxWindowRequests &&
+         job.awaiting_bytes < kUcxAmWindowBytes) {
+    if (Status why = job.batch->stop_reason(); !why.ok()) {
+      job.error = why;
+      return posted;
+    }
+    const UcxOp& op = job.ops[job.next_op];
+    const uint64_t bytes = std::min(kUcxChunkBytes, op.length - job.next_offset);
+    UcxAmChunk& chunk = job.chunks.emplace_back();
+    chunk.job = &job;
+    chunk.kind = op.kind;
+    chunk.local = op.local + job.next_offset;
+    chunk.length = bytes;
+    chunk.request_id = worker_.expect_am_reply(this);
+    UcxAmHeader h;
+    h.request_id = chunk.request_id;
+    h.addr = op.remote_addr + job.next_offset;
+    h.length = bytes;
+    h.deadline_ns = ucx_target_deadline_ns(job.batch->deadline(), clock_offset_ns_);
+    chunk.header = encode_ucx_am_header(h);
+    awaiting_.emplace(chunk.request_id, &chunk);
+    ++job.awaiting;
+    job.awaiting_bytes += bytes;
+    const bool write = op.kind == OpKind::kWrite;
+    ucp_request_param_t param{};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    param.cb.send = &UcxChannel::on_am_chunk_sent;
+    param.user_data = &chunk;
+    param.flags = UCP_AM_SEND_FLAG_REPLY;
+    ucs_status_ptr_t request = ucp_am_send_nbx(
+        ep_, static_cast<unsigned>(write ? UcxAmId::kWrite : UcxAmId::kRead), chunk.header.data(),
+        chunk.header.size(), write ? chunk.local : nullptr, write ? bytes : 0, &param);
+    posted = true;
+    if (UCS_PTR_IS_ERR(request)) {
+      chunk.sent = true;
+      job.error = request_failure(UCS_PTR_STATUS(request), write ? "write" : "read request");
+      return posted;
+    }
+    if (request != nullptr) {
+      ++job.outstanding;
+    } else {
+      chunk.sent = true;
+    }
+    job.next_offset += bytes;
+    if (job.next_offset == op.length) {
+      ++job.next_op;
+      job.next_offset = 0;
+    }
+  }
+  return posted;
+}
+
 UcxPumped::Outcome UcxChannel::pump(Clock::time_point now, Clock::time_point& wake_at) {
   Outcome out;
   out.progressed = reap_closing();
@@ -223,11 +385,13 @@ UcxPumped::Outcome UcxChannel::pump(Clock::time_point now, Clock::time_point& wa
       if (Status why = job.batch->stop_reason(); !why.ok()) job.error = why;
     }
     if (job.error.ok() && job.request_error != UCS_OK) {
-      job.error = request_failure(
-          job.request_error,
-          !job.ops.empty() && job.ops.front().kind == OpKind::kRead ? "get" : "put");
+      const bool read = !job.ops.empty() && job.ops.front().kind == OpKind::kRead;
+      const bool am = path_ == UcxDataPath::kActiveMessages;
+      job.error = request_failure(job.request_error,
+                                  am ? (read ? "read request" : "write") : (read ? "get" : "put"));
     }
     if (!job.error.ok()) {
+      forget_replies(job);
       if (job.outstanding > 0 || job.flushing) {
         // In the peer's hands past the point of use: force the requests to complete.
         if (ep_ != nullptr) close_endpoint();
@@ -241,9 +405,25 @@ UcxPumped::Outcome UcxChannel::pump(Clock::time_point now, Clock::time_point& wa
       out.progressed = true;
       continue;
     }
-    if (post_chunks(job)) out.progressed = true;
+    if (path_ == UcxDataPath::kActiveMessages) {
+      if (ep_ == nullptr) {  // closed after a failed ping
+        job.error = ensure_endpoint();
+        if (!job.error.ok()) continue;
+      }
+      if (!clock_synced()) {
+        wake_at = std::min(wake_at, job.batch->deadline());
+        break;
+      }
+      if (post_am_chunks(job)) out.progressed = true;
+    } else if (post_chunks(job)) {
+      out.progressed = true;
+    }
     if (!job.error.ok()) continue;
-    if (job.next_op == job.ops.size() && job.outstanding == 0 && !job.flushing && !job.flushed) {
+    // Every chunk answered, then the flush: a rendezvous WRITE's send (and the target's ack,
+    // sent when it accepted the chunk) can complete before the last bytes are in; the flush
+    // waits for their remote completion.
+    if (job.next_op == job.ops.size() && job.outstanding == 0 && job.awaiting == 0 &&
+        !job.flushing && !job.flushed) {
       start_flush(job);
       out.progressed = true;
       if (!job.error.ok()) continue;

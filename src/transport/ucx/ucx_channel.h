@@ -3,24 +3,33 @@
 // after a failure or a deadline), the rkeys unpacked on it, and the queue of batch parts
 // (UcxJob) to run, one at a time in order.
 //
-// A job posts its ops as put (WRITE) or get (READ), in chunks of at most kUcxChunkBytes,
-// with at most kUcxWindowRequests requests outstanding, tracking every request's status;
-// once all are posted and answered it flushes the endpoint. It ends OK only when every
-// request succeeded and the flush completed (a flush can report OK while the requests it
-// covers failed).
+// A job moves its ops in chunks of at most kUcxChunkBytes, along the data path chosen for
+// the peer (choose_ucx_data_path, ucx_am_wire.h):
+//  * kRma (hardware RMA on both sides): put (WRITE) or get (READ), at most
+//    kUcxWindowRequests requests outstanding, every request's status tracked; once all are
+//    posted and answered it flushes the endpoint. It ends OK only when every request
+//    succeeded and the flush completed (a flush can report OK while the requests it covers
+//    failed).
+//  * kActiveMessages (emulated: tcp, shared memory): kvferry's own requests, checked by the
+//    target's handler against its registered regions and the deadline on its clock (the
+//    offset is measured once per channel with a kPing before the first chunk). A WRITE
+//    chunk ends with the target's ack and its send's completion; a READ chunk with its
+//    reply, whose bytes are copied into the op's memory only while the batch may proceed
+//    (a CopyGuard taken, then stop_reason() asked), so nothing of a batch lands after it
+//    stopped. At most kUcxWindowRequests chunks or kUcxAmWindowBytes await replies.
 //
 // Deadlines and failures: before each chunk, and on every pump, the job asks its batch's
 // stop_reason(); when the batch must stop (Timeout, Cancelled, the peer gone) with requests
 // outstanding, the endpoint is force-closed (UCP_EP_CLOSE_FLAG_FORCE), which completes them
-// as cancelled, and the job ends with the stop reason. The next job reconnects. UCX's error
-// callback (UCP_ERR_HANDLING_MODE_PEER) marks the peer disconnected; its requests then fail
-// with PeerDisconnected.
+// as cancelled, and the job ends with the stop reason; replies still due are forgotten (the
+// worker drops them). The next job reconnects. UCX's error callback
+// (UCP_ERR_HANDLING_MODE_PEER) marks the peer disconnected; its requests then fail with
+// PeerDisconnected.
 //
-// What a force close cannot take back: on hardware RMA a put the NIC already sent lands;
-// on UCX's emulated paths (tcp) a put already in the stopped peer's socket buffer lands
-// when the peer resumes, and a resumed peer's replies to cancelled gets are still copied
-// into the local buffer by this worker (no registration is consulted for either, so
-// revoking memh or rkey does not stop them; docs/TRANSPORTS.md, "ucx", late bytes).
+// What a force close cannot take back on kRma: a put the NIC already sent lands (within
+// fabric transit). On kActiveMessages a WRITE chunk's bytes land only if the target
+// accepted it before the deadline (a rendezvous chunk it accepted may finish landing after
+// it; docs/TRANSPORTS.md, "ucx").
 //
 // Thread-safety: everything but the constructor runs on the progress thread.
 #pragma once
@@ -32,17 +41,22 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "transport/batch_progress.h"
 #include "transport/peer_liveness.h"
 #include "transport/resolved_op.h"
+#include "transport/ucx/ucx_am_wire.h"
 #include "transport/ucx/ucx_worker.h"
 
 namespace kvferry::detail {
 
 inline constexpr uint64_t kUcxChunkBytes = 8ull << 20;
 inline constexpr int kUcxWindowRequests = 64;
+// Active messages: the most bytes of one job awaiting replies (READ replies are buffered by
+// UCX until their handler copies them).
+inline constexpr uint64_t kUcxAmWindowBytes = 64ull << 20;
 
 struct UcxOp {
   OpKind kind = OpKind::kWrite;
@@ -51,6 +65,20 @@ struct UcxOp {
   uint64_t length = 0;
   uint64_t region_addr = 0;           // the peer's region holding the remote range
   const std::string* rkey = nullptr;  // its packed rkey (kept alive by the batch)
+};
+
+struct UcxJob;
+
+// One active-message chunk of a job, from posting until its reply and send are done.
+struct UcxAmChunk {
+  UcxJob* job = nullptr;
+  uint64_t request_id = 0;
+  OpKind kind = OpKind::kWrite;
+  char* local = nullptr;
+  uint64_t length = 0;
+  UcxAmHeaderBytes header{};  // UCX may read it until the send completes
+  bool replied = false;
+  bool sent = false;
 };
 
 struct UcxJob {
@@ -65,12 +93,18 @@ struct UcxJob {
   Status error;                         // the first failure
   ucs_status_t request_error = UCS_OK;  // the first failed request's status (callbacks)
   BatchProgress::WireGuard wire;
+  // Active messages: chunks posted (stable addresses), and how many await their reply.
+  std::deque<UcxAmChunk> chunks;
+  int awaiting = 0;
+  uint64_t awaiting_bytes = 0;
 };
 
-class UcxChannel final : public UcxPumped, public std::enable_shared_from_this<UcxChannel> {
+class UcxChannel final : public UcxPumped,
+                         public UcxAmClient,
+                         public std::enable_shared_from_this<UcxChannel> {
  public:
   UcxChannel(UcxWorker& worker, std::string peer_name, std::string peer_address,
-             std::shared_ptr<PeerLiveness> liveness);
+             std::shared_ptr<PeerLiveness> liveness, UcxDataPath path);
   ~UcxChannel() override;
 
   // Progress thread: queues a job.
@@ -80,6 +114,7 @@ class UcxChannel final : public UcxPumped, public std::enable_shared_from_this<U
 
   Outcome pump(Clock::time_point now, Clock::time_point& wake_at) override;
   void abandon() override;
+  void on_am_reply(UcxAmId id, const UcxAmHeader& h, const void* data, size_t length) override;
 
  private:
   struct RemoteKey {
@@ -95,12 +130,19 @@ class UcxChannel final : public UcxPumped, public std::enable_shared_from_this<U
   Result<ucp_rkey_h> rkey_for(const UcxOp& op);
   // Posts chunks while the window allows; returns whether it posted anything.
   bool post_chunks(UcxJob& job);
+  bool post_am_chunks(UcxJob& job);
+  // Starts the clock-offset ping once an endpoint exists; true once the offset is known.
+  bool clock_synced();
+  // The job's chunks no longer expect replies (the worker drops late ones).
+  void forget_replies(UcxJob& job);
   void start_flush(UcxJob& job);
   void close_endpoint();
   bool reap_closing();
   Status request_failure(ucs_status_t status, std::string_view what) const;
 
   static void on_request_done(void* request, ucs_status_t status, void* user_data);
+  static void on_am_chunk_sent(void* request, ucs_status_t status, void* user_data);
+  static void on_ping_sent(void* request, ucs_status_t status, void* user_data);
   static void on_flush_done(void* request, ucs_status_t status, void* user_data);
   static void on_endpoint_error(void* arg, ucp_ep_h ep, ucs_status_t status);
 
@@ -108,12 +150,21 @@ class UcxChannel final : public UcxPumped, public std::enable_shared_from_this<U
   const std::string peer_name_;
   const std::string peer_address_;
   const std::shared_ptr<PeerLiveness> liveness_;
+  const UcxDataPath path_;
   ucp_ep_h ep_ = nullptr;
   bool ep_broken_ = false;
   ucs_status_t ep_error_ = UCS_OK;
   std::map<uint64_t, RemoteKey> rkeys_;  // by the peer's region address, for ep_
   std::deque<std::unique_ptr<UcxJob>> jobs_;
   std::vector<Closing> closing_;
+  // Active messages: the chunks awaiting a reply, by request id; the clock offset to the
+  // peer (its clock minus ours, measured so converted deadlines err early).
+  std::unordered_map<uint64_t, UcxAmChunk*> awaiting_;
+  uint64_t ping_id_ = 0;  // the kPing awaiting its kPong, or 0
+  UcxAmHeaderBytes ping_header_{};
+  bool ping_sending_ = false;  // UCX still holds ping_header_
+  bool clock_synced_ = false;
+  int64_t clock_offset_ns_ = 0;
 };
 
 }  // namespace kvferry::detail

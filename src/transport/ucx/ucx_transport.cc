@@ -99,7 +99,7 @@ class UcxTransport final : public Transport {
   TransportCapabilities capabilities() const override {
     TransportCapabilities caps;
     caps.access = CopyAccess::kRemoteAddress;
-    // Emulated put/get are served by the target's progress thread; hardware RMA by its NIC.
+    // Active messages are served by the target's progress thread; hardware RMA by its NIC.
     caps.target_runs_progress = !resources_.hardware_rma;
     return caps;
   }
@@ -190,8 +190,8 @@ class UcxTransport final : public Transport {
     }
     if (!peer.ucx->hardware_rma && !env_.ucx_allow_emulated) {
       return fmt::format(
-          "the peer's UCX has no hardware RMA transport, and emulated put/get (tcp, shared "
-          "memory) neither range-check nor authenticate; {}",
+          "the peer's UCX has no hardware RMA transport, and emulated paths (tcp, shared "
+          "memory) authenticate nothing and carry UCX's unchecked writes; {}",
           kAllowHint);
     }
     return "";
@@ -212,7 +212,10 @@ class UcxTransport final : public Transport {
     }
     // The caller names the peer in its message.
     KVF_ASSIGN_OR_RETURN(std::string address, peer_worker_address(peer.descriptor));
-    auto channel = std::make_shared<UcxChannel>(*worker_, peer.name, address, peer.liveness);
+    const detail::UcxDataPath path =
+        detail::choose_ucx_data_path(resources_.hardware_rma, peer.descriptor.ucx->hardware_rma);
+    log().debug("ucx: peer {} over {}", peer.name, detail::ucx_data_path_name(path));
+    auto channel = std::make_shared<UcxChannel>(*worker_, peer.name, address, peer.liveness, path);
     return std::shared_ptr<TransportLink>(
         std::make_shared<UcxLink>(worker_, std::move(channel), peer.name));
   }
@@ -259,11 +262,13 @@ Result<std::unique_ptr<Transport>> make_ucx_transport(const TransportEnv& env) {
   if (!resources->hardware_rma && !env.ucx_allow_emulated) {
     return std::unique_ptr<Transport>(new UcxTransport(
         env, nullptr, *resources,
-        fmt::format("UCX here has only emulated put/get ({}), which neither range-check nor "
-                    "authenticate; {}",
+        fmt::format("UCX here has only emulated put/get ({}), which authenticate nothing and "
+                    "carry UCX's unchecked writes; {}",
                     detail::join_transports(resources->transports), kAllowHint)));
   }
-  KVF_ASSIGN_OR_RETURN(std::shared_ptr<UcxWorker> worker, UcxWorker::create(env.engine_name));
+  KVF_ASSIGN_OR_RETURN(
+      std::shared_ptr<UcxWorker> worker,
+      UcxWorker::create(env.engine_name, env.local_regions, resources->hardware_rma));
   detail::UcxResources used = worker->resources();
   log().info("ucx: worker up ({}; hardware RMA: {}{})", detail::join_transports(used.transports),
              used.hardware_rma ? "yes" : "no", used.hardware_rma ? "" : ", emulation allowed");

@@ -37,14 +37,17 @@ std::string printed_context_info(ucp_context_h context) {
   return out;
 }
 
-Result<ucp_context_h> init_context(std::string_view name) {
+// `rma`: UCP's put/get (with their emulated handlers, which check nothing, on a worker
+// reached over tcp or shared memory) only where this engine has hardware RMA and may use
+// the kRma path; otherwise kvferry's active messages alone move bytes.
+Result<ucp_context_h> init_context(std::string_view name, bool rma) {
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) return Internal("ucx: reading UCX's configuration: " + ucx_status_text(s));
   std::string context_name(name);
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
-  params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+  params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP | (rma ? UCP_FEATURE_RMA : 0);
   params.name = context_name.c_str();
   ucp_context_h context = nullptr;
   s = ucp_init(&params, config, &context);
@@ -73,15 +76,17 @@ std::string ucx_status_text(ucs_status_t status) {
 }
 
 Result<UcxResources> query_ucx_resources() {
-  KVF_ASSIGN_OR_RETURN(ucp_context_h context, init_context("kvferry-probe"));
+  KVF_ASSIGN_OR_RETURN(ucp_context_h context, init_context("kvferry-probe", true));
   UcxResources r = resources_of(context);
   ucp_cleanup(context);
   return r;
 }
 
-Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_name) {
+Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_name,
+                                                     UcxRegionSource regions, bool rma) {
   std::unique_ptr<UcxWorker> w(new UcxWorker());
-  KVF_ASSIGN_OR_RETURN(w->context_, init_context(engine_name));
+  w->regions_ = std::move(regions);
+  KVF_ASSIGN_OR_RETURN(w->context_, init_context(engine_name, rma));
   w->resources_ = resources_of(w->context_);
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -94,6 +99,7 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_n
   if (s != UCS_OK) return Internal("ucx: ucp_worker_get_address failed: " + ucx_status_text(s));
   w->address_.assign(reinterpret_cast<const char*>(address), address_bytes);
   ucp_worker_release_address(w->worker_, address);
+  KVF_RETURN_IF_ERROR(w->set_am_handlers());
   s = ucp_worker_get_efd(w->worker_, &w->event_fd_);
   if (s != UCS_OK) return Internal("ucx: ucp_worker_get_efd failed: " + ucx_status_text(s));
   int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -141,6 +147,14 @@ void UcxWorker::activate(std::shared_ptr<UcxPumped> p) {
     active_.push_back(std::move(p));
   }
 }
+
+uint64_t UcxWorker::expect_am_reply(UcxAmClient* client) {
+  const uint64_t id = next_am_request_++;
+  am_waiters_.emplace(id, client);
+  return id;
+}
+
+void UcxWorker::forget_am_request(uint64_t request_id) { am_waiters_.erase(request_id); }
 
 void UcxWorker::run() {
   ::pthread_setname_np(::pthread_self(), "kvf-ucx");

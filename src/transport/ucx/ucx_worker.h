@@ -8,6 +8,12 @@
 // Channels with work (UcxPumped) are pumped after every progress round until they report
 // idle; the thread wakes for the earliest deadline any of them reports.
 //
+// The worker also serves kvferry's active messages (ucx_am_wire.h), both sides: as a
+// target it checks each kWrite/kRead against this engine's registered regions and its
+// deadline before a byte moves (ucx_am_handlers.cc); as an initiator it routes each reply
+// to the UcxAmClient (a channel) waiting for that request id, and drops replies nobody
+// waits for any more (a batch that timed out).
+//
 // Ownership: the transport owns the worker; channels are kept alive by the active set while
 // they have work. The destructor stops the thread after letting channels close (bounded).
 //
@@ -23,10 +29,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "core/net.h"
 #include "kvferry/status.h"
+#include "transport/region_index.h"
+#include "transport/ucx/ucx_am_wire.h"
 #include "transport/ucx/ucx_resources.h"
 
 namespace kvferry::detail {
@@ -45,13 +54,28 @@ class UcxPumped {
   virtual void abandon() = 0;
 };
 
+// Waits for replies to active-message requests (progress thread only).
+class UcxAmClient {
+ public:
+  virtual ~UcxAmClient() = default;
+  // A reply (kPong, kWriteAck, kReadReply) to request `h.request_id`; `data` holds its
+  // `length` payload bytes for the duration of the call (a rendezvous payload is first
+  // received into a buffer the worker owns). The waiter is already removed.
+  virtual void on_am_reply(UcxAmId id, const UcxAmHeader& h, const void* data, size_t length) = 0;
+};
+
+// This engine's registered regions now (the target checks every request against them).
+using UcxRegionSource = std::function<std::shared_ptr<const RegionIndex>()>;
+
 // Reads UCX's configuration (UCX_TLS and the rest of the environment) and initialises a
-// context with RMA and wakeup; reports its resources.
+// context with RMA, active messages and wakeup; reports its resources.
 Result<UcxResources> query_ucx_resources();
 
 class UcxWorker {
  public:
-  static Result<std::unique_ptr<UcxWorker>> create(const std::string& engine_name);
+  // `rma`: enable UCP's put/get (only where this engine has hardware RMA).
+  static Result<std::unique_ptr<UcxWorker>> create(const std::string& engine_name,
+                                                   UcxRegionSource regions, bool rma);
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
@@ -68,10 +92,33 @@ class UcxWorker {
   // Pumps `p` after every progress round until it reports idle (progress thread only).
   void activate(std::shared_ptr<UcxPumped> p);
 
+  // Active messages (progress thread only): a fresh request id whose reply goes to
+  // `client`, until the reply arrives or forget_am_request.
+  uint64_t expect_am_reply(UcxAmClient* client);
+  void forget_am_request(uint64_t request_id);
+
  private:
+  struct AmSend;
+  struct AmReceive;
   UcxWorker() = default;
   void run();
   void wake();
+  Status set_am_handlers();
+  template <UcxAmId kId>
+  static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data,
+                            size_t length, const ucp_am_recv_param_t* param);
+  // Target side.
+  void serve_ping(const UcxAmHeader& h, ucp_ep_h reply_ep);
+  ucs_status_t serve_write(const UcxAmHeader& h, void* data, size_t length, bool rndv,
+                           ucp_ep_h reply_ep);
+  void serve_read(const UcxAmHeader& h, ucp_ep_h reply_ep);
+  // Sends header (and the pinned payload) on reply_ep; the pin is held until sent.
+  void send_am(ucp_ep_h ep, UcxAmId id, const UcxAmHeader& h, UcxAmPin pin, size_t bytes);
+  static void on_am_sent(void* request, ucs_status_t status, void* user_data);
+  // Initiator side.
+  ucs_status_t deliver_reply(UcxAmId id, const UcxAmHeader& h, void* data, size_t length,
+                             bool rndv);
+  static void on_reply_received(void* request, ucs_status_t status, size_t length, void* user_data);
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -84,6 +131,9 @@ class UcxWorker {
   std::vector<std::function<void()>> tasks_;        // guarded by mu_
   bool stopping_ = false;                           // guarded by mu_
   std::vector<std::shared_ptr<UcxPumped>> active_;  // progress thread only
+  UcxRegionSource regions_;
+  uint64_t next_am_request_ = 1;                           // progress thread only
+  std::unordered_map<uint64_t, UcxAmClient*> am_waiters_;  // progress thread only
   std::thread thread_;
 };
 
