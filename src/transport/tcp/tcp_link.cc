@@ -42,6 +42,9 @@ struct TcpChunk {
   uint64_t remote_addr = 0;
   uint64_t length = 0;
   std::vector<TcpPiece> pieces;
+  // The whole part went in this one frame (a request/answer exchange: the reader may wait
+  // hot for its answer).
+  bool sole = false;
   // A WRITE completes only when it is both acknowledged and its sendmsg has returned:
   // on loopback the ack can overtake the syscall, and the caller may free the buffer
   // the moment the batch completes.
@@ -67,8 +70,10 @@ constexpr uint64_t kInlineSendBytes = uint64_t{256} << 10;
 // without sleeping for this long before it blocks: in a request/answer exchange the next
 // answer comes sooner than a sleeping thread wakes. Only after lone requests: with several
 // in flight the answers keep the reader busy anyway, and polling would take the core the
-// receiver and the sender need (measured: 4 KiB x 16 took twice as long with it). Bounded,
-// so an idle lane sleeps.
+// receiver and the sender need (measured: 4 KiB x 16 took twice as long with it). And only
+// after a request that carried its whole part (a frame that is one of several of a part, on
+// several lanes, would have every lane's reader spin while the receivers need the cores).
+// Bounded, so an idle lane sleeps.
 constexpr std::chrono::microseconds kReaderHotTime{100};
 // Input is received into a buffer of this size, so one recv() brings in many acks (or small
 // READ payloads, copied out of it); a READ payload with at least kDirectReceiveBytes still to
@@ -273,6 +278,7 @@ class TcpLane {
           c.sent = kind != OpKind::kWrite;  // a READ's request reads no local memory
           in_flight_.emplace(h.request_id, std::move(c));
           peak_in_flight_ = std::max(peak_in_flight_, in_flight_.size());
+          if (!c.sole) shared_since_idle_ = true;
           registered = true;
         }
       }
@@ -492,8 +498,9 @@ class TcpLane {
   bool lone_answered() {
     std::lock_guard lock(mu_);
     if (!in_flight_.empty()) return false;
-    const bool lone = peak_in_flight_ == 1;
+    const bool lone = peak_in_flight_ == 1 && !shared_since_idle_;
     peak_in_flight_ = 0;
+    shared_since_idle_ = false;
     return lone;
   }
 
@@ -633,6 +640,9 @@ class TcpLane {
   bool sending_ = false;  // guarded by mu_: someone holds the sending role
   // Most requests in flight at once since the lane was last idle (guarded by mu_).
   size_t peak_in_flight_ = 0;
+  // A request that was part of a larger part was carried since the lane was last idle
+  // (guarded by mu_).
+  bool shared_since_idle_ = false;
   // The sending role's scratch (only its holder touches them).
   std::vector<std::array<std::byte, kTcpHeaderBytes>> headers_ =
       std::vector<std::array<std::byte, kTcpHeaderBytes>>(kMaxGather);
@@ -891,6 +901,11 @@ Status TcpLink::post(const BatchPart& part) {
     }
   }
   close_group();
+  if (chunks == 1 && staged_chunks.empty()) {
+    for (auto& lane_chunks : per_lane) {
+      for (TcpChunk& c : lane_chunks) c.sole = true;
+    }
+  }
   std::vector<std::shared_ptr<TcpLane>> targets(lane_count);
   for (size_t i = 0; i < lane_count; ++i) {
     if (!lane_used[i]) continue;
