@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
-#include <span>
 #include <ostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -377,7 +377,8 @@ TEST_F(HostileFrames, VectorWriteWithOneEntryOutsideIsRefusedWholeAndNothingLand
     SCOPED_TRACE(outside);
     // Seven good entries around one bad one: none of them may land.
     std::vector<TcpVecEntry> entries;
-    for (uint64_t i = 0; i < 8; ++i) entries.push_back({region() + i * 2 * kProbeBytes, kProbeBytes});
+    for (uint64_t i = 0; i < 8; ++i)
+      entries.push_back({region() + i * 2 * kProbeBytes, kProbeBytes});
     entries[5].addr = outside;
     c.send(vector_frame(TcpFrame::kWriteV, entries, region(),
                         hostile_payload(entries.size() * kProbeBytes), ++id));

@@ -276,9 +276,9 @@ class TcpLane {
           h.request_id = next_id_++;
           c.wire = batch->on_wire();
           c.sent = kind != OpKind::kWrite;  // a READ's request reads no local memory
+          if (!c.sole) shared_since_idle_ = true;
           in_flight_.emplace(h.request_id, std::move(c));
           peak_in_flight_ = std::max(peak_in_flight_, in_flight_.size());
-          if (!c.sole) shared_since_idle_ = true;
           registered = true;
         }
       }
@@ -585,8 +585,8 @@ class TcpLane {
     // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
     std::array<std::byte, kTcpScratchBytes> scratch;
     std::vector<iovec>& window = read_window_;
-    size_t piece = 0;         // where the next byte goes: pieces[piece] + offset
-    uint64_t offset = 0;      // (or local + offset for a one-range frame)
+    size_t piece = 0;     // where the next byte goes: pieces[piece] + offset
+    uint64_t offset = 0;  // (or local + offset for a one-range frame)
     uint64_t done = 0;
     Status outcome;
     while (done < c.length) {
@@ -613,8 +613,7 @@ class TcpLane {
             }
           }
         }
-        s = read_input_scatter(window,
-                               std::min(Clock::now() + kTcpFrameRestTimeout, b.deadline()));
+        s = read_input_scatter(window, std::min(Clock::now() + kTcpFrameRestTimeout, b.deadline()));
       } else {
         outcome = why;
         n = std::min<uint64_t>(c.length - done, scratch.size());

@@ -106,9 +106,9 @@ Status pin_entries(const std::shared_ptr<const RegionIndex>& regions,
   for (const TcpVecEntry& e : entries) {
     const RegionEntry* r = regions->find(e.addr, e.length, hint);
     if (r == nullptr || r->use == nullptr || r->host_ptr == nullptr) {
-      return refuse(e, NotRegistered("range [" + std::to_string(e.addr) + ", +" +
-                                     std::to_string(e.length) +
-                                     ") is outside every registered region of the receiver"));
+      return refuse(
+          e, NotRegistered("range [" + std::to_string(e.addr) + ", +" + std::to_string(e.length) +
+                           ") is outside every registered region of the receiver"));
     }
     if (r->location.kind != MemoryLocation::Kind::kHost) {
       return refuse(e, NotSupported("range at " + std::to_string(e.addr) +
@@ -118,8 +118,8 @@ Status pin_entries(const std::shared_ptr<const RegionIndex>& regions,
       r->use->in_flight.fetch_add(1);
       if (r->use->removed.load()) {
         r->use->in_flight.fetch_sub(1);
-        return refuse(e, NotRegistered("region at " + std::to_string(r->addr) +
-                                       " is being unregistered"));
+        return refuse(
+            e, NotRegistered("region at " + std::to_string(r->addr) + " is being unregistered"));
       }
       pins.push_back(Pin{regions, r->use.get(), r->host_ptr, -1});
       last = r;
@@ -136,7 +136,7 @@ void release_all(std::vector<Pin>& pins) {
 
 struct OutPiece {
   std::array<std::byte, kTcpHeaderBytes> header{};
-  size_t header_sent = 0;  // kTcpHeaderBytes from the start: a piece without a header
+  size_t header_sent = 0;        // kTcpHeaderBytes from the start: a piece without a header
   std::vector<std::byte> owned;  // small payloads (a nonce)
   const char* payload = nullptr;
   uint64_t payload_len = 0;
@@ -164,9 +164,9 @@ struct Conn {
   size_t header_have = 0;
   TcpHeader current;
   uint64_t remaining = 0;
-  Status verdict;  // what the current kWrite will be acknowledged with
+  Status verdict;             // what the current kWrite will be acknowledged with
   uint64_t refused_addr = 0;  // the Ack's addr: the first entry of a vector frame refused
-  Pin target;      // the current kWrite's target
+  Pin target;                 // the current kWrite's target
   // The current vector frame: its table as received, the decoded entries, each entry's
   // target and the pins of their regions; the entry being received and how much of it is in.
   std::vector<std::byte> table;
@@ -524,8 +524,7 @@ struct TcpServer::IoThread {
         for (size_t i = c.vec_index;
              i < c.entries.size() && iov_count < kMaxReceiveEntries && want < kTcpReceivePieceBytes;
              ++i) {
-          const uint64_t n =
-              std::min(c.entries[i].length - offset, kTcpReceivePieceBytes - want);
+          const uint64_t n = std::min(c.entries[i].length - offset, kTcpReceivePieceBytes - want);
           iov[iov_count++] = {c.targets[i] + offset, n};
           want += n;
           offset = 0;

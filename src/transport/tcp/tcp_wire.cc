@@ -52,8 +52,7 @@ Result<TcpHeader> decode_tcp_header(const std::byte* in) {
   r.get(h.length);
   r.get(h.deadline_ns);
   r.get(h.status);
-  if ((tcp_frame_has_payload(h.type) || h.type == TcpFrame::kRead ||
-       h.type == TcpFrame::kReadV) &&
+  if ((tcp_frame_has_payload(h.type) || h.type == TcpFrame::kRead || h.type == TcpFrame::kReadV) &&
       h.length > kTcpMaxFrameBytes) {
     return ProtocolError("tcp frame: length " + std::to_string(h.length) +
                          " exceeds the limit of " + std::to_string(kTcpMaxFrameBytes));
@@ -90,12 +89,10 @@ void encode_tcp_table(std::span<const TcpVecEntry> entries, std::byte* out) {
   }
 }
 
-Status decode_tcp_table(const TcpHeader& header, const std::byte* in,
-                        std::span<TcpVecEntry> out) {
+Status decode_tcp_table(const TcpHeader& header, const std::byte* in, std::span<TcpVecEntry> out) {
   const uint64_t count = header.addr;
   if (!tcp_frame_is_vector(header.type) || count == 0 || count > out.size()) {
-    return ProtocolError("tcp frame: no room for a table of " + std::to_string(count) +
-                         " entries");
+    return ProtocolError("tcp frame: no room for a table of " + std::to_string(count) + " entries");
   }
   uint64_t total = 0;
   for (uint64_t i = 0; i < count; ++i) {

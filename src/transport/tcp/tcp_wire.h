@@ -102,7 +102,6 @@ void encode_tcp_table(std::span<const TcpVecEntry> entries, std::byte* out);
 // has room for the header's count. Checks that every entry has a length of at least one
 // byte that does not wrap its address around, and that the lengths add up to exactly the
 // header's `length`; the error names the entry and the bad value.
-Status decode_tcp_table(const TcpHeader& header, const std::byte* in,
-                        std::span<TcpVecEntry> out);
+Status decode_tcp_table(const TcpHeader& header, const std::byte* in, std::span<TcpVecEntry> out);
 
 }  // namespace kvferry

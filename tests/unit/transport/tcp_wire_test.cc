@@ -139,8 +139,8 @@ TEST(TcpWire, VectorTableRejectsBadEntriesNamingThem) {
   std::vector<TcpVecEntry> out;
   auto expect_table_error = [&](uint64_t total, std::vector<TcpVecEntry> entries,
                                 const std::string& needle) {
-    Status s = decode_table_of(vector_header(TcpFrame::kWriteV, entries.size(), total), entries,
-                               out);
+    Status s =
+        decode_table_of(vector_header(TcpFrame::kWriteV, entries.size(), total), entries, out);
     ASSERT_FALSE(s.ok()) << needle;
     EXPECT_EQ(s.code(), StatusCode::kProtocolError);
     EXPECT_TRUE(testing::contains(s.message(), needle)) << s.message();
