@@ -9,7 +9,9 @@
 // pinned buffer of the I/O thread's and copied to the device (TcpDeviceLander) before it is
 // acknowledged. A request's bytes are never written after
 // its deadline (they are drained instead and acknowledged with Timeout). kRead is served
-// from registered memory the same way.
+// from registered memory the same way. A vector frame (kWriteV / kReadV) has every entry of
+// its table checked (host memory only) and each region pinned before any byte lands; one bad
+// entry refuses it whole, the reply naming that entry's address.
 //
 // Thread-safety: constructed and destroyed by the engine; the region source is called
 // from the I/O threads and must be thread-safe.
