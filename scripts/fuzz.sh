@@ -13,9 +13,10 @@ seconds=${FUZZ_SECONDS:-60}
 build=${BUILD_DIR:-build-fuzz}
 jobs=${JOBS:-$(nproc)}
 targets=(tcp_wire segment_descriptor control_message)
-# Per-target libFuzzer flags: the tcp receiver reads exactly one 48-byte header.
+# Per-target libFuzzer flags: the tcp receiver reads one 48-byte header, and for a vector
+# frame a table of up to 1,024 16-byte entries after it.
 declare -A target_flags=(
-  [tcp_wire]="-max_len=48"
+  [tcp_wire]="-max_len=16432"
   [segment_descriptor]="-dict=fuzz/segment_descriptor.dict"
   [control_message]=""
 )

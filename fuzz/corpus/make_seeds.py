@@ -17,10 +17,17 @@ def write(target, name, data):
         f.write(data)
 
 
-# tcp_wire: magic "KVFD", version 1, type, request_id, addr, length, deadline_ns, status, 0
+# tcp_wire: magic "KVFD", version 2, type, request_id, addr, length, deadline_ns, status, 0
 def tcp(frame_type, request_id=0, addr=0, length=0, deadline_ns=0, status=0):
-    return struct.pack("<IHHQQQqII", 0x4446564B, 1, frame_type, request_id, addr, length,
+    return struct.pack("<IHHQQQqII", 0x4446564B, 2, frame_type, request_id, addr, length,
                        deadline_ns, status, 0)
+
+
+# A vector frame (8 WriteV, 9 ReadV): header with addr = entry count, then the table.
+def tcp_vector(frame_type, entries, request_id=0, deadline_ns=0):
+    total = sum(length for _, length in entries)
+    table = b"".join(struct.pack("<QQ", addr, length) for addr, length in entries)
+    return tcp(frame_type, request_id, len(entries), total, deadline_ns) + table
 
 
 write("tcp_wire", "hello", tcp(1, deadline_ns=123456789))
@@ -31,6 +38,11 @@ write("tcp_wire", "write_4k", tcp(4, request_id=9, addr=0x7F0000001000, length=4
 write("tcp_wire", "read_64m", tcp(5, request_id=10, addr=0x7F0000000000, length=64 << 20))
 write("tcp_wire", "ack_not_registered", tcp(6, request_id=9, status=2))
 write("tcp_wire", "read_data_error", tcp(7, request_id=10, status=12))
+write("tcp_wire", "write_v_3", tcp_vector(8, [(0x7F0000001000, 4096), (0x7F0000010000, 1),
+                                              (0x7F0000020000, 65536)], request_id=11,
+                                          deadline_ns=10**12))
+write("tcp_wire", "read_v_2", tcp_vector(9, [(0x7F0000000000, 4096), (0x7F0000003000, 512)],
+                                         request_id=12))
 
 # segment_descriptor: what an engine publishes (serialize_segment_descriptor)
 base = {"format": 2, "name": "prefill-0", "endpoint": "10.0.0.1:41000", "incarnation": 99,

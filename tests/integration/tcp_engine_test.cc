@@ -6,7 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -46,6 +52,105 @@ TEST(TcpTwoProcess, OneGibibyteWriteAndReadArriveIntact) {
   EXPECT_FALSE(find_pattern_mismatch(src, 42));
 }
 
+// A batch of many small ops (packed into vector frames) mixed with a few large ones (plain
+// frames), to random disjoint places on both sides, in random order.
+struct ScatterOp {
+  uint64_t local_offset = 0;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+std::vector<ScatterOp> random_scatter(uint64_t seed, size_t count, uint64_t& span_bytes) {
+  std::mt19937_64 rng(seed);
+  std::vector<ScatterOp> ops(count);
+  for (ScatterOp& op : ops) {
+    const uint64_t pick = rng() % 1000;
+    if (pick < 970) {
+      op.length = 1 + rng() % 8192;  // small: vector frames
+    } else if (pick < 995) {
+      op.length = 8192 + rng() % (56 << 10);  // up to 64 KiB: still packed
+    } else {
+      op.length = (64 << 10) + 1 + rng() % (1 << 20);  // large: plain frames
+    }
+  }
+  // Laid out one after another with small gaps, in a different random order on each side,
+  // so no two ops are adjacent on both sides (nothing merges).
+  auto lay_out = [&](uint64_t ScatterOp::*field) {
+    std::vector<size_t> order(count);
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    uint64_t at = 0;
+    for (size_t i : order) {
+      at += rng() % 64;
+      ops[i].*field = at;
+      at += ops[i].length;
+    }
+    return at;
+  };
+  span_bytes = std::max(lay_out(&ScatterOp::local_offset), lay_out(&ScatterOp::remote_offset));
+  return ops;
+}
+
+// Where two buffers first differ, for a readable failure.
+std::string first_difference(std::span<const std::byte> got, std::span<const std::byte> want) {
+  auto [g, w] = std::mismatch(got.begin(), got.end(), want.begin());
+  if (g == got.end()) return "identical";
+  return fmt::format("first difference at offset {}", g - got.begin());
+}
+
+TEST(TcpTwoProcess, TenThousandRandomSmallAndLargeOpsArriveIntactBothWays) {
+  constexpr size_t kOps = 10'000;
+  uint64_t span = 0;
+  const std::vector<ScatterOp> layout = random_scatter(16, kOps, span);
+  const uint64_t bytes = span + 4096;
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, bytes));
+  auto engine = testing::make_engine("initiator");
+  PeerHandle handle = open_tcp(*engine, peer.endpoint);
+  std::vector<std::byte> local(bytes);
+  ASSERT_TRUE(engine->register_memory(local.data(), bytes).ok());
+  auto batch_of = [&](OpKind kind) {
+    std::vector<TransferOp> ops;
+    for (const ScatterOp& s : layout) {
+      ops.push_back({kind, reinterpret_cast<uint64_t>(local.data()) + s.local_offset,
+                     peer.addr + s.remote_offset, s.length});
+    }
+    return ops;
+  };
+  const auto kAsk = std::chrono::seconds(60);
+
+  // WRITE: the peer's memory is its old pattern except where an op landed its bytes.
+  ASSERT_EQ(*peer.process.ask(fmt::format("fill 7 0 {}", bytes), kAsk), "ok");
+  fill_pattern(local, 41);
+  std::vector<std::byte> expected(bytes);
+  fill_pattern(expected, 7);
+  for (const ScatterOp& s : layout) {
+    std::memcpy(expected.data() + s.remote_offset, local.data() + s.local_offset, s.length);
+  }
+  Status wrote = engine->transfer_sync(handle, batch_of(OpKind::kWrite));
+  ASSERT_TRUE(wrote.ok()) << wrote.to_string();
+  EXPECT_EQ(*peer.process.ask(fmt::format("checksum 0 {}", bytes), kAsk),
+            fmt::format("{:016x}", checksum(expected)));
+  // The peer's whole buffer, read back with one op, to say where it differs.
+  std::vector<std::byte> back(bytes);
+  ASSERT_TRUE(engine->register_memory(back.data(), bytes).ok());
+  TransferOp whole{OpKind::kRead, reinterpret_cast<uint64_t>(back.data()), peer.addr, bytes};
+  ASSERT_TRUE(engine->transfer_sync(handle, {&whole, 1}).ok());
+  EXPECT_TRUE(back == expected) << first_difference(back, expected);
+
+  // READ: local memory is its old pattern except where an op brought the peer's bytes.
+  ASSERT_EQ(*peer.process.ask(fmt::format("fill 42 0 {}", bytes), kAsk), "ok");
+  fill_pattern(local, 9);
+  std::vector<std::byte> peer_bytes(bytes);
+  fill_pattern(peer_bytes, 42);
+  fill_pattern(expected, 9);
+  for (const ScatterOp& s : layout) {
+    std::memcpy(expected.data() + s.local_offset, peer_bytes.data() + s.remote_offset, s.length);
+  }
+  Status read = engine->transfer_sync(handle, batch_of(OpKind::kRead));
+  ASSERT_TRUE(read.ok()) << read.to_string();
+  EXPECT_TRUE(local == expected) << first_difference(local, expected);
+}
+
 TEST(TcpTwoProcess, KilledPeerFailsTheBatchWithPeerDisconnectedLongBeforeItsTimeout) {
   constexpr uint64_t kBytes = 256ull << 20;
   ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kBytes));
@@ -81,12 +186,15 @@ TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards
   std::vector<std::byte> src(kBytes, std::byte{5});
   ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
   // One small write first: the lanes are connected before the peer stops.
-  std::vector<std::byte> zero_page(4096, std::byte{0});
+  constexpr uint64_t kWarmBytes = 128 << 10;
+  std::vector<std::byte> zero_page(kWarmBytes, std::byte{0});
   ASSERT_TRUE(engine->register_memory(zero_page.data(), zero_page.size()).ok());
-  // Two ops (one per lane), to two pages: a batch may not write one destination twice.
+  // Two ops (one per lane: each larger than what is packed into one vector frame), to two
+  // places: a batch may not write one destination twice.
   std::vector<TransferOp> warm = {
-      {OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()), peer.addr, 4096},
-      {OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()), peer.addr + 4096, 4096}};
+      {OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()), peer.addr, kWarmBytes},
+      {OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()), peer.addr + kWarmBytes,
+       kWarmBytes}};
   ASSERT_TRUE(engine->transfer_sync(handle, warm).ok());
   ASSERT_EQ(::kill(peer.process.pid(), SIGSTOP), 0);
   int wstatus = 0;  // kill() only queues the signal: wait until the child has stopped

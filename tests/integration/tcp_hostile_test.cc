@@ -11,6 +11,7 @@
 #include <limits>
 #include <optional>
 #include <ostream>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -138,6 +139,35 @@ std::vector<std::byte> with_field(std::vector<std::byte> frame, size_t offset,
   return frame;
 }
 
+TcpHeader vector_header(TcpFrame type, uint64_t count, uint64_t length, uint64_t request_id = 1) {
+  TcpHeader h;
+  h.type = type;
+  h.request_id = request_id;
+  h.addr = count;
+  h.length = length;
+  return h;
+}
+
+// A vector frame: header, table, payload (for kWriteV).
+std::vector<std::byte> vector_frame(const TcpHeader& h, std::span<const TcpVecEntry> entries,
+                                    std::span<const std::byte> payload = {}) {
+  std::vector<std::byte> frame = testing::encode_frame(h);
+  const size_t at = frame.size();
+  frame.resize(at + entries.size() * kTcpVecEntryBytes);
+  encode_tcp_table(entries, frame.data() + at);
+  frame.insert(frame.end(), payload.begin(), payload.end());
+  return frame;
+}
+
+// The same with the header's count and length taken from the entries.
+std::vector<std::byte> vector_frame(TcpFrame type, std::span<const TcpVecEntry> entries,
+                                    uint64_t /*region*/, std::span<const std::byte> payload = {},
+                                    uint64_t request_id = 1) {
+  uint64_t total = 0;
+  for (const TcpVecEntry& e : entries) total += e.length;
+  return vector_frame(vector_header(type, entries.size(), total, request_id), entries, payload);
+}
+
 std::vector<std::byte> valid_write(uint64_t region) {
   return testing::encode_frame(write_header(1, region, kProbeBytes), hostile_payload(kProbeBytes));
 }
@@ -157,8 +187,36 @@ const HostileCase kClosingCases[] = {
      }},
     {"UnsupportedVersion", true, false,
      [](uint64_t region) {
-       constexpr std::byte kVersion2[] = {std::byte{2}, std::byte{0}};
-       return with_field(valid_write(region), 4, kVersion2);
+       constexpr std::byte kVersion1[] = {std::byte{1}, std::byte{0}};
+       return with_field(valid_write(region), 4, kVersion1);
+     }},
+    {"VectorOfNoEntries", true, false,
+     [](uint64_t region) {
+       return vector_frame(TcpFrame::kWriteV, {}, region, hostile_payload(kProbeBytes));
+     }},
+    {"VectorOfTooManyEntries", true, false,
+     [](uint64_t region) {
+       std::vector<TcpVecEntry> entries(kTcpMaxVecEntries + 1, {region, 1});
+       return vector_frame(TcpFrame::kReadV, entries, region);
+     }},
+    {"VectorEntriesShortOfTheLength", true, false,
+     [](uint64_t region) {
+       TcpHeader h = vector_header(TcpFrame::kWriteV, 2, 2 * kProbeBytes);
+       std::vector<TcpVecEntry> entries = {{region, kProbeBytes}, {region + kProbeBytes, 1}};
+       return vector_frame(h, entries, hostile_payload(2 * kProbeBytes));
+     }},
+    {"VectorEntryOfLengthZero", true, false,
+     [](uint64_t region) {
+       TcpHeader h = vector_header(TcpFrame::kReadV, 2, kProbeBytes);
+       const std::vector<TcpVecEntry> entries = {{region, kProbeBytes}, {region, 0}};
+       return vector_frame(h, entries);
+     }},
+    {"VectorEntryWrapsAround", true, true,
+     [](uint64_t region) {
+       constexpr uint64_t kNearTop = std::numeric_limits<uint64_t>::max() - kProbeBytes / 2;
+       TcpHeader h = vector_header(TcpFrame::kWriteV, 2, 2 * kProbeBytes);
+       const std::vector<TcpVecEntry> entries = {{region, kProbeBytes}, {kNearTop, kProbeBytes}};
+       return vector_frame(h, entries, hostile_payload(2 * kProbeBytes));
      }},
     {"UnknownType", true, false,
      [](uint64_t region) {
@@ -289,6 +347,99 @@ TEST_F(HostileFrames, WriteOutsideEveryRegionIsRefusedWithNotRegisteredAndKeepsT
   // The same connection still carries a valid write.
   expect_valid_write_lands(c, ++id);
   EXPECT_EQ(memory_checksum(), before);
+}
+
+// A peer of another protocol version is told so at kHello and closed.
+TEST_F(HostileFrames, HelloOfAnotherProtocolVersionIsRefusedLoudlyAndClosed) {
+  RawTcpClient c = must(RawTcpClient::connect(tcp_endpoint_));
+  TcpHeader h;
+  h.type = TcpFrame::kHello;
+  std::vector<std::byte> hello = testing::encode_frame(h);
+  hello[4] = std::byte{1};  // version 1: before vector frames
+  c.send(hello);
+  RawFrame refusal = must(c.read_frame());
+  EXPECT_EQ(refusal.header.type, TcpFrame::kAck);
+  EXPECT_EQ(refusal.header.status, static_cast<uint32_t>(StatusCode::kProtocolError));
+  std::string what;
+  EXPECT_TRUE(c.closed_by_peer(what)) << what;
+  expect_engine_still_serves();
+}
+
+// ---------------------------------------------------------------------------------------
+// Vector frames: checked whole before any byte lands.
+
+TEST_F(HostileFrames, VectorWriteWithOneEntryOutsideIsRefusedWholeAndNothingLands) {
+  const uint64_t before = memory_checksum();
+  RawTcpClient c = ready_connection();
+  uint64_t id = 20;
+  const uint64_t outside_targets[] = {region_end(), region() - kProbeBytes / 2, 0};
+  for (uint64_t outside : outside_targets) {
+    SCOPED_TRACE(outside);
+    // Seven good entries around one bad one: none of them may land.
+    std::vector<TcpVecEntry> entries;
+    for (uint64_t i = 0; i < 8; ++i)
+      entries.push_back({region() + i * 2 * kProbeBytes, kProbeBytes});
+    entries[5].addr = outside;
+    c.send(vector_frame(TcpFrame::kWriteV, entries, region(),
+                        hostile_payload(entries.size() * kProbeBytes), ++id));
+    RawFrame ack = must(c.read_frame());
+    EXPECT_EQ(ack.header.type, TcpFrame::kAck);
+    EXPECT_EQ(ack.header.request_id, id);
+    EXPECT_EQ(ack.header.status, static_cast<uint32_t>(StatusCode::kNotRegistered));
+    EXPECT_EQ(ack.header.addr, outside) << "the refusal names the entry";
+    EXPECT_EQ(memory_checksum(), before) << "a refused vector frame changed memory";
+    // A kReadV with the same table: refused, no bytes, naming the entry.
+    c.send(vector_frame(TcpFrame::kReadV, entries, region(), {}, ++id));
+    RawFrame data = must(c.read_frame());
+    EXPECT_EQ(data.header.type, TcpFrame::kReadData);
+    EXPECT_EQ(data.header.request_id, id);
+    EXPECT_EQ(data.header.status, static_cast<uint32_t>(StatusCode::kNotRegistered));
+    EXPECT_EQ(data.header.addr, outside);
+    EXPECT_TRUE(data.payload.empty());
+  }
+  // Past its deadline: refused with Timeout, nothing lands.
+  std::vector<TcpVecEntry> good = {{region(), kProbeBytes}, {region() + 3 * kProbeBytes, 100}};
+  TcpHeader late = vector_header(TcpFrame::kWriteV, 2, kProbeBytes + 100, ++id);
+  late.deadline_ns = 1;
+  c.send(vector_frame(late, good, hostile_payload(kProbeBytes + 100)));
+  RawFrame ack = must(c.read_frame());
+  EXPECT_EQ(ack.header.request_id, id);
+  EXPECT_EQ(ack.header.status, static_cast<uint32_t>(StatusCode::kTimeout));
+  EXPECT_EQ(memory_checksum(), before);
+  // The connection still carries a valid write.
+  expect_valid_write_lands(c, ++id);
+  EXPECT_EQ(memory_checksum(), before);
+}
+
+TEST_F(HostileFrames, VectorWriteAndReadMoveEveryEntry) {
+  RawTcpClient c = ready_connection();
+  // Entries of odd sizes at odd offsets, out of address order.
+  const std::vector<TcpVecEntry> entries = {{region() + 70'001, 5000},
+                                            {region() + 3, 1},
+                                            {region() + 200'000, 20'000},
+                                            {region() + 10'000, 4096}};
+  uint64_t total = 0;
+  for (const TcpVecEntry& e : entries) total += e.length;
+  std::vector<std::byte> payload(total);
+  fill_pattern(payload, 55);
+  c.send(vector_frame(TcpFrame::kWriteV, entries, region(), payload, 7));
+  RawFrame ack = must(c.read_frame());
+  EXPECT_EQ(ack.header.type, TcpFrame::kAck);
+  EXPECT_EQ(ack.header.request_id, 7u);
+  EXPECT_EQ(ack.header.status, static_cast<uint32_t>(StatusCode::kOk));
+  uint64_t at = 0;
+  for (const TcpVecEntry& e : entries) {
+    const std::byte* landed = buffer_.data() + kGuardBytes + (e.addr - region());
+    EXPECT_TRUE(std::equal(landed, landed + e.length, payload.begin() + static_cast<ptrdiff_t>(at)))
+        << "entry at " << e.addr;
+    at += e.length;
+  }
+  c.send(vector_frame(TcpFrame::kReadV, entries, region(), {}, 8));
+  RawFrame data = must(c.read_frame());
+  EXPECT_EQ(data.header.type, TcpFrame::kReadData);
+  EXPECT_EQ(data.header.request_id, 8u);
+  EXPECT_EQ(data.header.status, static_cast<uint32_t>(StatusCode::kOk));
+  EXPECT_TRUE(data.payload == payload);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "core/auth.h"
+#include "core/byte_codec.h"
 #include "core/logging.h"
 #include "transport/tcp/tcp_device_lander.h"
 #include "transport/tcp/tcp_wire.h"
@@ -25,18 +26,33 @@ int64_t to_ns(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
+// One op of a vector frame: where its bytes are here and at the peer.
+struct TcpPiece {
+  char* local = nullptr;
+  uint64_t remote_addr = 0;
+  uint64_t length = 0;
+};
+
+// One request frame: a range (kWrite / kRead) or, when `pieces` is not empty, many small ones
+// (kWriteV / kReadV; then local, remote_addr and length are the first piece's addresses and
+// the total).
 struct TcpChunk {
   std::shared_ptr<BatchProgress> batch;
   OpKind kind = OpKind::kWrite;
   char* local = nullptr;
   uint64_t remote_addr = 0;
   uint64_t length = 0;
+  std::vector<TcpPiece> pieces;
+  // The whole part went in this one frame (a request/answer exchange: the reader may wait
+  // hot for its answer).
+  bool sole = false;
   // A WRITE completes only when it is both acknowledged and its sendmsg has returned:
   // on loopback the ack can overtake the syscall, and the caller may free the buffer
   // the moment the batch completes.
   bool sent = false;
   bool acked = false;
   uint32_t ack_status = 0;
+  uint64_t refused_addr = 0;  // the ack's addr (a vector frame's refused entry)
   // Held from the moment the request is registered for sending until it is answered or
   // failed: the batch's stop() waits for it.
   BatchProgress::WireGuard wire;
@@ -58,14 +74,24 @@ constexpr uint64_t kInlineSendBytes = uint64_t{256} << 10;
 // without sleeping for this long before it blocks: in a request/answer exchange the next
 // answer comes sooner than a sleeping thread wakes. Only after lone requests: with several
 // in flight the answers keep the reader busy anyway, and polling would take the core the
-// receiver and the sender need (measured: 4 KiB x 16 took twice as long with it). Bounded,
-// so an idle lane sleeps.
+// receiver and the sender need (measured: 4 KiB x 16 took twice as long with it). And only
+// after a request that carried its whole part (a frame that is one of several of a part, on
+// several lanes, would have every lane's reader spin while the receivers need the cores).
+// Bounded, so an idle lane sleeps.
 constexpr std::chrono::microseconds kReaderHotTime{100};
 // Input is received into a buffer of this size, so one recv() brings in many acks (or small
 // READ payloads, copied out of it); a READ payload with at least kDirectReceiveBytes still to
 // come is received straight into local memory, with what follows it into the buffer.
 constexpr size_t kReaderBufferBytes = size_t{64} << 10;
 constexpr size_t kDirectReceiveBytes = size_t{16} << 10;
+// A READ payload is received straight into at most this many pieces per recvmsg.
+constexpr size_t kMaxReceivePieces = 64;
+// Consecutive ops of a part of at most kVecOpBytes each (host memory on both sides, same
+// kind) are packed into one vector frame of at most kVecMaxEntries entries and the part's
+// chunk size: one header, one request entry and one ack for all of them.
+constexpr uint64_t kVecOpBytes = uint64_t{64} << 10;
+constexpr size_t kVecMaxEntries = 256;
+static_assert(kVecMaxEntries <= kTcpMaxVecEntries);
 
 }  // namespace
 
@@ -205,18 +231,48 @@ class TcpLane {
   bool send_chunks(std::vector<TcpChunk>& chunks) {
     iov_.clear();
     sent_ids_.clear();
+    // The tables are encoded into the sending role's buffer (never the chunk's: a chunk may
+    // be failed and freed by the reader while its frame is still being sent), sized once so
+    // the iovecs into it stay valid.
+    size_t table_bytes = 0;
+    for (const TcpChunk& c : chunks) table_bytes += c.pieces.size() * kTcpVecEntryBytes;
+    if (tables_.size() < table_bytes) tables_.resize(table_bytes);
+    size_t table_at = 0;
     Clock::time_point send_deadline = Clock::time_point::max();
     size_t slot = 0;
     for (TcpChunk& c : chunks) {
       TcpHeader h;
-      h.type = c.kind == OpKind::kWrite ? TcpFrame::kWrite : TcpFrame::kRead;
-      h.addr = c.remote_addr;
+      const bool vector = !c.pieces.empty();
+      if (vector) {
+        h.type = c.kind == OpKind::kWrite ? TcpFrame::kWriteV : TcpFrame::kReadV;
+        h.addr = c.pieces.size();
+      } else {
+        h.type = c.kind == OpKind::kWrite ? TcpFrame::kWrite : TcpFrame::kRead;
+        h.addr = c.remote_addr;
+      }
       h.length = c.length;
+      // The frame's iovecs after the header (table, payloads), gathered while the chunk is
+      // still ours; dropped again if it does not go out.
+      const size_t iov_mark = iov_.size();
+      iov_.push_back({});  // the header, filled below
+      if (vector) {
+        std::byte* table = tables_.data() + table_at;
+        for (const TcpPiece& p : c.pieces) {
+          store_le(table, p.remote_addr);
+          store_le(table + 8, p.length);
+          table += kTcpVecEntryBytes;
+        }
+        iov_.push_back({tables_.data() + table_at, c.pieces.size() * kTcpVecEntryBytes});
+        table_at += c.pieces.size() * kTcpVecEntryBytes;
+        if (c.kind == OpKind::kWrite) {
+          for (const TcpPiece& p : c.pieces) iov_.push_back({p.local, p.length});
+        }
+      } else if (c.kind == OpKind::kWrite) {
+        iov_.push_back({c.local, c.length});
+      }
       // The deadline on the receiver's clock, never later than ours.
       h.deadline_ns = to_ns(c.batch->deadline()) + clock_offset_ns_;
       const OpKind kind = c.kind;
-      char* const local = c.local;
-      const uint64_t length = c.length;
       const std::shared_ptr<BatchProgress> batch = c.batch;
       bool registered = false;
       {
@@ -227,12 +283,14 @@ class TcpLane {
           h.request_id = next_id_++;
           c.wire = batch->on_wire();
           c.sent = kind != OpKind::kWrite;  // a READ's request reads no local memory
+          if (!c.sole) shared_since_idle_ = true;
           in_flight_.emplace(h.request_id, std::move(c));
           peak_in_flight_ = std::max(peak_in_flight_, in_flight_.size());
           registered = true;
         }
       }
       if (!registered) {
+        iov_.resize(iov_mark);
         finish(c, broken_status());
         continue;
       }
@@ -249,12 +307,12 @@ class TcpLane {
           }
         }
         if (taken) finish(*taken, why);  // else fail_all took it meanwhile
+        iov_.resize(iov_mark);
         continue;
       }
       encode_tcp_header(h, headers_[slot].data());
       sent_ids_.push_back(h.request_id);
-      iov_.push_back({headers_[slot].data(), kTcpHeaderBytes});
-      if (kind == OpKind::kWrite) iov_.push_back({local, length});
+      iov_[iov_mark] = {headers_[slot].data(), kTcpHeaderBytes};
       send_deadline = std::min(send_deadline, batch->deadline());
       ++slot;
     }
@@ -286,11 +344,18 @@ class TcpLane {
         }
       }
     }
-    for (TcpChunk& c : done) finish(c, reply_status(c.ack_status, c));
+    for (TcpChunk& c : done) finish(c, reply_status(c.ack_status, c, c.refused_addr));
   }
 
-  Status reply_status(uint32_t status, const TcpChunk& c) const {
+  // `refused_addr`: the reply's addr, which names the entry a vector frame was refused for.
+  Status reply_status(uint32_t status, const TcpChunk& c, uint64_t refused_addr) const {
     if (status == 0) return Status::Ok();
+    if (!c.pieces.empty()) {
+      return Status(static_cast<StatusCode>(status),
+                    fmt::format("peer {} refused a request of {} ranges for the one at {:#x}: {}",
+                                peer_, c.pieces.size(), refused_addr,
+                                status_code_name(static_cast<StatusCode>(status))));
+    }
     return Status(static_cast<StatusCode>(status),
                   fmt::format("peer {} refused a request at {:#x}: {}", peer_, c.remote_addr,
                               status_code_name(static_cast<StatusCode>(status))));
@@ -363,31 +428,63 @@ class TcpLane {
   // Fills `out` from the input buffer, then from the socket (large remainders straight into
   // `out`, with what follows into the buffer), until `deadline`.
   Status read_input(std::span<std::byte> out, Clock::time_point deadline) {
-    size_t done = 0;
-    while (done < out.size()) {
+    iovec one{out.data(), out.size()};
+    return read_input_scatter({&one, 1}, deadline);
+  }
+
+  // The same for many ranges, filled in order; the iovecs are consumed (advanced) as they
+  // fill. The socket's bytes go straight into up to kMaxReceivePieces ranges per recvmsg
+  // when at least kDirectReceiveBytes are still wanted.
+  Status read_input_scatter(std::span<iovec> parts, Clock::time_point deadline) {
+    size_t first = 0;
+    uint64_t left = 0;
+    for (const iovec& p : parts) left += p.iov_len;
+    // Advances the parts by n received bytes.
+    auto consume = [&](size_t n) {
+      left -= n;
+      while (n != 0) {
+        iovec& p = parts[first];
+        const size_t take = std::min(n, p.iov_len);
+        p.iov_base = static_cast<char*>(p.iov_base) + take;
+        p.iov_len -= take;
+        n -= take;
+        if (p.iov_len == 0) ++first;
+      }
+      while (first < parts.size() && parts[first].iov_len == 0) ++first;
+    };
+    consume(0);
+    while (left != 0) {
       if (in_pos_ < in_end_) {
-        const size_t n = std::min(out.size() - done, in_end_ - in_pos_);
-        std::memcpy(out.data() + done, input_.get() + in_pos_, n);
+        iovec& p = parts[first];
+        const size_t n = std::min(p.iov_len, in_end_ - in_pos_);
+        std::memcpy(p.iov_base, input_.get() + in_pos_, n);
         in_pos_ += n;
-        done += n;
+        consume(n);
         continue;
       }
       in_pos_ = in_end_ = 0;
-      const size_t left = out.size() - done;
       const bool direct = left >= kDirectReceiveBytes;
-      iovec iov[2];
+      // Filled up to the count passed: not zeroed per receive.
+      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
+      std::array<iovec, kMaxReceivePieces + 1> iov;
       size_t count = 0;
-      if (direct) iov[count++] = {out.data() + done, left};
+      size_t into_parts = 0;
+      if (direct) {
+        for (size_t i = first; i < parts.size() && count < kMaxReceivePieces; ++i) {
+          iov[count++] = parts[i];
+          into_parts += parts[i].iov_len;
+        }
+      }
       iov[count++] = {input_.get(), kReaderBufferBytes};
       msghdr msg{};
-      msg.msg_iov = iov;
+      msg.msg_iov = iov.data();
       msg.msg_iovlen = count;
       ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
       if (n > 0) {
         auto received = static_cast<size_t>(n);
-        const size_t into_out = direct ? std::min(received, left) : 0;
-        done += into_out;
-        in_end_ = received - into_out;
+        const size_t direct_bytes = std::min(received, into_parts);
+        in_end_ = received - direct_bytes;
+        consume(direct_bytes);
         continue;
       }
       if (n == 0) return PeerDisconnected("connection closed by peer");
@@ -408,8 +505,9 @@ class TcpLane {
   bool lone_answered() {
     std::lock_guard lock(mu_);
     if (!in_flight_.empty()) return false;
-    const bool lone = peak_in_flight_ == 1;
+    const bool lone = peak_in_flight_ == 1 && !shared_since_idle_;
     peak_in_flight_ = 0;
+    shared_since_idle_ = false;
     return lone;
   }
 
@@ -453,6 +551,7 @@ class TcpLane {
       if (entry.kind == OpKind::kWrite && h.type == TcpFrame::kAck && !entry.sent) {
         entry.acked = true;  // the sender completes it once its sendmsg has returned
         entry.ack_status = h.status;
+        entry.refused_addr = h.addr;
         return Status::Ok();
       }
       chunk = std::move(entry);
@@ -466,7 +565,7 @@ class TcpLane {
           fmt::format("peer {} answered request {} with frame type {} and length {}", peer_,
                       h.request_id, static_cast<int>(h.type), h.length));
     }
-    Status result = reply_status(h.status, chunk);
+    Status result = reply_status(h.status, chunk, h.addr);
     if (h.type == TcpFrame::kReadData && h.length != 0) {
       if (h.length != chunk.length) {
         finish(chunk, ProtocolError("read reply of the wrong length"));
@@ -486,26 +585,46 @@ class TcpLane {
     return Status::Ok();
   }
 
-  // Reads a READ's payload into local memory, in pieces; once the batch is stopped the
-  // rest is drained, never written.
+  // Reads a READ's payload into local memory (a vector frame's into each of its pieces in
+  // turn), at most kTcpReceivePieceBytes at a time; once the batch is stopped the rest is
+  // drained, never written.
   Status receive_read_payload(TcpChunk& c) {
     // Drain target only, never read: not zeroed on the receive path.
     // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
     std::array<std::byte, kTcpScratchBytes> scratch;
+    std::vector<iovec>& window = read_window_;
+    size_t piece = 0;     // where the next byte goes: pieces[piece] + offset
+    uint64_t offset = 0;  // (or local + offset for a one-range frame)
     uint64_t done = 0;
     Status outcome;
     while (done < c.length) {
       BatchProgress& b = *c.batch;
       auto guard = b.copying();
       Status why = outcome.ok() ? b.stop_reason() : outcome;
-      uint64_t n = std::min(kTcpReceivePieceBytes, c.length - done);
+      uint64_t n = 0;
       Status s;
       if (why.ok()) {
-        s = read_input({reinterpret_cast<std::byte*>(c.local + done), n},
-                       std::min(Clock::now() + kTcpFrameRestTimeout, b.deadline()));
+        window.clear();
+        if (c.pieces.empty()) {
+          n = std::min(kTcpReceivePieceBytes, c.length - done);
+          window.push_back({c.local + done, n});
+        } else {
+          while (piece < c.pieces.size() && n < kTcpReceivePieceBytes) {
+            const TcpPiece& p = c.pieces[piece];
+            const uint64_t take = std::min(p.length - offset, kTcpReceivePieceBytes - n);
+            window.push_back({p.local + offset, take});
+            n += take;
+            offset += take;
+            if (offset == p.length) {
+              ++piece;
+              offset = 0;
+            }
+          }
+        }
+        s = read_input_scatter(window, std::min(Clock::now() + kTcpFrameRestTimeout, b.deadline()));
       } else {
         outcome = why;
-        n = std::min<uint64_t>(n, scratch.size());
+        n = std::min<uint64_t>(c.length - done, scratch.size());
         s = read_input({scratch.data(), n}, Clock::now() + kTcpFrameRestTimeout);
       }
       if (!s.ok()) return s;
@@ -572,11 +691,17 @@ class TcpLane {
   bool sending_ = false;  // guarded by mu_: someone holds the sending role
   // Most requests in flight at once since the lane was last idle (guarded by mu_).
   size_t peak_in_flight_ = 0;
+  // A request that was part of a larger part was carried since the lane was last idle
+  // (guarded by mu_).
+  bool shared_since_idle_ = false;
   // The sending role's scratch (only its holder touches them).
   std::vector<std::array<std::byte, kTcpHeaderBytes>> headers_ =
       std::vector<std::array<std::byte, kTcpHeaderBytes>>(kMaxGather);
   std::vector<iovec> iov_;
   std::vector<uint64_t> sent_ids_;
+  std::vector<std::byte> tables_;  // vector frames' tables, encoded
+  // The reader's scratch: the ranges of a READ payload being received.
+  std::vector<iovec> read_window_;
   // The reader's input buffer: [in_pos_, in_end_) is received and not yet consumed.
   std::unique_ptr<std::byte[]> input_ = std::make_unique<std::byte[]>(kReaderBufferBytes);
   size_t in_pos_ = 0;
@@ -599,7 +724,15 @@ Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
                   "tcp handshake with " + o.peer_name + ": " + s.message());
   };
   if (Status s = send_all(fd.get(), raw, deadline); !s.ok()) return unreachable(s);
-  if (Status s = recv_all(fd.get(), raw, deadline); !s.ok()) return unreachable(s);
+  if (Status s = recv_all(fd.get(), raw, deadline); !s.ok()) {
+    if (s.code() == StatusCode::kPeerDisconnected) {
+      // What a receiver of another protocol version does with our kHello (it logs why).
+      s = Status(s.code(), s.message() + fmt::format(" (closed at kHello: a receiver of another "
+                                                     "tcp protocol version than {} does that)",
+                                                     kTcpVersion));
+    }
+    return unreachable(s);
+  }
   const auto t_received = Clock::now();
   auto ack = decode_tcp_header(raw.data());
   if (!ack.ok()) return unreachable(ack.status());
@@ -718,6 +851,9 @@ Status TcpLink::post(const BatchPart& part) {
   std::vector<int> source_device(part.spans.size(), -1);
   std::vector<int> target_device(part.spans.size(), -1);
   std::vector<bool> device_sized(part.spans.size(), false);
+  // Which spans may go in a vector frame: host memory on both sides (device memory moves in
+  // one-range frames only, staged on either side).
+  std::vector<bool> packable(part.spans.size(), false);
   bool any_device = false;
   size_t local_hint = 0;
   size_t remote_hint = 0;
@@ -738,6 +874,7 @@ Status TcpLink::post(const BatchPart& part) {
       source_device[i] = l->location.device;
       any_device = true;
     }
+    packable[i] = op.length <= kVecOpBytes && !is_device(l) && !is_device(r);
   }
   const bool any_landing =
       std::any_of(target_device.begin(), target_device.end(), [](int d) { return d >= 0; });
@@ -774,8 +911,37 @@ Status TcpLink::post(const BatchPart& part) {
   const uint64_t chunk_bytes =
       std::clamp<uint64_t>(part.bytes / lane_count, kTcpMinChunkBytes, kTcpChunkBytes);
   std::vector<bool> lane_used(lane_count, false);
+  // The vector frame being packed: consecutive small ops of one kind, up to kVecMaxEntries
+  // and chunk_bytes. A group of one goes as a plain frame (a lone op keeps its fast path).
+  TcpChunk group;
+  auto close_group = [&] {
+    if (group.pieces.empty()) return;
+    if (group.pieces.size() == 1) group.pieces.clear();  // local/remote/length are the op's
+    const size_t lane_index = next++ % lane_count;
+    lane_used[lane_index] = true;
+    per_lane[lane_index].push_back(std::move(group));
+    ++chunks;
+    group = TcpChunk{};
+  };
   for (size_t i = 0; i < part.spans.size(); ++i) {
     const ResolvedOp& op = part.spans[i];
+    if (packable[i] && op.length != 0) {
+      if (!group.pieces.empty() &&
+          (group.kind != op.kind || group.pieces.size() == kVecMaxEntries ||
+           group.length + op.length > chunk_bytes)) {
+        close_group();
+      }
+      if (group.pieces.empty()) {
+        group.batch = part.batch;
+        group.kind = op.kind;
+        group.local = op.local;
+        group.remote_addr = op.remote_addr;
+      }
+      group.pieces.push_back({op.local, op.remote_addr, op.length});
+      group.length += op.length;
+      continue;
+    }
+    close_group();
     const bool staged = source_device[i] >= 0;
     const uint64_t step = device_sized[i] ? std::min(chunk_bytes, staging_bytes) : chunk_bytes;
     for (uint64_t off = 0; off < op.length; off += step) {
@@ -797,6 +963,12 @@ Status TcpLink::post(const BatchPart& part) {
         per_lane[lane_index].push_back(std::move(chunk));
       }
       ++chunks;
+    }
+  }
+  close_group();
+  if (chunks == 1 && staged_chunks.empty()) {
+    for (auto& lane_chunks : per_lane) {
+      for (TcpChunk& c : lane_chunks) c.sole = true;
     }
   }
   std::vector<std::shared_ptr<TcpLane>> targets(lane_count);

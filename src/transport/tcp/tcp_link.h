@@ -1,6 +1,7 @@
 // TcpLink: the initiating side of the tcp transport for one peer — a few persistent
 // connections ("lanes", opened on first use and reused) over which a batch's ops are
-// striped in chunks of at most kTcpChunkBytes, so lanes share large ops.
+// striped in chunks of at most kTcpChunkBytes, so lanes share large ops; consecutive small
+// host-memory ops (≤ 64 KiB) go many to a vector frame (kWriteV / kReadV, one ack each).
 //
 // Each lane has a sender thread (writes request frames and WRITE payloads straight from
 // registered memory) and a reader thread (acknowledgements, and READ payloads received

@@ -13,10 +13,12 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <span>
 #include <thread>
 #include <unordered_map>
 
 #include "core/auth.h"
+#include "core/byte_codec.h"
 #include "core/logging.h"
 #include "transport/tcp/tcp_device_lander.h"
 #include "transport/tcp/tcp_device_reader.h"
@@ -38,6 +40,8 @@ constexpr uint64_t kDirectReceiveBytes = uint64_t{16} << 10;
 // is never kept waiting for company).
 constexpr size_t kMaxOutPieces = 256;
 constexpr size_t kAckFlushPieces = 32;
+// A vector frame's payload is received straight into at most this many entries per recvmsg.
+constexpr size_t kMaxReceiveEntries = 64;
 // How often an I/O thread looks for connections past a deadline, an idle or a stall limit.
 constexpr int64_t kLimitCheckNs = 20'000'000;
 
@@ -84,15 +88,68 @@ Result<Pin> pin_range(const std::shared_ptr<const RegionIndex>& regions, uint64_
              device ? r->location.device : -1};
 }
 
+// Pins the regions of a vector frame's entries (host memory only): consecutive entries in
+// one region share a pin. `targets` gets each entry's pointer. On error nothing stays pinned
+// and `bad` is the address of the first entry refused.
+Status pin_entries(const std::shared_ptr<const RegionIndex>& regions,
+                   std::span<const TcpVecEntry> entries, std::vector<char*>& targets,
+                   std::vector<Pin>& pins, uint64_t& bad) {
+  targets.clear();
+  size_t hint = 0;
+  const RegionEntry* last = nullptr;
+  auto refuse = [&](const TcpVecEntry& e, Status why) {
+    for (Pin& p : pins) p.release();
+    pins.clear();
+    targets.clear();
+    bad = e.addr;
+    return why;
+  };
+  for (const TcpVecEntry& e : entries) {
+    const RegionEntry* r = regions->find(e.addr, e.length, hint);
+    if (r == nullptr || r->use == nullptr || r->host_ptr == nullptr) {
+      return refuse(
+          e, NotRegistered("range [" + std::to_string(e.addr) + ", +" + std::to_string(e.length) +
+                           ") is outside every registered region of the receiver"));
+    }
+    if (r->location.kind != MemoryLocation::Kind::kHost) {
+      return refuse(e, NotSupported("range at " + std::to_string(e.addr) +
+                                    " is device memory; tcp vector frames carry host memory"));
+    }
+    if (r != last) {
+      r->use->in_flight.fetch_add(1);
+      if (r->use->removed.load()) {
+        r->use->in_flight.fetch_sub(1);
+        return refuse(
+            e, NotRegistered("region at " + std::to_string(r->addr) + " is being unregistered"));
+      }
+      pins.push_back(Pin{regions, r->use.get(), r->host_ptr, -1});
+      last = r;
+    }
+    targets.push_back(r->host_ptr + (e.addr - r->addr));
+  }
+  return Status::Ok();
+}
+
+void release_all(std::vector<Pin>& pins) {
+  for (Pin& p : pins) p.release();
+  pins.clear();
+}
+
 struct OutPiece {
   std::array<std::byte, kTcpHeaderBytes> header{};
-  size_t header_sent = 0;
+  size_t header_sent = 0;        // kTcpHeaderBytes from the start: a piece without a header
   std::vector<std::byte> owned;  // small payloads (a nonce)
   const char* payload = nullptr;
   uint64_t payload_len = 0;
   uint64_t payload_sent = 0;
-  Pin pin;               // keeps a kReadData source registered until sent
-  StagingLease staging;  // a device READ's staged bytes (payload points into it)
+  Pin pin;                // keeps a kReadData source registered until sent
+  std::vector<Pin> pins;  // the same for a kReadV's regions (on its last piece)
+  StagingLease staging;   // a device READ's staged bytes (payload points into it)
+
+  void release() {
+    pin.release();
+    release_all(pins);
+  }
 };
 
 // Keeps a device READ's source pinned while the read stager copies it.
@@ -104,7 +161,7 @@ struct PinHold {
   PinHold& operator=(const PinHold&) = delete;
 };
 
-enum class InState { kHeader, kPayload, kDrain, kAuth };
+enum class InState { kHeader, kPayload, kDrain, kAuth, kTable, kVecPayload };
 
 struct Conn {
   Fd fd;
@@ -118,8 +175,18 @@ struct Conn {
   size_t header_have = 0;
   TcpHeader current;
   uint64_t remaining = 0;
-  Status verdict;  // what the current kWrite will be acknowledged with
-  Pin target;      // the current kWrite's target
+  Status verdict;             // what the current kWrite will be acknowledged with
+  uint64_t refused_addr = 0;  // the Ack's addr: the first entry of a vector frame refused
+  Pin target;                 // the current kWrite's target
+  // The current vector frame: its table as received, the decoded entries, each entry's
+  // target and the pins of their regions; the entry being received and how much of it is in.
+  std::vector<std::byte> table;
+  size_t table_have = 0;
+  std::vector<TcpVecEntry> entries;
+  std::vector<char*> targets;
+  std::vector<Pin> pins;
+  size_t vec_index = 0;
+  uint64_t vec_offset = 0;
   // A kWrite into device memory: its payload is received into the I/O thread's lander for
   // that device; `staged` bytes are there, `landed` bytes are already in device memory.
   TcpDeviceLander* lander = nullptr;
@@ -146,7 +213,8 @@ struct Conn {
   ~Conn() {
     alive->mark_disconnected("its connection closed");
     target.release();
-    for (OutPiece& p : out) p.pin.release();
+    release_all(pins);
+    for (OutPiece& p : out) p.release();
   }
 };
 
@@ -237,11 +305,9 @@ struct TcpServer::IoThread {
         if (now > c.drain_until_ns) closing.emplace_back(fd, nullptr);
         continue;
       }
-      if (c.in == InState::kPayload && c.current.deadline_ns != 0 && now > c.current.deadline_ns) {
-        c.target.release();
-        c.lander = nullptr;
-        c.verdict = Timeout("write request passed its deadline on the receiver");
-        c.in = InState::kDrain;
+      if ((c.in == InState::kPayload || c.in == InState::kVecPayload) &&
+          c.current.deadline_ns != 0 && now > c.current.deadline_ns) {
+        expire(c);
       }
       const bool established = c.hello_done && (!options_.secret || c.authenticated);
       const bool mid_frame = c.in != InState::kHeader || c.header_have != 0 || c.in_pos < c.in_end;
@@ -332,12 +398,23 @@ struct TcpServer::IoThread {
     c.out.push_back(std::move(piece));
   }
 
-  static void ack(Conn& c, uint64_t id, const Status& s) {
+  static void ack(Conn& c, uint64_t id, const Status& s, uint64_t addr = 0) {
     TcpHeader h;
     h.type = TcpFrame::kAck;
     h.request_id = id;
+    h.addr = addr;
     h.status = static_cast<uint32_t>(s.code());
     queue(c, h);
+  }
+
+  // The current write passed its deadline: no byte of it may land any more; the rest of its
+  // payload is drained and it is acknowledged with Timeout.
+  static void expire(Conn& c) {
+    c.target.release();
+    release_all(c.pins);
+    c.lander = nullptr;
+    c.verdict = Timeout("write request passed its deadline on the receiver");
+    c.in = InState::kDrain;
   }
 
   // This thread's lander for `device`, created on first need.
@@ -404,11 +481,7 @@ struct TcpServer::IoThread {
           break;
         case InState::kPayload:
           if (monotonic_ns() > c.current.deadline_ns && c.current.deadline_ns != 0) {
-            // Past its deadline: no byte of it may land any more.
-            c.target.release();
-            c.lander = nullptr;
-            c.verdict = Timeout("write request passed its deadline on the receiver");
-            c.in = InState::kDrain;
+            expire(c);  // past its deadline: no byte of it may land any more
             continue;
           }
           into = c.target.ptr + (c.current.length - c.remaining);
@@ -427,6 +500,19 @@ struct TcpServer::IoThread {
           into = c.proof.data() + c.proof_have;
           want = c.current.length - c.proof_have;
           break;
+        case InState::kTable:
+          into = c.table.data() + c.table_have;
+          want = c.table.size() - c.table_have;
+          break;
+        case InState::kVecPayload:
+          if (monotonic_ns() > c.current.deadline_ns && c.current.deadline_ns != 0) {
+            expire(c);
+            continue;
+          }
+          into = c.targets[c.vec_index] + c.vec_offset;
+          want = std::min<uint64_t>(c.entries[c.vec_index].length - c.vec_offset,
+                                    kTcpReceivePieceBytes);
+          break;
       }
       if (want == 0) {
         if (!advance(c, 0)) return false;
@@ -442,15 +528,34 @@ struct TcpServer::IoThread {
         continue;
       }
       c.in_pos = c.in_end = 0;
-      // A large payload goes straight into its target; what follows it lands in the buffer.
-      // Everything else is received into the buffer in one go.
-      const bool direct = c.in == InState::kPayload && want >= kDirectReceiveBytes;
-      iovec iov[2];
+      // A large payload goes straight into its target, a vector frame's into its next
+      // entries' targets; what follows lands in the buffer. Everything else is received into
+      // the buffer in one go.
+      // Filled up to the count passed: not zeroed per receive.
+      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
+      std::array<iovec, kMaxReceiveEntries + 1> iov;
       size_t iov_count = 0;
-      if (direct) iov[iov_count++] = {into, want};
+      bool direct = false;
+      if (c.in == InState::kPayload && want >= kDirectReceiveBytes) {
+        direct = true;
+        iov[iov_count++] = {into, want};
+      } else if (c.in == InState::kVecPayload && c.remaining >= kDirectReceiveBytes) {
+        // Up to one piece's worth, so the deadline is checked as often as for a kWrite.
+        direct = true;
+        want = 0;
+        uint64_t offset = c.vec_offset;
+        for (size_t i = c.vec_index;
+             i < c.entries.size() && iov_count < kMaxReceiveEntries && want < kTcpReceivePieceBytes;
+             ++i) {
+          const uint64_t n = std::min(c.entries[i].length - offset, kTcpReceivePieceBytes - want);
+          iov[iov_count++] = {c.targets[i] + offset, n};
+          want += n;
+          offset = 0;
+        }
+      }
       iov[iov_count++] = {c.input.get(), kInputBufferBytes};
       msghdr msg{};
-      msg.msg_iov = iov;
+      msg.msg_iov = iov.data();
       msg.msg_iovlen = iov_count;
       ssize_t n = ::recvmsg(c.fd.get(), &msg, MSG_DONTWAIT);
       if (n == 0) return false;  // peer closed
@@ -492,10 +597,31 @@ struct TcpServer::IoThread {
         }
         if (c.remaining != 0) return true;
         c.target.release();
+        release_all(c.pins);
         c.lander = nullptr;
+        ack(c, c.current.request_id, c.verdict, c.refused_addr);
+        c.in = InState::kHeader;
+        return true;
+      case InState::kVecPayload:
+        c.remaining -= n;
+        while (n != 0) {
+          const uint64_t take = std::min<uint64_t>(n, c.entries[c.vec_index].length - c.vec_offset);
+          c.vec_offset += take;
+          n -= take;
+          if (c.vec_offset == c.entries[c.vec_index].length) {
+            ++c.vec_index;
+            c.vec_offset = 0;
+          }
+        }
+        if (c.remaining != 0) return true;
+        release_all(c.pins);
         ack(c, c.current.request_id, c.verdict);
         c.in = InState::kHeader;
         return true;
+      case InState::kTable:
+        c.table_have += n;
+        if (c.table_have < c.table.size()) return true;
+        return on_table(c);
       case InState::kAuth:
         c.proof_have += n;
         if (c.proof_have < c.current.length) return true;
@@ -514,12 +640,24 @@ struct TcpServer::IoThread {
   }
 
   bool on_header(Conn& c) {
+    if (!c.hello_done && load_le<uint32_t>(c.header.data()) == kTcpMagic &&
+        load_le<uint16_t>(c.header.data() + 4) != kTcpVersion) {
+      // A kvferry peer of another protocol version: told so (in our version, which it refuses
+      // loudly), then closed.
+      const auto version = load_le<uint16_t>(c.header.data() + 4);
+      log().warn("tcp: refused a peer speaking protocol version {} (this receiver speaks {})",
+                 version, kTcpVersion);
+      ack(c, 0, ProtocolError("tcp protocol version"));
+      c.close_after_flush = true;
+      return true;
+    }
     auto decoded = decode_tcp_header(c.header.data());
     if (!decoded.ok()) {
       log().warn("tcp: closing a connection: {}", decoded.status().message());
       return false;
     }
     c.current = *decoded;
+    c.refused_addr = 0;
     const bool auth_required = options_.secret.has_value() && !c.authenticated;
     if (!c.hello_done) {
       if (c.current.type != TcpFrame::kHello) return false;
@@ -597,6 +735,12 @@ struct TcpServer::IoThread {
         queue(c, reply, std::move(piece));
         return true;
       }
+      case TcpFrame::kWriteV:
+      case TcpFrame::kReadV:
+        c.table.resize(tcp_table_bytes(c.current));
+        c.table_have = 0;
+        c.in = InState::kTable;
+        return true;
       default:
         log().warn("tcp: unexpected frame type {} from an initiator",
                    static_cast<int>(c.current.type));
@@ -682,6 +826,57 @@ struct TcpServer::IoThread {
     }
   }
 
+  // A vector frame's table is in: every entry is checked against registered memory before
+  // any byte lands. A kWriteV with a bad entry is refused whole (its payload drained, the Ack
+  // naming the entry); a kReadV is answered with all its entries' bytes in one kReadData.
+  bool on_table(Conn& c) {
+    c.entries.resize(c.current.addr);
+    if (Status s = decode_tcp_table(c.current, c.table.data(), c.entries); !s.ok()) {
+      log().warn("tcp: closing a connection: {}", s.message());
+      return false;
+    }
+    uint64_t bad = 0;
+    Status pinned = pin_entries(regions_(), c.entries, c.targets, c.pins, bad);
+    if (c.current.type == TcpFrame::kWriteV) {
+      c.remaining = c.current.length;
+      c.verdict = pinned;
+      if (pinned.ok()) {
+        c.vec_index = 0;
+        c.vec_offset = 0;
+        c.in = InState::kVecPayload;
+      } else {
+        c.refused_addr = bad;
+        c.in = InState::kDrain;
+      }
+      return true;
+    }
+    c.in = InState::kHeader;
+    TcpHeader reply;
+    reply.type = TcpFrame::kReadData;
+    reply.request_id = c.current.request_id;
+    if (!pinned.ok()) {
+      reply.addr = bad;
+      reply.status = static_cast<uint32_t>(pinned.code());
+      queue(c, reply);
+      return true;
+    }
+    reply.length = c.current.length;
+    for (size_t i = 0; i < c.entries.size(); ++i) {
+      OutPiece piece;
+      piece.payload = c.targets[i];
+      piece.payload_len = c.entries[i].length;
+      if (i + 1 == c.entries.size()) piece.pins = std::move(c.pins);
+      if (i == 0) {
+        queue(c, reply, std::move(piece));
+      } else {
+        piece.header_sent = kTcpHeaderBytes;  // one frame: the header went with the first
+        c.out.push_back(std::move(piece));
+      }
+    }
+    c.pins.clear();
+    return true;
+  }
+
   // Sends queued output, many pieces per sendmsg(), until the socket would block. False: close.
   static bool flush(Conn& c) {
     // Filled before each sendmsg up to the count it passes: not zeroed per flush.
@@ -727,7 +922,7 @@ struct TcpServer::IoThread {
         p.payload_sent += payload_take;
         sent -= payload_take;
         if (p.header_sent < kTcpHeaderBytes || p.payload_sent < payload_len) break;
-        p.pin.release();
+        p.release();
         c.out.pop_front();
       }
     }

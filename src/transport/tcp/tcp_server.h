@@ -10,7 +10,10 @@
 // acknowledged. A request's bytes are never written after
 // its deadline (they are drained instead and acknowledged with Timeout). kRead is served
 // from registered memory the same way; a kRead of device memory is staged device -> pinned
-// first (TcpDeviceReadStager) and answered, whole or with an error status, once staged.
+// first (TcpDeviceReadStager) and answered, whole or with an error status, once staged. A
+// vector frame (kWriteV / kReadV) has every entry of its table checked (host memory only)
+// and each region pinned before any byte lands; one bad entry refuses it whole, the reply
+// naming that entry's address.
 //
 // Thread-safety: constructed and destroyed by the engine; the region source is called
 // from the I/O threads and must be thread-safe.

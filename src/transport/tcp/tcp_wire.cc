@@ -9,7 +9,7 @@ namespace kvferry {
 
 bool tcp_frame_has_payload(TcpFrame type) {
   return type == TcpFrame::kWrite || type == TcpFrame::kReadData || type == TcpFrame::kAuth ||
-         type == TcpFrame::kHelloAck;
+         type == TcpFrame::kHelloAck || type == TcpFrame::kWriteV;
 }
 
 void encode_tcp_header(const TcpHeader& h, std::byte* out) {
@@ -42,7 +42,7 @@ Result<TcpHeader> decode_tcp_header(const std::byte* in) {
   uint16_t type = 0;
   r.get(type);
   if (type < static_cast<uint16_t>(TcpFrame::kHello) ||
-      type > static_cast<uint16_t>(TcpFrame::kReadData)) {
+      type > static_cast<uint16_t>(TcpFrame::kReadV)) {
     return ProtocolError("tcp frame: unknown type " + std::to_string(type));
   }
   TcpHeader h;
@@ -52,7 +52,7 @@ Result<TcpHeader> decode_tcp_header(const std::byte* in) {
   r.get(h.length);
   r.get(h.deadline_ns);
   r.get(h.status);
-  if ((tcp_frame_has_payload(h.type) || h.type == TcpFrame::kRead) &&
+  if ((tcp_frame_has_payload(h.type) || h.type == TcpFrame::kRead || h.type == TcpFrame::kReadV) &&
       h.length > kTcpMaxFrameBytes) {
     return ProtocolError("tcp frame: length " + std::to_string(h.length) +
                          " exceeds the limit of " + std::to_string(kTcpMaxFrameBytes));
@@ -63,10 +63,59 @@ Result<TcpHeader> decode_tcp_header(const std::byte* in) {
   if (!is_valid_status_code(h.status)) {
     return ProtocolError("tcp frame: unknown status code " + std::to_string(h.status));
   }
+  if (tcp_frame_is_vector(h.type)) {
+    // addr is the entry count; each entry carries at least one byte.
+    if (h.addr == 0 || h.addr > kTcpMaxVecEntries) {
+      return ProtocolError("tcp frame: vector entry count " + std::to_string(h.addr) +
+                           " outside 1.." + std::to_string(kTcpMaxVecEntries));
+    }
+    if (h.length < h.addr) {
+      return ProtocolError("tcp frame: vector of " + std::to_string(h.addr) + " entries carries " +
+                           std::to_string(h.length) + " bytes (each entry needs at least one)");
+    }
+    return h;
+  }
   if (h.addr + h.length < h.addr) {
     return ProtocolError("tcp frame: range at " + std::to_string(h.addr) + " wraps around");
   }
   return h;
+}
+
+void encode_tcp_table(std::span<const TcpVecEntry> entries, std::byte* out) {
+  for (const TcpVecEntry& e : entries) {
+    store_le(out, e.addr);
+    store_le(out + 8, e.length);
+    out += kTcpVecEntryBytes;
+  }
+}
+
+Status decode_tcp_table(const TcpHeader& header, const std::byte* in, std::span<TcpVecEntry> out) {
+  const uint64_t count = header.addr;
+  if (!tcp_frame_is_vector(header.type) || count == 0 || count > out.size()) {
+    return ProtocolError("tcp frame: no room for a table of " + std::to_string(count) + " entries");
+  }
+  uint64_t total = 0;
+  for (uint64_t i = 0; i < count; ++i) {
+    TcpVecEntry& e = out[i];
+    e.addr = load_le<uint64_t>(in + i * kTcpVecEntryBytes);
+    e.length = load_le<uint64_t>(in + i * kTcpVecEntryBytes + 8);
+    if (e.length == 0 || e.length > header.length - total) {
+      return ProtocolError("tcp frame: vector entry " + std::to_string(i) + " has length " +
+                           std::to_string(e.length) + " (the frame's " +
+                           std::to_string(header.length) + " bytes hold " +
+                           std::to_string(header.length - total) + " more)");
+    }
+    if (e.addr + e.length < e.addr) {
+      return ProtocolError("tcp frame: vector entry " + std::to_string(i) + " at " +
+                           std::to_string(e.addr) + " wraps around");
+    }
+    total += e.length;
+  }
+  if (total != header.length) {
+    return ProtocolError("tcp frame: vector entries add up to " + std::to_string(total) +
+                         " bytes, the header says " + std::to_string(header.length));
+  }
+  return Status::Ok();
 }
 
 }  // namespace kvferry

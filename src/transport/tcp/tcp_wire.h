@@ -1,5 +1,11 @@
 // The tcp transport's wire format: every message starts with a fixed 48-byte header,
 // little-endian, followed by `length` payload bytes for kWrite and kReadData frames.
+// A vector frame (kWriteV, kReadV) carries many ranges: its `addr` is the entry count n,
+// `length` the sum of the entries' lengths, and the header is followed by a table of n
+// entries (addr u64 | length u64, kTcpVecEntryBytes each) and, for kWriteV, the entries'
+// payloads concatenated in table order. A kReadV is answered by one kReadData carrying the
+// concatenated bytes; both are answered as a whole (one Ack / ReadData, whose `addr` names
+// the first entry refused when the status is not OK).
 //
 //   magic u32 "KVFD" | version u16 | type u16 | request_id u64 | addr u64 | length u64 |
 //   deadline_ns i64 | status u32 | reserved u32
@@ -16,16 +22,21 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "kvferry/status.h"
 
 namespace kvferry {
 
 inline constexpr uint32_t kTcpMagic = 0x4446564B;  // "KVFD" in memory order
-inline constexpr uint16_t kTcpVersion = 1;
+// 2: vector frames (kWriteV, kReadV). A peer of another version is refused at kHello.
+inline constexpr uint16_t kTcpVersion = 2;
 inline constexpr size_t kTcpHeaderBytes = 48;
 // A single frame never carries more than this; the initiator splits ops into chunks.
 inline constexpr uint64_t kTcpMaxFrameBytes = 64ull << 20;
+// A vector frame's table: at most this many entries of kTcpVecEntryBytes each.
+inline constexpr uint64_t kTcpMaxVecEntries = 1024;
+inline constexpr size_t kTcpVecEntryBytes = 16;
 // Challenge and proof sizes of the optional shared-secret authentication.
 inline constexpr size_t kTcpNonceBytes = 32;
 inline constexpr size_t kTcpProofBytes = 32;
@@ -48,7 +59,10 @@ enum class TcpFrame : uint16_t {
   kWrite = 4,     // payload = the bytes to place at addr
   kRead = 5,      // asks for `length` bytes at addr
   kAck = 6,       // completes a kWrite (or refuses a kHello/kAuth) with `status`
-  kReadData = 7,  // answers a kRead: payload = the bytes (or length 0 and an error status)
+  kReadData = 7,  // answers a kRead or kReadV: payload = the bytes (or length 0 and an error
+                  // status)
+  kWriteV = 8,    // addr = entry count; table, then the payloads; answered by one kAck
+  kReadV = 9,     // addr = entry count; table; answered by one kReadData
 };
 
 struct TcpHeader {
@@ -65,7 +79,29 @@ void encode_tcp_header(const TcpHeader& header, std::byte* out);
 // kTcpMaxFrameBytes; the error names the bad field and value.
 Result<TcpHeader> decode_tcp_header(const std::byte* in);
 
-// Whether frames of this type are followed by `length` payload bytes.
+// Whether frames of this type are followed by `length` payload bytes (after the table, for
+// kWriteV).
 bool tcp_frame_has_payload(TcpFrame type);
+
+inline bool tcp_frame_is_vector(TcpFrame type) {
+  return type == TcpFrame::kWriteV || type == TcpFrame::kReadV;
+}
+
+// One range of a vector frame, in the receiver's registered memory.
+struct TcpVecEntry {
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+
+// The table's size on the wire, for a decoded vector header (whose count is bounded).
+inline size_t tcp_table_bytes(const TcpHeader& h) { return h.addr * kTcpVecEntryBytes; }
+
+// Writes entries.size() * kTcpVecEntryBytes bytes at `out`.
+void encode_tcp_table(std::span<const TcpVecEntry> entries, std::byte* out);
+// Decodes a vector frame's table (tcp_table_bytes(header) bytes at `in`) into `out`, which
+// has room for the header's count. Checks that every entry has a length of at least one
+// byte that does not wrap its address around, and that the lengths add up to exactly the
+// header's `length`; the error names the entry and the bad value.
+Status decode_tcp_table(const TcpHeader& header, const std::byte* in, std::span<TcpVecEntry> out);
 
 }  // namespace kvferry
