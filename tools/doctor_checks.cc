@@ -2,16 +2,20 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -40,6 +44,8 @@ constexpr int kChildOpenFailed = 101;
 constexpr int kChildMapFailed = 102;
 constexpr int kChildWrongBytes = 103;
 constexpr int kChildReadFailed = 104;
+constexpr int kChildConnectFailed = 105;
+constexpr int kChildReceiveFailed = 106;
 
 std::string read_text(const std::string& path) {
   std::ifstream in(path);
@@ -101,13 +107,48 @@ Check check_shm() {
     return c;
   }
   (*shm)->addr()[0] = static_cast<char>(kBefore);
-  const pid_t parent = ::getpid();
-  const std::string path = fmt::format("/proc/{}/fd/{}", parent, (*shm)->fd());
+  // What the shm transport needs (transport/shm_fd_server.h): a peer connects to this
+  // process's abstract Unix socket, receives the memfd over it (SCM_RIGHTS) and maps it.
+  const std::string name = fmt::format("kvferry-doctor/{}", ::getpid());
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
+  const auto address_length =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!listener.valid() ||
+      ::bind(listener.get(), reinterpret_cast<const sockaddr*>(&address), address_length) != 0 ||
+      ::listen(listener.get(), 1) != 0) {
+    c.value = "no socket";
+    c.detail = fmt::format(
+        "an abstract Unix socket cannot be opened here ({}): the shm transport hands its memfds "
+        "over one, so same-host peers use the next route (cma, tcp)",
+        std::strerror(errno));
+    return c;
+  }
   // The child only makes system calls (no allocation): safe after fork.
   const pid_t child = ::fork();
   if (child == 0) {
-    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) ::_exit(kChildOpenFailed);
+    int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (sock < 0 ||
+        ::connect(sock, reinterpret_cast<const sockaddr*>(&address), address_length) != 0) {
+      ::_exit(kChildConnectFailed);
+    }
+    char byte = 0;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    if (::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) ::_exit(kChildReceiveFailed);
+    const cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    if (cm == nullptr || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
+      ::_exit(kChildReceiveFailed);
+    }
+    int fd = -1;
+    std::memcpy(&fd, CMSG_DATA(cm), sizeof(fd));
     void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) ::_exit(kChildMapFailed);
     auto* bytes = static_cast<unsigned char*>(p);
@@ -120,24 +161,51 @@ Check check_shm() {
     c.detail = std::string("fork: ") + std::strerror(errno);
     return c;
   }
+  std::string send_error;
+  pollfd ready{listener.get(), POLLIN, 0};
+  const int waited = ::poll(&ready, 1, static_cast<int>(kProbeTimeout.count() * 1000));
+  Fd connection(waited == 1 ? ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC) : -1);
+  if (connection.valid()) {
+    char byte = 1;
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    const int memfd = (*shm)->fd();
+    std::memcpy(CMSG_DATA(cm), &memfd, sizeof(memfd));
+    if (::sendmsg(connection.get(), &msg, MSG_NOSIGNAL) != 1) {
+      send_error = std::string("sending it failed: ") + std::strerror(errno);
+    }
+  }
   const int code = reap(child);
   const bool landed = static_cast<unsigned char>((*shm)->addr()[0]) == kAfter;
   if (code == 0 && landed) {
     c.verdict = Verdict::kOk;
     c.value = "usable";
-    c.detail = "a child process mapped this process's memfd through " + path +
-               " and wrote it: same-host peers reach allocate_shared memory over shm";
+    c.detail =
+        "a child process received this process's memfd over an abstract Unix socket "
+        "(SCM_RIGHTS), mapped it and wrote it: same-host peers reach allocate_shared memory "
+        "over shm";
     return c;
   }
   c.value = "denied";
-  const char* why = code == kChildOpenFailed  ? "opening it was denied"
-                    : code == kChildMapFailed ? "mapping it failed"
-                                              : "the bytes did not arrive";
+  const std::string why = !send_error.empty()           ? send_error
+                          : code == kChildConnectFailed ? "connecting to the socket failed"
+                          : code == kChildReceiveFailed ? "receiving the descriptor failed"
+                          : code == kChildMapFailed     ? "mapping it failed"
+                                                        : "the bytes did not arrive";
   c.detail = fmt::format(
-      "a child could not use {} ({}; {}): shm routes are out, same-host "
-      "peers use tcp (check ptrace permissions, hidepid on /proc, or the "
-      "container's seccomp profile)",
-      path, why, ptrace_scope_note());
+      "a child could not receive and map this process's memfd over abstract Unix socket @{} "
+      "({}): shm routes are out, same-host peers use the next route (check the container's "
+      "seccomp profile or LSM policy on SCM_RIGHTS and memfd mappings)",
+      name, why);
   return c;
 }
 

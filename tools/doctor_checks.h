@@ -27,11 +27,12 @@ struct Check {
   std::string detail;  // why that verdict, and what it means for the routes
 };
 
-// shm: a child process maps this process's memfd through /proc/<pid>/fd/<fd> (what the shm
-// transport does to a same-host peer) and reads and writes it.
+// shm: a child process connects to this process's abstract Unix socket, receives its memfd
+// over it (SCM_RIGHTS), maps it and reads and writes it — what a same-host peer does to reach
+// allocate_shared memory over the shm transport (transport/shm_fd_server.h).
 Check check_shm();
-// process_vm_readv from a child into this process (no kvferry transport uses it; reported
-// because it is what container runtimes and yama deny alongside /proc/<pid>/fd).
+// process_vm_readv from a child into this process (the cma transport's copy; what container
+// runtimes and yama ptrace_scope deny).
 Check check_cross_memory_attach();
 // CUDA devices and their peer-access matrix (builds with CUDA); cuda_ipc's verdict.
 Check check_cuda();

@@ -73,9 +73,11 @@ struct EngineOptions {
   // Merge ops that are contiguous on both sides before posting.
   bool merge_ops = true;
   // Batches with at most this many bytes run on the submitting thread; larger ones are
-  // split over the workers in slices of at least half this size, claimed by whoever is free
-  // (a thread waiting for the batch included), so a late worker costs at most one slice.
-  uint64_t inline_batch_bytes = 2u << 20;
+  // split over the workers in slices of at least 1 MiB (about four per worker), claimed by
+  // whoever is free (a thread waiting for the batch included), so a late worker costs at
+  // most one slice. Why 4 MiB: src/transport/local/copy_executor.h. The cma transport uses
+  // at most 2 MiB (its system-call copy gains from a second thread sooner).
+  uint64_t inline_batch_bytes = 4u << 20;
   // tcp transport: data listener ("host:port"; empty = the listen_address host, any
   // port), connections per peer, and receiver I/O threads.
   std::string tcp_listen_address;

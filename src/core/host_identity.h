@@ -1,6 +1,9 @@
-// Identity of "this host" as far as shared memory is concerned: the kernel boot id plus
-// the pid namespace (a peer's memfd is reached through /proc/<pid>/fd, so both processes
-// must see the same /proc). Two engines with equal host ids can use shm.
+// Identity of "this host" as far as same-host transports are concerned: the kernel boot id
+// plus the pid namespace (cma addresses the peer by pid, and peer death is watched through a
+// pidfd of the peer's pid, so both processes must see the same pids). Two engines with equal
+// host ids may try shm, which also needs the peer's abstract Unix socket (the memfd comes
+// over it, transport/shm_fd_server.h), hence the same network namespace: a peer in another
+// one fails that fetch and takes the next route.
 #pragma once
 
 #include <string>

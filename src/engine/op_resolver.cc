@@ -188,8 +188,16 @@ using StartAndOp = std::pair<uint64_t, size_t>;
 // LSD radix sort by start, a byte a pass, skipping the bytes every start shares (addresses in
 // one region share their high bytes): a few linear passes where std::sort of a shuffled
 // 10,000-op batch took 6x as long as resolving it (docs/PERFORMANCE.md). Written by hand: no
-// library here sorts integers by radix.
+// library here sorts integers by radix. Below kRadixSortMinOps a comparison sort is cheaper:
+// each radix pass clears and scans 257 counters, which for the 16 ops of a 1 MiB batch of
+// 64 KiB blocks cost about 1 us of a 17 us batch (6% of the shm cell; docs/PERFORMANCE.md,
+// "Issue 16", "shm: splitting by cost").
+constexpr size_t kRadixSortMinOps = 128;
 void sort_by_start(std::vector<StartAndOp>& v) {
+  if (v.size() < kRadixSortMinOps) {
+    std::sort(v.begin(), v.end());
+    return;
+  }
   std::vector<StartAndOp> scratch(v.size());
   for (unsigned shift = 0; shift < 64; shift += 8) {
     std::array<size_t, 257> first{};

@@ -2,12 +2,20 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "core/logging.h"
 #include "transport/cma/cma_copier.h"
 #include "transport/local/copy_executor.h"
 
 namespace kvferry {
 namespace {
+
+// cma splits from 2 MiB, below the memcpy transports' 4 MiB: its copy is a system call that
+// moves ~14 GB/s on one core (docs/PERFORMANCE.md, "Issue 16", "shm: splitting by cost"),
+// so a second thread pays where a cache-resident memcpy does not (4 MiB x 1: 17-19 GB/s
+// split, 13-15 GB/s inline).
+constexpr uint64_t kCmaInlineBatchBytes = 2u << 20;
 
 // A host region the peer advertises, to probe with (its first byte), if any.
 std::optional<uint64_t> probe_address(const SegmentDescriptor& peer) {
@@ -65,8 +73,8 @@ class CmaTransport final : public Transport {
     }
     auto copier = std::make_shared<const CmaCopier>(pid, peer.name, std::move(pidfd));
     KVF_RETURN_IF_ERROR(copier->check_alive());
-    auto executor =
-        std::make_shared<CopyExecutor>(*env_.workers, env_.inline_batch_bytes, std::move(copier));
+    auto executor = std::make_shared<CopyExecutor>(
+        *env_.workers, std::min(env_.inline_batch_bytes, kCmaInlineBatchBytes), std::move(copier));
     return std::shared_ptr<TransportLink>(std::make_shared<CopyLink>(std::move(executor)));
   }
 

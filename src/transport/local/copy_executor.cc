@@ -164,6 +164,11 @@ class SlicedCopy final : public BatchHelper {
 
 }  // namespace
 
+uint64_t copy_slice_count(uint64_t bytes, int workers) {
+  const uint64_t most = kCopySlicesPerWorker * static_cast<uint64_t>(std::max(workers, 1));
+  return std::clamp<uint64_t>(bytes / kMinCopySliceBytes, 1, most);
+}
+
 void CopyExecutor::run(const BatchPart& part) {
   BatchProgress& batch = *part.batch;
   const std::span<const ResolvedOp> spans = part.spans;
@@ -175,11 +180,7 @@ void CopyExecutor::run(const BatchPart& part) {
                                  CopySlice{0, 0, spans.size() - 1, spans.back().length}));
     return;
   }
-  // Slices of at least inline_bytes_ / 2, about four per worker: small enough that a late
-  // worker costs at most one slice's time, large enough that a slice is not a call's cost.
-  const uint64_t min_slice = std::max<uint64_t>(1, inline_bytes_ / 2);
-  const uint64_t slices = std::min<uint64_t>(4 * static_cast<uint64_t>(parts),
-                                             std::max<uint64_t>(1, part.bytes / min_slice));
+  const uint64_t slices = copy_slice_count(part.bytes, parts);
   auto job = std::make_shared<SlicedCopy>(
       batch, spans, balance(spans, part.bytes, static_cast<int>(slices)), copier_);
   const size_t n = job->size();

@@ -1,15 +1,26 @@
 // CopyExecutor: runs a part of a batch with memcpy — the data path of the local and shm
-// transports. Small parts run on the submitting thread; larger ones are cut into
-// byte-balanced slices, one per worker, and a thread that waits for the batch copies the
-// slices no worker has started yet (BatchHelper).
+// transports. Parts of at most EngineOptions::inline_batch_bytes (4 MiB by default) run on
+// the submitting thread; larger ones are cut into byte-balanced slices of at least 1 MiB,
+// about four per worker (copy_slice_count), claimed from one counter by whoever is free: the
+// workers, and a thread that waits for the batch (BatchHelper), so a worker that wakes late
+// finds only what the others left.
 //
-// Inline or split is a fixed threshold (EngineOptions::inline_batch_bytes, 2 MiB by
-// default), not a probe at engine start: a probe of a few milliseconds on a shared machine
-// measures whoever else is running at that moment and fixes the answer for the engine's
-// life. Slices are claimed dynamically (about four per worker), so a split is never much
-// slower than inline: a worker that wakes late finds only what the waiter left. Measured on
-// the 2-core VM of docs/PERFORMANCE.md: at 512 KiB a 1 MiB copy lost (0.5-0.7x) to the
-// wake-up of a worker; at 4 MiB with 2 threads the split wins (1.04x against 0.94x inline).
+// Why a fixed 4 MiB threshold and not a probe at engine start, nor a lower threshold: on the
+// 2-core VM of docs/PERFORMANCE.md ("Issue 16", "shm: splitting by cost") one thread copies
+// a cache-resident 4 MiB at ~60 GB/s, and a second thread adds no bandwidth there but costs
+// a worker's wake-up and the cache lines it pulls from the other core: with the split
+// (2 MiB threshold) 4 MiB x 1 on 2 threads measured 0.75-0.93x memcpy, inline 0.96-1.08x.
+// From 8 MiB on (64 KiB x 128, 1 MiB x 16, DRAM-sized batches) the split wins or ties, so
+// the threshold sits between. No threshold is right everywhere (where a core's copy is slower
+// than the memory system, e.g. DRAM-bound copies on big servers, splitting 4 MiB may pay),
+// and a probe of a few milliseconds at engine start measures whoever else runs at that moment
+// (the cells here swing by 10-30% from run to run) and fixes that answer for the engine's
+// life; a deployment that knows better sets inline_batch_bytes. Slices are decoupled from
+// the threshold: at least 1 MiB (a slice's claim and chunk checks are a call's cost below
+// that), and four per worker so a late worker costs at most a quarter of its share (64 KiB
+// x 128 with 2 MiB slices: 0.88x; with 1 MiB slices 0.94-1.09x). The cma transport passes
+// at most 2 MiB: its process_vm_writev copy runs ~14 GB/s on one core, so splitting 4 MiB
+// pays there (17-19 GB/s split against 13-15 GB/s inline).
 //
 // CopyLink: the TransportLink of both memcpy transports (the peer's memory is mapped here).
 //
@@ -47,6 +58,12 @@ class ChunkCopier {
   // stop_reason() was OK), or says why not. Called concurrently, one chunk per thread.
   virtual Status copy_chunk(std::span<const CopyPiece> pieces) const = 0;
 };
+
+// How a part larger than the inline threshold is cut: slices of at least
+// kMinCopySliceBytes, at most kCopySlicesPerWorker per worker, at least one.
+inline constexpr uint64_t kMinCopySliceBytes = 1u << 20;
+inline constexpr uint64_t kCopySlicesPerWorker = 4;
+uint64_t copy_slice_count(uint64_t bytes, int workers);
 
 class CopyExecutor {
  public:
