@@ -38,6 +38,7 @@ class UcxAmTarget : public ::testing::Test {
 
   void SetUp() override {
     ::setenv("UCX_TLS", "tcp", 1);
+    ::setenv("UCX_NET_DEVICES", "lo", 1);  // not the veths other tests create and remove
     target_memory_.resize(kBufferBytes);
     fill_pattern(target_memory_, 5);
     RegionEntry region;
@@ -65,6 +66,7 @@ class UcxAmTarget : public ::testing::Test {
     initiator_.reset();
     target_.reset();
     ::unsetenv("UCX_TLS");
+    ::unsetenv("UCX_NET_DEVICES");
   }
   uint64_t target_addr() const { return reinterpret_cast<uint64_t>(target_memory_.data()); }
 

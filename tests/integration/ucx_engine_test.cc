@@ -28,15 +28,19 @@ using cli::start_serve_peer;
 using testing::must;
 
 // Every engine of the test (and the serve children, which inherit the environment) uses
-// UCX's tcp transport with emulated paths allowed (bytes move as active messages).
+// UCX's tcp transport with emulated paths allowed (bytes move as active messages), on
+// loopback only: other tests create veth interfaces that come and go, and a UCX worker
+// advertises every interface it saw at start, so a peer could be dialled on a gone one.
 class UcxTwoProcess : public ::testing::Test {
  protected:
   void SetUp() override {
     ::setenv("UCX_TLS", "tcp", 1);
+    ::setenv("UCX_NET_DEVICES", "lo", 1);
     ::setenv("KVFERRY_UCX_ALLOW_EMULATED", "1", 1);
   }
   void TearDown() override {
     ::unsetenv("UCX_TLS");
+    ::unsetenv("UCX_NET_DEVICES");
     ::unsetenv("KVFERRY_UCX_ALLOW_EMULATED");
   }
   static std::unique_ptr<TransferEngine> initiator() {

@@ -30,6 +30,9 @@ std::unique_ptr<TransferEngine> engine_named(const std::string& name,
                                              size_t max_bytes = kDefaultMaxNotificationBytes,
                                              bool ucx_allow_emulated = false) {
   EngineOptions o;
+  // UCX on loopback only (and shared memory): integration tests running alongside create
+  // and remove veth interfaces, which a UCX worker would advertise.
+  if (ucx_allow_emulated) ::setenv("UCX_NET_DEVICES", "lo", 0);
   o.ucx_allow_emulated = ucx_allow_emulated;  // UCX here has no RDMA: its tcp/shm paths
   o.name = name;
   o.secret = std::move(secret);

@@ -29,8 +29,15 @@ constexpr RouteKey kHostToDevice{MemoryKind::kHost, MemoryKind::kDevice};
 // UCX restricted to tcp for every test here (and restored after).
 class UcxTransportTest : public ::testing::Test {
  protected:
-  void SetUp() override { ::setenv("UCX_TLS", "tcp", 1); }
-  void TearDown() override { ::unsetenv("UCX_TLS"); }
+  // Loopback only: integration tests running alongside create and remove veth interfaces.
+  void SetUp() override {
+    ::setenv("UCX_TLS", "tcp", 1);
+    ::setenv("UCX_NET_DEVICES", "lo", 1);
+  }
+  void TearDown() override {
+    ::unsetenv("UCX_TLS");
+    ::unsetenv("UCX_NET_DEVICES");
+  }
   TransportEnv env(bool allow_emulated) {
     TransportEnv e;
     e.engine_name = "ucx-unit";
