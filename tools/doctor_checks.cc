@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "core/fd.h"
+#include "core/net.h"
 #include "kvferry/transfer_engine.h"
 #include "transport/built_transports.h"
 #include "transport/shm_mapping.h"
@@ -166,23 +167,10 @@ Check check_shm() {
   const int waited = ::poll(&ready, 1, static_cast<int>(kProbeTimeout.count() * 1000));
   Fd connection(waited == 1 ? ::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC) : -1);
   if (connection.valid()) {
-    char byte = 1;
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    const int memfd = (*shm)->fd();
-    std::memcpy(CMSG_DATA(cm), &memfd, sizeof(memfd));
-    if (::sendmsg(connection.get(), &msg, MSG_NOSIGNAL) != 1) {
-      send_error = std::string("sending it failed: ") + std::strerror(errno);
-    }
+    const std::byte byte{1};
+    Status sent =
+        send_with_fd(connection.get(), {&byte, 1}, (*shm)->fd(), Clock::now() + kProbeTimeout);
+    if (!sent.ok()) send_error = "sending it failed: " + sent.message();
   }
   const int code = reap(child);
   const bool landed = static_cast<unsigned char>((*shm)->addr()[0]) == kAfter;

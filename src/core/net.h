@@ -38,4 +38,11 @@ Result<Fd> connect_tcp(const Endpoint& endpoint, Clock::time_point deadline);
 Status send_all(int fd, std::span<const std::byte> data, Clock::time_point deadline);
 Status recv_all(int fd, std::span<std::byte> data, Clock::time_point deadline);
 
+// Over a Unix socket: sends `bytes` with `fd` attached (SCM_RIGHTS), and receives exactly
+// `out`, keeping a descriptor that came attached to any of it in `received`. Timeout,
+// PeerDisconnected or an errno status.
+Status send_with_fd(int socket, std::span<const std::byte> bytes, int fd,
+                    Clock::time_point deadline);
+Status recv_with_fd(int socket, std::span<std::byte> out, Fd& received, Clock::time_point deadline);
+
 }  // namespace kvferry

@@ -53,68 +53,6 @@ std::vector<std::byte> reply_frame(const Status& status) {
   return frame(ShmFdFrame::kReply, w.bytes());
 }
 
-// Sends `bytes` with `fd` attached (SCM_RIGHTS) in one message.
-Status send_with_fd(int socket, std::span<const std::byte> bytes, int fd,
-                    Clock::time_point deadline) {
-  pollfd p{socket, POLLOUT, 0};
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) != 1) {
-    return Timeout("shm fd: the peer does not read its reply");
-  }
-  iovec iov{const_cast<std::byte*>(bytes.data()), bytes.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  ssize_t n = ::sendmsg(socket, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-  if (n < 0) return ErrnoStatus(StatusCode::kPeerDisconnected, "shm fd: sendmsg", errno);
-  // The fd went with the first byte; the rest (if the buffer took only part) follows plainly.
-  if (static_cast<size_t>(n) < bytes.size()) return send_all(socket, bytes.subspan(n), deadline);
-  return Status::Ok();
-}
-
-// Receives exactly `out`, keeping a descriptor that came attached to any of it.
-Status recv_with_fd(int socket, std::span<std::byte> out, Fd& received,
-                    Clock::time_point deadline) {
-  size_t done = 0;
-  while (done < out.size()) {
-    pollfd p{socket, POLLIN, 0};
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) != 1) {
-      return Timeout("shm fd: no reply before the deadline");
-    }
-    iovec iov{out.data() + done, out.size() - done};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-    if (n < 0) return ErrnoStatus(StatusCode::kPeerDisconnected, "shm fd: recvmsg", errno);
-    if (n == 0) return PeerDisconnected("shm fd: the engine closed the connection");
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-          c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-        int fd = -1;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
-        received = Fd(fd);
-      }
-    }
-    done += static_cast<size_t>(n);
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 Result<std::unique_ptr<ShmFdServer>> ShmFdServer::start(uint64_t incarnation, Lookup lookup,
