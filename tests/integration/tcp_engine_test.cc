@@ -246,7 +246,8 @@ struct SharedLanes {
     }
   }
   ~SharedLanes() {
-    if (stopped_at != Clock::time_point{}) ::kill(peer.process.pid(), SIGCONT);  // if a check failed
+    if (stopped_at != Clock::time_point{})
+      ::kill(peer.process.pid(), SIGCONT);  // if a check failed
   }
   SharedLanes(const SharedLanes&) = delete;
   SharedLanes& operator=(const SharedLanes&) = delete;
@@ -255,8 +256,8 @@ struct SharedLanes {
     // Not adjacent here, so the two are not merged into one.
     std::vector<TransferOp> warm = {
         {OpKind::kRead, reinterpret_cast<uint64_t>(b.data()), peer.addr, 128 << 10},
-        {OpKind::kRead, reinterpret_cast<uint64_t>(b.data()) + (512 << 10),
-         peer.addr + (128 << 10), 128 << 10}};
+        {OpKind::kRead, reinterpret_cast<uint64_t>(b.data()) + (512 << 10), peer.addr + (128 << 10),
+         128 << 10}};
     Status warmed = engine->transfer_sync(handle, warm);
     ASSERT_TRUE(warmed.ok()) << warmed.to_string();
   }
@@ -273,8 +274,8 @@ struct SharedLanes {
     TransferOp op_a{kind, reinterpret_cast<uint64_t>(a.data()), peer.addr, kA};
     std::vector<TransferOp> ops_b;
     for (uint64_t i = 0; i < kOps; ++i) {
-      ops_b.push_back({kind, reinterpret_cast<uint64_t>(b.data()) + i * kOp,
-                       peer.addr + kA + i * kOp, kOp});
+      ops_b.push_back(
+          {kind, reinterpret_cast<uint64_t>(b.data()) + i * kOp, peer.addr + kA + i * kOp, kOp});
     }
     SubmitOptions short_timeout;
     short_timeout.timeout = std::chrono::milliseconds(200);

@@ -776,9 +776,9 @@ class TcpLane {
     const TcpFrame expected = e.kind == OpKind::kWrite ? TcpFrame::kAck : TcpFrame::kReadData;
     if (h.type != expected ||
         (h.type == TcpFrame::kReadData && h.length != 0 && h.length != e.length)) {
-      return ProtocolError(fmt::format(
-          "peer {} answered expired request {} with frame type {} and length {}", peer_,
-          h.request_id, static_cast<int>(h.type), h.length));
+      return ProtocolError(
+          fmt::format("peer {} answered expired request {} with frame type {} and length {}", peer_,
+                      h.request_id, static_cast<int>(h.type), h.length));
     }
     // Drain target only, never read: not zeroed.
     // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
@@ -910,7 +910,7 @@ class TcpLane {
   std::unordered_map<uint64_t, ExpiredRequest> expired_;
   // When the peer last sent us anything (Clock ticks).
   std::atomic<Clock::rep> last_input_{Clock::now().time_since_epoch().count()};
-  uint64_t next_id_ = 1;                              // guarded by mu_
+  uint64_t next_id_ = 1;  // guarded by mu_
   bool sending_ = false;  // guarded by mu_: someone holds the sending role
   // Most requests in flight at once since the lane was last idle (guarded by mu_).
   size_t peak_in_flight_ = 0;
