@@ -507,12 +507,17 @@ class TcpLane {
     size_t first = 0;
     uint64_t sent_bytes = 0;
     Clock::time_point own_latest{};
-    for (const SentFrame& f : frames_) own_latest = std::max(own_latest, f.deadline);
+    Clock::time_point next_expiry = Clock::time_point::max();
+    for (const SentFrame& f : frames_) {
+      own_latest = std::max(own_latest, f.deadline);
+      next_expiry = std::min(next_expiry, f.deadline);
+    }
     Clock::time_point last_progress = Clock::now();
-    Clock::time_point next_expiry = Clock::time_point::min();
     while (first < iov.size()) {
       auto now = Clock::now();
       if (now >= next_expiry) next_expiry = expire_frames(iov, first, sent_bytes, now);
+      while (first < iov.size() && iov[first].iov_len == 0) ++first;  // dropped frames
+      if (first == iov.size()) break;
       msghdr msg{};
       msg.msg_iov = iov.data() + first;
       msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
