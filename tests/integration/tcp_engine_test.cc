@@ -204,17 +204,15 @@ TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards
   SubmitOptions options;
   options.timeout = std::chrono::milliseconds(500);
   auto t0 = Clock::now();
-  // One batch of eight disjoint eighths (a batch may not write one destination twice;
-  // separate batches would share lanes that the first one's deadline closes).
-  std::vector<TransferOp> eighths;
-  for (uint64_t i = 0; i < 8; ++i) {
-    eighths.push_back({OpKind::kWrite, op.local_addr + i * (kBytes / 8),
-                       op.remote_addr + i * (kBytes / 8), kBytes / 8});
+  // 8 batches of one op (a batch may not write one destination twice), sharing the lanes:
+  // each fails with its own Timeout, not with another's deadline.
+  std::vector<BatchHandle> batches;
+  for (int i = 0; i < 8; ++i) batches.push_back(must(engine->submit(handle, {&op, 1}, options)));
+  for (const BatchHandle& batch : batches) {
+    BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
+    ASSERT_EQ(s.state, BatchState::kFailed);
+    EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
   }
-  BatchHandle batch = must(engine->submit(handle, eighths, options));
-  BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
-  ASSERT_EQ(s.state, BatchState::kFailed);
-  EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
   auto took = Clock::now() - t0;
   EXPECT_LT(took, std::chrono::seconds(3));
   // Resume the peer: whatever sat in its socket buffer is past its deadline, so the
@@ -224,6 +222,126 @@ TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards
   std::vector<std::byte> zeros(kBytes, std::byte{0});
   EXPECT_EQ(*peer.process.ask(fmt::format("checksum 0 {}", kBytes), std::chrono::seconds(30)),
             fmt::format("{:016x}", checksum(zeros)));
+}
+
+// Two batches on one peer share its lanes while the peer is stopped for about a second: A
+// (200 ms, one large op, mid-send when its deadline passes) fails with Timeout and lands
+// nothing; B (5 s, several ops on both lanes, submitted right after A) completes once the
+// peer resumes, every byte of it where it was aimed.
+struct SharedLanes {
+  static constexpr uint64_t kA = 64ull << 20;  // A's bytes, at the peer's offset 0
+  static constexpr uint64_t kOp = 1ull << 20;  // B: 8 ops of 1 MiB, at the peer's offset kA
+  static constexpr uint64_t kOps = 8;
+  static constexpr uint64_t kTotal = kA + kOp * kOps;
+  static constexpr auto kStopped = std::chrono::milliseconds(1000);
+
+  SharedLanes() : peer(must(start_serve_peer(KVFERRY_CLI_PATH, kTotal))) {
+    engine = testing::make_engine("initiator");
+    handle = open_tcp(*engine, peer.endpoint);
+    a.resize(kA);
+    b.resize(kOp * kOps);
+    if (!engine->register_memory(a.data(), a.size()).ok() ||
+        !engine->register_memory(b.data(), b.size()).ok()) {
+      ADD_FAILURE() << "register_memory";
+    }
+  }
+  ~SharedLanes() {
+    if (stopped_at != Clock::time_point{})
+      ::kill(peer.process.pid(), SIGCONT);  // if a check failed
+  }
+  SharedLanes(const SharedLanes&) = delete;
+  SharedLanes& operator=(const SharedLanes&) = delete;
+  // Connects both lanes (a READ of two ops that each get a lane), leaving the peer as it is.
+  void connect_lanes() {
+    // Not adjacent here, so the two are not merged into one.
+    std::vector<TransferOp> warm = {
+        {OpKind::kRead, reinterpret_cast<uint64_t>(b.data()), peer.addr, 128 << 10},
+        {OpKind::kRead, reinterpret_cast<uint64_t>(b.data()) + (512 << 10), peer.addr + (128 << 10),
+         128 << 10}};
+    Status warmed = engine->transfer_sync(handle, warm);
+    ASSERT_TRUE(warmed.ok()) << warmed.to_string();
+  }
+  void stop_peer() {
+    ASSERT_EQ(::kill(peer.process.pid(), SIGSTOP), 0);
+    int wstatus = 0;  // kill() only queues the signal: wait until the child has stopped
+    ASSERT_EQ(::waitpid(peer.process.pid(), &wstatus, WUNTRACED), peer.process.pid());
+    ASSERT_TRUE(WIFSTOPPED(wstatus));
+    stopped_at = Clock::now();
+  }
+  // Submits A then B, checks that A fails with Timeout, resumes the peer after kStopped and
+  // checks that B completes.
+  void run(OpKind kind) {
+    TransferOp op_a{kind, reinterpret_cast<uint64_t>(a.data()), peer.addr, kA};
+    std::vector<TransferOp> ops_b;
+    for (uint64_t i = 0; i < kOps; ++i) {
+      ops_b.push_back(
+          {kind, reinterpret_cast<uint64_t>(b.data()) + i * kOp, peer.addr + kA + i * kOp, kOp});
+    }
+    SubmitOptions short_timeout;
+    short_timeout.timeout = std::chrono::milliseconds(200);
+    SubmitOptions long_timeout;
+    long_timeout.timeout = std::chrono::seconds(5);
+    Result<BatchHandle> ra = engine->submit(handle, {&op_a, 1}, short_timeout);
+    ASSERT_TRUE(ra.ok()) << "A " << ra.status().to_string();
+    Result<BatchHandle> rb = engine->submit(handle, ops_b, long_timeout);
+    ASSERT_TRUE(rb.ok()) << "B " << rb.status().to_string();
+    BatchHandle batch_a = *ra;
+    BatchHandle batch_b = *rb;
+    BatchStatus sa = engine->wait(batch_a, std::chrono::seconds(3));
+    ASSERT_EQ(sa.state, BatchState::kFailed);
+    EXPECT_EQ(sa.status.code(), StatusCode::kTimeout) << sa.status.to_string();
+    EXPECT_EQ(engine->status(batch_b).state, BatchState::kPending);
+    std::this_thread::sleep_until(stopped_at + kStopped);
+    ASSERT_EQ(::kill(peer.process.pid(), SIGCONT), 0);
+    BatchStatus sb = engine->wait(batch_b, std::chrono::seconds(10));
+    EXPECT_EQ(sb.state, BatchState::kCompleted) << sb.status.to_string();
+  }
+
+  ServePeer peer;
+  std::unique_ptr<TransferEngine> engine;
+  PeerHandle handle;
+  std::vector<std::byte> a;
+  std::vector<std::byte> b;
+  Clock::time_point stopped_at;
+};
+
+TEST(TcpTwoProcess, OneBatchsDeadlineOnASharedLaneFailsOnlyThatBatchWrite) {
+  SharedLanes t;
+  const auto kAsk = std::chrono::seconds(30);
+  ASSERT_EQ(*t.peer.process.ask(fmt::format("fill 7 0 {}", SharedLanes::kTotal), kAsk), "ok");
+  t.connect_lanes();
+  fill_pattern(t.a, 41);
+  fill_pattern(t.b, 43, SharedLanes::kA);  // as the peer's bytes at B's place will read
+  t.stop_peer();
+  t.run(OpKind::kWrite);
+  EXPECT_EQ(*t.peer.process.ask(fmt::format("verify 43 {} {}", SharedLanes::kA, t.b.size()), kAsk),
+            "ok")
+      << "B's bytes";
+  EXPECT_EQ(*t.peer.process.ask(fmt::format("verify 7 0 {}", SharedLanes::kA), kAsk), "ok")
+      << "bytes of the timed-out batch A landed";
+  // The lanes are still good: another batch goes through them.
+  TransferOp again{OpKind::kWrite, reinterpret_cast<uint64_t>(t.a.data()), t.peer.addr,
+                   SharedLanes::kA};
+  ASSERT_TRUE(t.engine->transfer_sync(t.handle, {&again, 1}).ok());
+  EXPECT_EQ(*t.peer.process.ask(fmt::format("verify 41 0 {}", SharedLanes::kA), kAsk), "ok");
+}
+
+TEST(TcpTwoProcess, OneBatchsDeadlineOnASharedLaneFailsOnlyThatBatchRead) {
+  SharedLanes t;
+  const auto kAsk = std::chrono::seconds(30);
+  ASSERT_EQ(*t.peer.process.ask(fmt::format("fill 42 0 {}", SharedLanes::kTotal), kAsk), "ok");
+  t.connect_lanes();
+  fill_pattern(t.a, 9);
+  fill_pattern(t.b, 10);
+  t.stop_peer();
+  t.run(OpKind::kRead);
+  EXPECT_FALSE(find_pattern_mismatch(t.b, 42, SharedLanes::kA)) << "B's bytes";
+  // A's answers came before B's on every lane: drained, never landed.
+  EXPECT_FALSE(find_pattern_mismatch(t.a, 9)) << "bytes of the timed-out batch A landed";
+  TransferOp again{OpKind::kRead, reinterpret_cast<uint64_t>(t.a.data()), t.peer.addr,
+                   SharedLanes::kA};
+  ASSERT_TRUE(t.engine->transfer_sync(t.handle, {&again, 1}).ok());
+  EXPECT_FALSE(find_pattern_mismatch(t.a, 42));
 }
 
 // A stopped peer whose lanes are not connected yet: the tcp handshake with it never
@@ -323,16 +441,15 @@ TEST_F(DroppedPackets, PeerThatStopsAnsweringFailsTheBatchWithTimeout) {
   SubmitOptions options;
   options.timeout = std::chrono::milliseconds(800);
   auto t0 = Clock::now();
-  // One batch of four disjoint quarters (a batch may not write one destination twice).
-  std::vector<TransferOp> quarters;
-  for (uint64_t q = 0; q < 4; ++q) {
-    quarters.push_back(
-        {OpKind::kWrite, op.local_addr + q * (kBytes / 4), remote + q * (kBytes / 4), kBytes / 4});
+  // 4 batches of one op (a batch may not write one destination twice), sharing the lanes:
+  // each fails with its own Timeout.
+  std::vector<BatchHandle> batches;
+  for (int i = 0; i < 4; ++i) batches.push_back(must(engine->submit(handle, {&op, 1}, options)));
+  for (const BatchHandle& batch : batches) {
+    BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
+    ASSERT_EQ(s.state, BatchState::kFailed);
+    EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
   }
-  BatchHandle batch = must(engine->submit(handle, quarters, options));
-  BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
-  ASSERT_EQ(s.state, BatchState::kFailed);
-  EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(4));
   child.process.kill_now();
 }

@@ -2,11 +2,13 @@
 
 #include <fmt/format.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -92,6 +94,43 @@ constexpr size_t kMaxReceivePieces = 64;
 constexpr uint64_t kVecOpBytes = uint64_t{64} << 10;
 constexpr size_t kVecMaxEntries = 256;
 static_assert(kVecMaxEntries <= kTcpMaxVecEntries);
+// A lane whose peer shows no life (nothing received, nothing sent) is closed only once every
+// batch on it is this far past its deadline: until then a stopped peer may resume and serve
+// the batches that still have time.
+constexpr std::chrono::milliseconds kLaneGrace{100};
+
+// kTcpChunkBytes of zeros, mapped read-only and never written (nothing backs it but the zero
+// page): the rest of a frame whose batch's deadline passed mid-send is finished with these,
+// not with the batch's memory (which the user may have released). Null if it cannot be
+// mapped.
+const std::byte* zero_payload() {
+  static const std::byte* const zeros = [] {
+    void* p = ::mmap(nullptr, kTcpChunkBytes, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : static_cast<const std::byte*>(p);
+  }();
+  return zeros;
+}
+
+// A request failed at its batch's deadline whose answer is still due: absorbed when it comes
+// (a READ's payload drained, never landed).
+struct ExpiredRequest {
+  OpKind kind = OpKind::kWrite;
+  uint64_t length = 0;
+  Clock::time_point deadline;
+};
+
+// Where one frame of a gathered send lies in the iovecs and in the byte stream.
+struct SentFrame {
+  uint64_t request_id = 0;
+  OpKind kind = OpKind::kWrite;
+  size_t iov_begin = 0;
+  size_t payload_begin = 0;  // the first iovec of local memory (iov_end if none)
+  size_t iov_end = 0;
+  uint64_t byte_begin = 0;
+  uint64_t byte_end = 0;
+  Clock::time_point deadline;
+  bool expired = false;  // its deadline was dealt with
+};
 
 }  // namespace
 
@@ -176,6 +215,7 @@ class TcpLane {
       }
       queued.swap(queue_);
       flying.swap(in_flight_);
+      expired_.clear();
     }
     ::shutdown(fd_.get(), SHUT_RDWR);
     cv_.notify_all();
@@ -238,7 +278,8 @@ class TcpLane {
     for (const TcpChunk& c : chunks) table_bytes += c.pieces.size() * kTcpVecEntryBytes;
     if (tables_.size() < table_bytes) tables_.resize(table_bytes);
     size_t table_at = 0;
-    Clock::time_point send_deadline = Clock::time_point::max();
+    frames_.clear();
+    uint64_t stream_bytes = 0;
     size_t slot = 0;
     for (TcpChunk& c : chunks) {
       TcpHeader h;
@@ -255,6 +296,7 @@ class TcpLane {
       // still ours; dropped again if it does not go out.
       const size_t iov_mark = iov_.size();
       iov_.push_back({});  // the header, filled below
+      const size_t payload_mark = iov_mark + (vector ? 2 : 1);
       if (vector) {
         std::byte* table = tables_.data() + table_at;
         for (const TcpPiece& p : c.pieces) {
@@ -313,14 +355,24 @@ class TcpLane {
       encode_tcp_header(h, headers_[slot].data());
       sent_ids_.push_back(h.request_id);
       iov_[iov_mark] = {headers_[slot].data(), kTcpHeaderBytes};
-      send_deadline = std::min(send_deadline, batch->deadline());
+      SentFrame f;
+      f.request_id = h.request_id;
+      f.kind = kind;
+      f.iov_begin = iov_mark;
+      f.payload_begin = std::min(payload_mark, iov_.size());
+      f.iov_end = iov_.size();
+      f.byte_begin = stream_bytes;
+      for (size_t i = iov_mark; i < iov_.size(); ++i) stream_bytes += iov_[i].iov_len;
+      f.byte_end = stream_bytes;
+      f.deadline = batch->deadline();
+      frames_.push_back(f);
       ++slot;
     }
     chunks.clear();
     if (iov_.empty()) return true;
-    if (Status s = send_iov(iov_, send_deadline); !s.ok()) {
+    if (Status s = send_iov(iov_); !s.ok()) {
       fail_all(s.code() == StatusCode::kTimeout
-                   ? Timeout("sending to " + peer_ + " did not finish before the batch deadline")
+                   ? Timeout("sending to " + peer_ + " made no progress past the batch deadlines")
                    : PeerDisconnected("connection to " + peer_ + " lost: " + s.message()));
       return false;
     }
@@ -361,12 +413,111 @@ class TcpLane {
                               status_code_name(static_cast<StatusCode>(status))));
   }
 
-  Status send_iov(std::vector<iovec>& iov, Clock::time_point deadline) {
+  // Why a chunk failed at its batch's deadline.
+  static Status expiry_status(const TcpChunk& c) {
+    Status own = c.batch->stop_reason();
+    return own.ok() ? Timeout("batch deadline passed before its request was answered") : own;
+  }
+
+  // The latest deadline of what the lane carries (queued, in flight, or answered late), or
+  // the epoch when it carries nothing.
+  Clock::time_point latest_deadline() const {
+    std::lock_guard lock(mu_);
+    Clock::time_point latest{};
+    for (const TcpChunk& c : queue_) latest = std::max(latest, c.batch->deadline());
+    for (const auto& [id, c] : in_flight_) latest = std::max(latest, c.batch->deadline());
+    for (const auto& [id, e] : expired_) latest = std::max(latest, e.deadline);
+    return latest;
+  }
+
+  // Deals with the frames of this send (frames_) whose batch's deadline has passed, with
+  // `sent` bytes of the stream out: past the deadline nothing more is read from local
+  // memory (stop() may have released it). A frame not started yet is dropped; a WRITE frame
+  // partly sent is finished with zeros in place of the rest of its payload (the receiver,
+  // past the same deadline on its clock, drains them and acks Timeout) and its answer is
+  // absorbed when it comes; either way its chunk fails now. Returns the next deadline to
+  // watch.
+  Clock::time_point expire_frames(std::vector<iovec>& iov, size_t first, uint64_t sent,
+                                  Clock::time_point now) {
+    Clock::time_point next = Clock::time_point::max();
+    std::vector<TcpChunk> failed;
+    {
+      std::lock_guard lock(mu_);
+      for (size_t k = 0; k < frames_.size(); ++k) {
+        SentFrame& f = frames_[k];
+        if (f.expired) continue;
+        // Drops the frame, not started: the stream after it moves up.
+        auto drop = [&] {
+          for (size_t i = f.iov_begin; i < f.iov_end; ++i) iov[i].iov_len = 0;
+          const uint64_t bytes = f.byte_end - f.byte_begin;
+          f.byte_end = f.byte_begin;
+          for (size_t j = k + 1; j < frames_.size(); ++j) {
+            frames_[j].byte_begin -= bytes;
+            frames_[j].byte_end -= bytes;
+          }
+        };
+        const bool started = sent > f.byte_begin;
+        // A READ's request reads no local memory: once started it goes out whole, and the
+        // reader deals with its answer.
+        if (f.kind == OpKind::kRead && started) {
+          f.expired = true;
+          continue;
+        }
+        if (now < f.deadline) {
+          next = std::min(next, f.deadline);
+          continue;
+        }
+        f.expired = true;
+        auto it = in_flight_.find(f.request_id);
+        if (it == in_flight_.end()) {
+          // The reader expired it (a READ) or fail_all took it: unsent, nothing is due.
+          if (!started) {
+            expired_.erase(f.request_id);
+            drop();
+          }
+          continue;
+        }
+        if (it->second.acked) continue;  // all of it arrived; finish_sent completes it
+        failed.push_back(std::move(it->second));
+        in_flight_.erase(it);
+        if (!started) {
+          drop();
+          continue;
+        }
+        const TcpChunk& c = failed.back();
+        expired_.emplace(f.request_id, ExpiredRequest{c.kind, c.length, f.deadline});
+        for (size_t i = std::max(first, f.payload_begin); i < f.iov_end; ++i) {
+          // zero_payload() is checked non-null before a send starts; a payload iovec is at
+          // most kTcpChunkBytes.
+          iov[i].iov_base = const_cast<std::byte*>(zero_payload());
+        }
+      }
+    }
+    for (TcpChunk& c : failed) finish(c, expiry_status(c));
+    return next;
+  }
+
+  // Sends the iovecs of frames_. A batch's deadline passing mid-send fails that batch's
+  // frames (expire_frames) and the others go on. The lane gives up (Timeout) only when no
+  // byte went out for kLaneGrace and every batch on the lane is kLaneGrace past its deadline;
+  // on the posting thread, once the frames it sends are (it must not be held for others).
+  Status send_iov(std::vector<iovec>& iov) {
+    if (zero_payload() == nullptr) return Internal("cannot map the zero payload");
+    const bool posting_thread = std::this_thread::get_id() != sender_.get_id();
     size_t first = 0;
+    uint64_t sent_bytes = 0;
+    Clock::time_point own_latest{};
+    Clock::time_point next_expiry = Clock::time_point::max();
+    for (const SentFrame& f : frames_) {
+      own_latest = std::max(own_latest, f.deadline);
+      next_expiry = std::min(next_expiry, f.deadline);
+    }
+    Clock::time_point last_progress = Clock::now();
     while (first < iov.size()) {
-      // Past the deadline nothing more is read from local memory: stop() may have
-      // released it once the deadline passed.
-      if (Clock::now() >= deadline) return Timeout("send");
+      auto now = Clock::now();
+      if (now >= next_expiry) next_expiry = expire_frames(iov, first, sent_bytes, now);
+      while (first < iov.size() && iov[first].iov_len == 0) ++first;  // dropped frames
+      if (first == iov.size()) break;
       msghdr msg{};
       msg.msg_iov = iov.data() + first;
       msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
@@ -376,16 +527,24 @@ class TcpLane {
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
           return ErrnoStatus(StatusCode::kPeerDisconnected, "send", errno);
         }
-        // Never declare a timeout before the deadline itself: the batch must not end
+        // Never declare a timeout before the deadlines themselves: a batch must not end
         // while the receiver may still write it.
-        auto now = Clock::now();
-        if (now >= deadline) return Timeout("send");
-        auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+        now = Clock::now();
+        if (now - last_progress >= kLaneGrace) {
+          const Clock::time_point latest = posting_thread ? own_latest : latest_deadline();
+          if (now >= latest + kLaneGrace) return Timeout("send");
+        }
+        auto wait = std::chrono::milliseconds(100);
+        if (next_expiry > now) {
+          wait = std::min(wait, std::chrono::ceil<std::chrono::milliseconds>(next_expiry - now));
+        }
         pollfd p{fd_.get(), POLLOUT, 0};
-        ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 100)));
+        ::poll(&p, 1, static_cast<int>(wait.count()));
         continue;
       }
       auto sent = static_cast<size_t>(n);
+      if (sent != 0) last_progress = Clock::now();
+      sent_bytes += sent;
       while (first < iov.size() && sent >= iov[first].iov_len) sent -= iov[first++].iov_len;
       if (first < iov.size()) {
         iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + sent;
@@ -395,18 +554,40 @@ class TcpLane {
     return Status::Ok();
   }
 
-  // True when a request is unanswered past its batch's deadline: the lane is stuck.
-  bool has_overdue_request() {
-    std::lock_guard lock(mu_);
-    auto now = Clock::now();
-    for (const auto& [id, c] : in_flight_) {
-      if (now >= c.batch->deadline()) return true;
+  // Fails the requests past their batch's deadline that are all out (a WRITE still being
+  // sent is the sender's: expire_frames) with Timeout; their answers, still due, are
+  // absorbed when they come. True when the lane looks stuck: an answer is still due, the
+  // peer sent nothing for kLaneGrace, and every batch on the lane is kLaneGrace past its
+  // deadline.
+  bool expire_overdue() {
+    std::vector<TcpChunk> failed;
+    bool stuck = false;
+    {
+      std::lock_guard lock(mu_);
+      const auto now = Clock::now();
+      Clock::time_point latest{};
+      for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+        TcpChunk& c = it->second;
+        latest = std::max(latest, c.batch->deadline());
+        if (now < c.batch->deadline() || !c.sent) {
+          ++it;
+          continue;
+        }
+        expired_.emplace(it->first, ExpiredRequest{c.kind, c.length, c.batch->deadline()});
+        failed.push_back(std::move(c));
+        it = in_flight_.erase(it);
+      }
+      for (const TcpChunk& c : queue_) latest = std::max(latest, c.batch->deadline());
+      for (const auto& [id, e] : expired_) latest = std::max(latest, e.deadline);
+      const Clock::time_point heard{Clock::duration(last_input_.load())};
+      stuck = !expired_.empty() && now >= latest + kLaneGrace && now >= heard + kLaneGrace;
     }
-    return false;
+    for (TcpChunk& c : failed) finish(c, expiry_status(c));
+    return stuck;
   }
 
   // Waits until input is available: polls without sleeping until `hot_until`, then sleeps
-  // (waking every 50 ms to look for overdue requests). False: the reader is done.
+  // (waking every 50 ms to expire overdue requests). False: the reader is done.
   bool wait_readable(Clock::time_point hot_until) {
     for (;;) {
       pollfd p{fd_.get(), POLLIN, 0};
@@ -418,8 +599,8 @@ class TcpLane {
         std::lock_guard lock(mu_);
         if (stopping_ || broken_) return false;
       }
-      if (rc == 0 && has_overdue_request()) {
-        fail_all(Timeout("peer " + peer_ + " did not answer before the batch deadline"));
+      if (rc == 0 && expire_overdue()) {
+        fail_all(Timeout("peer " + peer_ + " sent nothing past the batch deadlines"));
         return false;
       }
     }
@@ -481,6 +662,7 @@ class TcpLane {
       msg.msg_iovlen = count;
       ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
       if (n > 0) {
+        last_input_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
         auto received = static_cast<size_t>(n);
         const size_t direct_bytes = std::min(received, into_parts);
         in_end_ = received - direct_bytes;
@@ -540,23 +722,31 @@ class TcpLane {
                                        static_cast<int>(h.type)));
     }
     TcpChunk chunk;
+    std::optional<ExpiredRequest> expired;
     {
       std::lock_guard lock(mu_);
       auto it = in_flight_.find(h.request_id);
       if (it == in_flight_.end()) {
-        return ProtocolError(
-            fmt::format("peer {} answered unknown request {}", peer_, h.request_id));
+        auto late = expired_.find(h.request_id);
+        if (late == expired_.end()) {
+          return ProtocolError(
+              fmt::format("peer {} answered unknown request {}", peer_, h.request_id));
+        }
+        expired = late->second;
+        expired_.erase(late);
+      } else {
+        TcpChunk& entry = it->second;
+        if (entry.kind == OpKind::kWrite && h.type == TcpFrame::kAck && !entry.sent) {
+          entry.acked = true;  // the sender completes it once its sendmsg has returned
+          entry.ack_status = h.status;
+          entry.refused_addr = h.addr;
+          return Status::Ok();
+        }
+        chunk = std::move(entry);
+        in_flight_.erase(it);
       }
-      TcpChunk& entry = it->second;
-      if (entry.kind == OpKind::kWrite && h.type == TcpFrame::kAck && !entry.sent) {
-        entry.acked = true;  // the sender completes it once its sendmsg has returned
-        entry.ack_status = h.status;
-        entry.refused_addr = h.addr;
-        return Status::Ok();
-      }
-      chunk = std::move(entry);
-      in_flight_.erase(it);
     }
+    if (expired) return absorb_late_answer(h, *expired);
     const TcpFrame expected = chunk.kind == OpKind::kWrite ? TcpFrame::kAck : TcpFrame::kReadData;
     if (h.type != expected ||
         (h.type == TcpFrame::kReadData && h.status == 0 && h.length != chunk.length)) {
@@ -582,6 +772,30 @@ class TcpLane {
       if (result.ok()) result = received;
     }
     finish(chunk, result);
+    return Status::Ok();
+  }
+
+  // The answer to a request failed at its deadline: checked like any answer, and a READ's
+  // payload drained, never landed.
+  Status absorb_late_answer(const TcpHeader& h, const ExpiredRequest& e) {
+    const TcpFrame expected = e.kind == OpKind::kWrite ? TcpFrame::kAck : TcpFrame::kReadData;
+    if (h.type != expected ||
+        (h.type == TcpFrame::kReadData && h.length != 0 && h.length != e.length)) {
+      return ProtocolError(
+          fmt::format("peer {} answered expired request {} with frame type {} and length {}", peer_,
+                      h.request_id, static_cast<int>(h.type), h.length));
+    }
+    // Drain target only, never read: not zeroed.
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
+    std::array<std::byte, kTcpScratchBytes> scratch;
+    for (uint64_t left = h.length; left != 0;) {
+      const uint64_t n = std::min<uint64_t>(left, scratch.size());
+      if (Status s = read_input({scratch.data(), n}, Clock::now() + kTcpFrameRestTimeout);
+          !s.ok()) {
+        return PeerDisconnected("connection to " + peer_ + " lost mid-payload: " + s.message());
+      }
+      left -= n;
+    }
     return Status::Ok();
   }
 
@@ -622,12 +836,22 @@ class TcpLane {
           }
         }
         s = read_input_scatter(window, std::min(Clock::now() + kTcpFrameRestTimeout, b.deadline()));
+        if (s.code() == StatusCode::kTimeout && Clock::now() >= b.deadline()) {
+          // The deadline passed mid-piece: nothing more lands, the rest is drained.
+          for (const iovec& w : window) n -= w.iov_len;
+          outcome = b.stop_reason();
+          if (outcome.ok()) outcome = Timeout("batch deadline passed while its READ arrived");
+          s = Status::Ok();
+        }
       } else {
         outcome = why;
         n = std::min<uint64_t>(c.length - done, scratch.size());
         s = read_input({scratch.data(), n}, Clock::now() + kTcpFrameRestTimeout);
       }
-      if (!s.ok()) return s;
+      // The rest of the frame did not come: the stream is lost, not just this request.
+      if (!s.ok()) {
+        return PeerDisconnected("connection to " + peer_ + " lost mid-payload: " + s.message());
+      }
       done += n;
     }
     return outcome;
@@ -687,7 +911,11 @@ class TcpLane {
   bool broken_ = false;                               // guarded by mu_
   bool stopping_ = false;                             // guarded by mu_
   Status broken_status_;                              // guarded by mu_
-  uint64_t next_id_ = 1;                              // guarded by mu_
+  // Requests failed at their deadline whose answers are still due (guarded by mu_).
+  std::unordered_map<uint64_t, ExpiredRequest> expired_;
+  // When the peer last sent us anything (Clock ticks).
+  std::atomic<Clock::rep> last_input_{Clock::now().time_since_epoch().count()};
+  uint64_t next_id_ = 1;  // guarded by mu_
   bool sending_ = false;  // guarded by mu_: someone holds the sending role
   // Most requests in flight at once since the lane was last idle (guarded by mu_).
   size_t peak_in_flight_ = 0;
@@ -698,6 +926,7 @@ class TcpLane {
   std::vector<std::array<std::byte, kTcpHeaderBytes>> headers_ =
       std::vector<std::array<std::byte, kTcpHeaderBytes>>(kMaxGather);
   std::vector<iovec> iov_;
+  std::vector<SentFrame> frames_;
   std::vector<uint64_t> sent_ids_;
   std::vector<std::byte> tables_;  // vector frames' tables, encoded
   // The reader's scratch: the ranges of a READ payload being received.
