@@ -5,6 +5,7 @@
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <span>
 #include <thread>
@@ -536,18 +538,37 @@ struct TcpServer::IoThread {
       std::array<iovec, kMaxReceiveEntries + 1> iov;
       size_t iov_count = 0;
       bool direct = false;
-      if (c.in == InState::kPayload && want >= kDirectReceiveBytes) {
+      // Bytes received straight into host memory land unseen, so only bytes already queued
+      // on the socket when the deadline was last checked may go there: the initiator pads a
+      // frame whose deadline passed mid-send with zeros sent after its deadline (never
+      // earlier than ours), and those must be drained, never landed. Buffered bytes are
+      // safe as they are: the deadline is checked after they arrived, before they are copied.
+      const bool host_target =
+          (c.in == InState::kPayload && c.lander == nullptr) || c.in == InState::kVecPayload;
+      uint64_t landable = std::numeric_limits<uint64_t>::max();
+      if (host_target && c.current.deadline_ns != 0 &&
+          std::min(want, c.remaining) >= kDirectReceiveBytes) {
+        int queued = 0;
+        landable = ::ioctl(c.fd.get(), FIONREAD, &queued) == 0 ? static_cast<uint64_t>(queued) : 0;
+        if (monotonic_ns() > c.current.deadline_ns) {
+          expire(c);
+          continue;
+        }
+      }
+      if (c.in == InState::kPayload && std::min<uint64_t>(want, landable) >= kDirectReceiveBytes) {
         direct = true;
+        want = std::min<uint64_t>(want, landable);
         iov[iov_count++] = {into, want};
-      } else if (c.in == InState::kVecPayload && c.remaining >= kDirectReceiveBytes) {
+      } else if (c.in == InState::kVecPayload &&
+                 std::min(c.remaining, landable) >= kDirectReceiveBytes) {
         // Up to one piece's worth, so the deadline is checked as often as for a kWrite.
         direct = true;
         want = 0;
+        const uint64_t most = std::min(landable, kTcpReceivePieceBytes);
         uint64_t offset = c.vec_offset;
         for (size_t i = c.vec_index;
-             i < c.entries.size() && iov_count < kMaxReceiveEntries && want < kTcpReceivePieceBytes;
-             ++i) {
-          const uint64_t n = std::min(c.entries[i].length - offset, kTcpReceivePieceBytes - want);
+             i < c.entries.size() && iov_count < kMaxReceiveEntries && want < most; ++i) {
+          const uint64_t n = std::min(c.entries[i].length - offset, most - want);
           iov[iov_count++] = {c.targets[i] + offset, n};
           want += n;
           offset = 0;
