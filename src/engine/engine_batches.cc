@@ -176,7 +176,7 @@ BatchStatus EngineImpl::wait(const BatchHandle& handle, std::chrono::millisecond
   // Saturating: wait(h, milliseconds::max()) must not overflow the clock.
   const auto now = Clock::now();
   const auto until = timeout >= b.deadline() - now ? b.deadline() : now + timeout;
-  if (timeout.count() > 0) b.help();
+  if (timeout.count() > 0) b.help(until);
   b.wait_until(until);
   enforce_deadline(b);
   BatchStatus s = b.snapshot();

@@ -72,14 +72,14 @@ void BatchProgress::add_helper(std::shared_ptr<BatchHelper> helper) {
   has_helpers_.store(true);
 }
 
-void BatchProgress::help() {
+void BatchProgress::help(Clock::time_point until) {
   if (!has_helpers_.load()) return;
   std::vector<std::shared_ptr<BatchHelper>> helpers;
   {
     std::lock_guard lock(mu_);
     helpers = helpers_;
   }
-  for (const auto& h : helpers) h->help();
+  for (const auto& h : helpers) h->help(until);
 }
 
 void BatchProgress::stop(const Status& why) {

@@ -36,11 +36,12 @@
 
 namespace kvferry {
 
-// Work a waiting thread may do for a batch (the memcpy executor's unstarted slices).
+// Work a waiting thread may do for a batch (the memcpy executor's unstarted slices, a tcp
+// lane's answers): it returns by `until` (the wait's end), or soon after.
 class BatchHelper {
  public:
   virtual ~BatchHelper() = default;
-  virtual void help() = 0;
+  virtual void help(Clock::time_point until) = 0;
 };
 
 class BatchProgress {
@@ -116,7 +117,7 @@ class BatchProgress {
   BatchStatus snapshot() const;
   // Waits until the batch is final or `until`.
   void wait_until(Clock::time_point until) const;
-  void help();
+  void help(Clock::time_point until);
   // The local regions the batch pins; released once nothing can read or write them.
   const std::vector<RegionUse*>& pins() const { return pins_; }
   // Asks for on_final once the batch is final (set before posting; metrics use it).

@@ -185,8 +185,9 @@ TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards
   PeerHandle handle = open_tcp(*engine, peer.endpoint);
   std::vector<std::byte> src(kBytes, std::byte{5});
   ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
-  // One small write first: the lanes are connected before the peer stops.
-  constexpr uint64_t kWarmBytes = 128 << 10;
+  // One small write first: the lanes are connected before the peer stops (a batch of up to
+  // 512 KiB goes on one lane, so this one is larger).
+  constexpr uint64_t kWarmBytes = 512 << 10;
   std::vector<std::byte> zero_page(kWarmBytes, std::byte{0});
   ASSERT_TRUE(engine->register_memory(zero_page.data(), zero_page.size()).ok());
   // Two ops (one per lane: each larger than what is packed into one vector frame), to two

@@ -146,7 +146,7 @@ class SlicedCopy final : public BatchHelper {
       : copier_(std::move(copier)), batch_(batch), spans_(spans), slices_(std::move(slices)) {}
 
   size_t size() const { return slices_.size(); }
-  void help() override { run_some(); }
+  void help(Clock::time_point /*until*/) override { run_some(); }
   // Claims and copies slices until none is left.
   void run_some() {
     for (size_t i = next_.fetch_add(1); i < slices_.size(); i = next_.fetch_add(1)) {

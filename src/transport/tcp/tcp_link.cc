@@ -48,6 +48,10 @@ struct TcpChunk {
   // The whole part went in this one frame (a request/answer exchange: the reader may wait
   // hot for its answer).
   bool sole = false;
+  // Sent on the posting thread, whose wait for the batch reads the answer (the reading
+  // role): the reader thread leaves it alone for kWaiterReadGrace after it was sent.
+  bool waiter_reads = false;
+  Clock::time_point sent_at{};
   // A WRITE completes only when it is both acknowledged and its sendmsg has returned:
   // on loopback the ack can overtake the syscall, and the caller may free the buffer
   // the moment the batch completes.
@@ -72,6 +76,17 @@ constexpr size_t kMaxGather = 512;
 // many bytes: the socket buffer takes them at once, and the hand-off to the sender thread (a
 // wake-up, tens of microseconds on a busy machine) is the largest cost of a small op.
 constexpr uint64_t kInlineSendBytes = uint64_t{256} << 10;
+// A part of at most this many bytes goes on one lane (as one frame when its ops pack), sent on
+// the posting thread, and its answer is read by the thread that waits for the batch (see
+// TcpLane::read_for): one receiver, one sender, and two wake-ups per batch, as in a plain
+// stream. Split over two lanes it crossed six threads.
+constexpr uint64_t kOneLaneBytes = uint64_t{512} << 10;
+// How long the reader thread leaves an answer to the posting thread's wait: a batch that
+// nobody waits for (status() polling) is read by the reader thread after this.
+constexpr std::chrono::microseconds kWaiterReadGrace{1000};
+// A lane without a request for this long is idle: its reader thread waits in poll() for a
+// closed connection (up to this long at a time) instead of on its condition variable.
+constexpr std::chrono::milliseconds kReaderIdleSleep{50};
 // After the answer to a lone request (one that had the lane to itself) the reader polls
 // without sleeping for this long before it blocks: in a request/answer exchange the next
 // answer comes sooner than a sleeping thread wakes. Only after lone requests: with several
@@ -145,6 +160,7 @@ class TcpLane {
       stopping_ = true;
     }
     cv_.notify_all();
+    reader_cv_.notify_all();
     ::shutdown(fd_.get(), SHUT_RDWR);
     sender_.join();
     reader_.join();
@@ -157,8 +173,9 @@ class TcpLane {
   }
 
   // Queues the chunks for the sender thread, or, when `send_here_if_idle` and nobody is
-  // sending on this lane, sends them on the calling thread.
-  void enqueue(std::vector<TcpChunk>& chunks, bool send_here_if_idle) {
+  // sending on this lane, sends them on the calling thread (and, with `waiter_reads`, leaves
+  // their answers to that thread's wait for the batch: read_for).
+  void enqueue(std::vector<TcpChunk>& chunks, bool send_here_if_idle, bool waiter_reads = false) {
     bool send_here = false;
     {
       std::lock_guard lock(mu_);
@@ -173,6 +190,7 @@ class TcpLane {
       }
     }
     if (send_here) {
+      for (TcpChunk& c : chunks) c.waiter_reads = waiter_reads;
       send_chunks(chunks);
       release_sending();
       return;
@@ -269,6 +287,7 @@ class TcpLane {
   // the socket needs). Only the holder of the sending role calls it. False: the lane broke
   // (everything on it has been failed).
   bool send_chunks(std::vector<TcpChunk>& chunks) {
+    const bool waiter_reads = !chunks.empty() && chunks.front().waiter_reads;
     iov_.clear();
     sent_ids_.clear();
     // The tables are encoded into the sending role's buffer (never the chunk's: a chunk may
@@ -326,6 +345,11 @@ class TcpLane {
           c.wire = batch->on_wire();
           c.sent = kind != OpKind::kWrite;  // a READ's request reads no local memory
           if (!c.sole) shared_since_idle_ = true;
+          last_registered_ = Clock::now();
+          if (c.waiter_reads) {
+            c.sent_at = last_registered_;
+            waiter_read_since_idle_ = true;
+          }
           in_flight_.emplace(h.request_id, std::move(c));
           peak_in_flight_ = std::max(peak_in_flight_, in_flight_.size());
           registered = true;
@@ -377,7 +401,20 @@ class TcpLane {
       return false;
     }
     finish_sent(sent_ids_);
+    wake_reader(waiter_reads);
     return true;
+  }
+
+  // After a send: the reader thread, asleep on reader_cv_, reads the answers (unless a waiter
+  // reads them: then it looks again after kWaiterReadGrace).
+  void wake_reader(bool waiter_reads) {
+    if (waiter_reads) return;
+    bool wake = false;
+    {
+      std::lock_guard lock(mu_);
+      wake = reader_asleep_;
+    }
+    if (wake) reader_cv_.notify_one();
   }
 
   // Marks the requests as sent; those already acknowledged complete now.
@@ -683,35 +720,183 @@ class TcpLane {
     return Status::Ok();
   }
 
-  // True once, when the lane has just gone idle after carrying a single request.
+  // True once, when the lane has just gone idle after carrying a single request that the
+  // reader thread answers (a waiter that reads its own answers waits hot itself).
   bool lone_answered() {
     std::lock_guard lock(mu_);
     if (!in_flight_.empty()) return false;
-    const bool lone = peak_in_flight_ == 1 && !shared_since_idle_;
+    const bool lone = peak_in_flight_ == 1 && !shared_since_idle_ && !waiter_read_since_idle_;
     peak_in_flight_ = 0;
     shared_since_idle_ = false;
+    waiter_read_since_idle_ = false;
     return lone;
   }
 
-  void read_loop() {
+ public:
+  // The reading role, taken by the thread that waits for `batch` (its BatchHelper): while
+  // the lane's reader thread rests and the batch has a request in flight here, reads the
+  // lane's answers on this thread (those of other batches too) until the batch has none left
+  // here, or `until`. So the answer wakes the waiter itself, not the reader thread that would
+  // then wake it. Landing in device memory stays the reader thread's.
+  void read_for(const BatchProgress* batch, Clock::time_point until) {
+    bool hot = false;
+    {
+      std::lock_guard lock(mu_);
+      if (reading_ || stopping_ || broken_ || !carries_locked(batch, &hot)) return;
+      reading_ = true;
+    }
+    // A small lone request is answered sooner than a sleeping thread wakes.
+    const Clock::time_point hot_until = hot ? Clock::now() + kReaderHotTime : Clock::time_point{};
     std::array<std::byte, kTcpHeaderBytes> raw{};
-    Clock::time_point hot_until{};
     for (;;) {
-      if (in_pos_ == in_end_ && !wait_readable(hot_until)) return;
       {
         std::lock_guard lock(mu_);
-        if (stopping_ || broken_) return;
+        if (stopping_ || broken_ || !carries_locked(batch, nullptr)) break;
       }
-      // A frame has started: the rest follows promptly from a live peer.
+      if (in_pos_ == in_end_) {
+        const Clock::time_point now = Clock::now();
+        if (now >= until) break;
+        const bool is_hot = now < hot_until;
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - now);
+        pollfd p{fd_.get(), POLLIN, 0};
+        const int rc =
+            ::poll(&p, 1, is_hot ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 50)));
+        if (rc <= 0) {
+          if (rc == 0 && !is_hot && has_overdue_request()) {
+            fail_all(Timeout("peer " + peer_ + " did not answer before the batch deadline"));
+            break;
+          }
+          continue;
+        }
+      }
       Status s = read_input(raw, Clock::now() + kTcpFrameRestTimeout);
       if (s.ok()) s = on_frame(raw.data());
       if (!s.ok()) {
         fail_all(s.code() == StatusCode::kProtocolError
                      ? s
                      : PeerDisconnected("connection to " + peer_ + " lost: " + s.message()));
-        return;
+        break;
       }
-      hot_until = lone_answered() ? Clock::now() + kReaderHotTime : Clock::time_point{};
+    }
+    lone_answered();  // resets the idle bookkeeping when the lane went idle
+    release_reading_role();
+  }
+
+ private:
+  // Whether `batch` has a request in flight here that a waiter may read (none lands in
+  // device memory); `hot`: it is one small lone request. mu_ held.
+  bool carries_locked(const BatchProgress* batch, bool* hot) const {
+    bool found = false;
+    for (const auto& [id, c] : in_flight_) {
+      if (c.local_device >= 0) return false;
+      if (c.batch.get() == batch) {
+        found = true;
+        if (hot != nullptr) *hot = c.sole && c.length <= kVecOpBytes;
+      }
+    }
+    return found;
+  }
+
+  // The reader thread takes the reading role when there is something for it to read: input
+  // already buffered, or a request in flight that no waiter reads (one left to a waiter is
+  // its own after kWaiterReadGrace). While requests are left to waiters, or the lane was busy
+  // within kReaderIdleSleep, it sleeps on reader_cv_ (kWaiterReadGrace at a time); on an idle
+  // lane it holds the role and sleeps in poll(), so a closed connection is seen at once
+  // (`readable`: input came, to be read). False: the lane is done.
+  bool take_reading_role(bool& readable) {
+    readable = false;
+    std::unique_lock lock(mu_);
+    for (;;) {
+      if (stopping_ || broken_) return false;
+      const Clock::time_point now = Clock::now();
+      if (!reading_) {
+        bool needed = in_pos_ != in_end_;
+        for (const auto& [id, c] : in_flight_) {
+          if (!c.waiter_reads || now >= c.sent_at + kWaiterReadGrace) needed = true;
+        }
+        if (needed) {
+          reading_ = true;
+          return true;
+        }
+        if (in_flight_.empty() && now - last_registered_ >= kReaderIdleSleep) {
+          reading_ = true;
+          lock.unlock();
+          pollfd p{fd_.get(), POLLIN, 0};
+          if (::poll(&p, 1, static_cast<int>(kReaderIdleSleep.count())) > 0) {
+            readable = true;
+            return true;
+          }
+          lock.lock();
+          reading_ = false;
+          continue;
+        }
+      }
+      reader_asleep_ = true;
+      reader_cv_.wait_until(lock, now + kWaiterReadGrace);
+      reader_asleep_ = false;
+    }
+  }
+
+  // Gives up the reading role; the reader thread takes what is left.
+  void release_reading_role() {
+    bool wake = false;
+    {
+      std::lock_guard lock(mu_);
+      reading_ = false;
+      wake = reader_asleep_ && (in_pos_ != in_end_ || !in_flight_.empty());
+    }
+    if (wake) reader_cv_.notify_one();
+  }
+
+  // Whether the reader thread may give up the reading role now: nothing it must read is in
+  // flight (input buffered is read first).
+  bool thread_may_rest() {
+    std::lock_guard lock(mu_);
+    const Clock::time_point now = Clock::now();
+    for (const auto& [id, c] : in_flight_) {
+      if (!c.waiter_reads || now >= c.sent_at + kWaiterReadGrace) return false;
+    }
+    return true;
+  }
+
+  void read_loop() {
+    std::array<std::byte, kTcpHeaderBytes> raw{};
+    Clock::time_point hot_until{};
+    bool readable = false;
+    for (;;) {
+      if (!take_reading_role(readable)) return;
+      for (;;) {
+        if (in_pos_ == in_end_ && !std::exchange(readable, false)) {
+          if (thread_may_rest()) {
+            // Waits hot for the next answer after a lone one, then rests.
+            if (Clock::now() >= hot_until) break;
+            pollfd p{fd_.get(), POLLIN, 0};
+            if (::poll(&p, 1, 0) <= 0) continue;
+          } else if (!wait_readable(hot_until)) {
+            release_reading_role();
+            return;
+          }
+        }
+        {
+          std::lock_guard lock(mu_);
+          if (stopping_ || broken_) {
+            reading_ = false;
+            return;
+          }
+        }
+        // A frame has started: the rest follows promptly from a live peer.
+        Status s = read_input(raw, Clock::now() + kTcpFrameRestTimeout);
+        if (s.ok()) s = on_frame(raw.data());
+        if (!s.ok()) {
+          fail_all(s.code() == StatusCode::kProtocolError
+                       ? s
+                       : PeerDisconnected("connection to " + peer_ + " lost: " + s.message()));
+          release_reading_role();
+          return;
+        }
+        hot_until = lone_answered() ? Clock::now() + kReaderHotTime : Clock::time_point{};
+      }
+      release_reading_role();
     }
   }
 
@@ -922,6 +1107,14 @@ class TcpLane {
   // A request that was part of a larger part was carried since the lane was last idle
   // (guarded by mu_).
   bool shared_since_idle_ = false;
+  // A request whose answer a waiter reads was carried since the lane was last idle (mu_).
+  bool waiter_read_since_idle_ = false;
+  // The reading role (guarded by mu_): someone reads the lane's input (the reader thread or
+  // a waiter, read_for); only its holder touches the input buffer and the landers.
+  bool reading_ = false;
+  bool reader_asleep_ = false;           // guarded by mu_: the reader thread waits on reader_cv_
+  Clock::time_point last_registered_{};  // guarded by mu_: the last request sent
+  std::condition_variable reader_cv_;
   // The sending role's scratch (only its holder touches them).
   std::vector<std::array<std::byte, kTcpHeaderBytes>> headers_ =
       std::vector<std::array<std::byte, kTcpHeaderBytes>>(kMaxGather);
@@ -1070,6 +1263,21 @@ bool is_device(const RegionEntry* r) {
   return r != nullptr && r->location.kind == MemoryLocation::Kind::kCuda;
 }
 
+// A waiting thread reads its batch's answers on the lane its part was sent on (read_for).
+// Owned by the batch, which it points at without owning.
+class TcpWaitReader final : public BatchHelper {
+ public:
+  TcpWaitReader(const std::shared_ptr<TcpLane>& lane, const BatchProgress* batch)
+      : lane_(lane), batch_(batch) {}
+  void help(Clock::time_point until) override {
+    if (std::shared_ptr<TcpLane> lane = lane_.lock()) lane->read_for(batch_, until);
+  }
+
+ private:
+  std::weak_ptr<TcpLane> lane_;
+  const BatchProgress* batch_;
+};
+
 }  // namespace
 
 Status TcpLink::post(const BatchPart& part) {
@@ -1136,9 +1344,14 @@ Status TcpLink::post(const BatchPart& part) {
   // hot, not every lane's.
   size_t next = part.bytes <= kTcpMinChunkBytes ? 0 : next_lane_.fetch_add(1);
   size_t chunks = 0;
-  // Small batches are cut finer so that every lane carries a share of them.
+  // A part of up to kOneLaneBytes goes on one lane; larger ones are cut finer so that every
+  // lane carries a share of them.
+  const bool one_lane = part.bytes <= kOneLaneBytes;
   const uint64_t chunk_bytes =
-      std::clamp<uint64_t>(part.bytes / lane_count, kTcpMinChunkBytes, kTcpChunkBytes);
+      one_lane ? std::max(part.bytes, kTcpMinChunkBytes)
+               : std::clamp<uint64_t>(part.bytes / lane_count, kTcpMinChunkBytes, kTcpChunkBytes);
+  const size_t first_lane = next % lane_count;
+  auto lane_for_chunk = [&] { return one_lane ? first_lane : next++ % lane_count; };
   std::vector<bool> lane_used(lane_count, false);
   // The vector frame being packed: consecutive small ops of one kind, up to kVecMaxEntries
   // and chunk_bytes. A group of one goes as a plain frame (a lone op keeps its fast path).
@@ -1146,7 +1359,7 @@ Status TcpLink::post(const BatchPart& part) {
   auto close_group = [&] {
     if (group.pieces.empty()) return;
     if (group.pieces.size() == 1) group.pieces.clear();  // local/remote/length are the op's
-    const size_t lane_index = next++ % lane_count;
+    const size_t lane_index = lane_for_chunk();
     lane_used[lane_index] = true;
     per_lane[lane_index].push_back(std::move(group));
     ++chunks;
@@ -1184,7 +1397,7 @@ Status TcpLink::post(const BatchPart& part) {
       chunk.local_device = target_device[i];
       // Every landing chunk waits for the event: they land on several lanes' streams.
       if (target_device[i] >= 0) chunk.after_event = part.after_cuda_event;
-      const size_t lane_index = next++ % lane_count;
+      const size_t lane_index = lane_for_chunk();
       lane_used[lane_index] = true;
       if (staged) {
         staged_chunks.push_back({lane_index, source_device[i], std::move(chunk)});
@@ -1238,13 +1451,13 @@ Status TcpLink::post(const BatchPart& part) {
     device_stager->enqueue(std::move(jobs));
   }
   // At most one lane sends on this thread, after the others are handed to their sender
-  // threads (which run meanwhile), and only a small share: a large one would keep the caller
-  // in sendmsg.
+  // threads (which run meanwhile), and only a small share (or a one-lane part): a large one
+  // would keep the caller in sendmsg.
   size_t here = lane_count;
   for (size_t i = 0; i < lane_count; ++i) {
     uint64_t lane_bytes = 0;
     for (const TcpChunk& c : per_lane[i]) lane_bytes += c.length;
-    if (!per_lane[i].empty() && lane_bytes <= kInlineSendBytes) {
+    if (!per_lane[i].empty() && (one_lane || lane_bytes <= kInlineSendBytes)) {
       here = i;
       break;
     }
@@ -1252,7 +1465,14 @@ Status TcpLink::post(const BatchPart& part) {
   for (size_t i = 0; i < lane_count; ++i) {
     if (!per_lane[i].empty() && i != here) targets[i]->enqueue(per_lane[i], false);
   }
-  if (here != lane_count) targets[here]->enqueue(per_lane[here], true);
+  if (here != lane_count) {
+    // A one-lane part in host memory: the thread that waits for the batch reads its answers.
+    const bool waiter_reads = one_lane && !any_device && !any_landing;
+    if (waiter_reads) {
+      part.batch->add_helper(std::make_shared<TcpWaitReader>(targets[here], part.batch.get()));
+    }
+    targets[here]->enqueue(per_lane[here], true, waiter_reads);
+  }
   part.batch->mark_posted();
   return Status::Ok();
 }

@@ -7,6 +7,10 @@
 // registered memory) and a reader thread (acknowledgements, and READ payloads received
 // straight into registered memory). A chunk completes when its acknowledgement (or its
 // data) arrives: completion means the bytes are in place.
+// A part of at most 512 KiB goes whole on one lane, sent on the posting thread when the lane
+// is idle, and the thread that then waits for the batch reads its answers itself (the lane's
+// reading role, taken from an idle reader thread), so a small batch crosses two threads, as a
+// plain request/answer stream does.
 //
 // A WRITE from this engine's device memory is staged through pinned host buffers first
 // (TcpDeviceStager, one per link, created on first need) and sent from there. A READ into
