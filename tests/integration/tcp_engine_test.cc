@@ -252,13 +252,14 @@ struct SharedLanes {
   }
   SharedLanes(const SharedLanes&) = delete;
   SharedLanes& operator=(const SharedLanes&) = delete;
-  // Connects both lanes (a READ of two ops that each get a lane), leaving the peer as it is.
+  // Connects both lanes (a READ of two ops that each get a lane: together above the 512 KiB
+  // that go on one lane), leaving the peer as it is.
   void connect_lanes() {
     // Not adjacent here, so the two are not merged into one.
     std::vector<TransferOp> warm = {
-        {OpKind::kRead, reinterpret_cast<uint64_t>(b.data()), peer.addr, 128 << 10},
-        {OpKind::kRead, reinterpret_cast<uint64_t>(b.data()) + (512 << 10), peer.addr + (128 << 10),
-         128 << 10}};
+        {OpKind::kRead, reinterpret_cast<uint64_t>(b.data()), peer.addr, 768 << 10},
+        {OpKind::kRead, reinterpret_cast<uint64_t>(b.data()) + (1 << 20), peer.addr + (768 << 10),
+         768 << 10}};
     Status warmed = engine->transfer_sync(handle, warm);
     ASSERT_TRUE(warmed.ok()) << warmed.to_string();
   }

@@ -762,8 +762,8 @@ class TcpLane {
         const int rc =
             ::poll(&p, 1, is_hot ? 0 : static_cast<int>(std::min<int64_t>(left.count(), 50)));
         if (rc <= 0) {
-          if (rc == 0 && !is_hot && has_overdue_request()) {
-            fail_all(Timeout("peer " + peer_ + " did not answer before the batch deadline"));
+          if (rc == 0 && !is_hot && expire_overdue()) {
+            fail_all(Timeout("peer " + peer_ + " sent nothing past the batch deadlines"));
             break;
           }
           continue;
