@@ -769,14 +769,7 @@ class TcpLane {
           continue;
         }
       }
-      Status s = read_input(raw, Clock::now() + kTcpFrameRestTimeout);
-      if (s.ok()) s = on_frame(raw.data());
-      if (!s.ok()) {
-        fail_all(s.code() == StatusCode::kProtocolError
-                     ? s
-                     : PeerDisconnected("connection to " + peer_ + " lost: " + s.message()));
-        break;
-      }
+      if (!read_frame(raw)) break;
     }
     lone_answered();  // resets the idle bookkeeping when the lane went idle
     release_reading_role();
@@ -884,13 +877,7 @@ class TcpLane {
             return;
           }
         }
-        // A frame has started: the rest follows promptly from a live peer.
-        Status s = read_input(raw, Clock::now() + kTcpFrameRestTimeout);
-        if (s.ok()) s = on_frame(raw.data());
-        if (!s.ok()) {
-          fail_all(s.code() == StatusCode::kProtocolError
-                       ? s
-                       : PeerDisconnected("connection to " + peer_ + " lost: " + s.message()));
+        if (!read_frame(raw)) {
           release_reading_role();
           return;
         }
@@ -898,6 +885,18 @@ class TcpLane {
       }
       release_reading_role();
     }
+  }
+
+  // Reads one answer frame and acts on it (a frame has started: the rest follows promptly
+  // from a live peer). False: the lane failed (fail_all done).
+  bool read_frame(std::array<std::byte, kTcpHeaderBytes>& raw) {
+    Status s = read_input(raw, Clock::now() + kTcpFrameRestTimeout);
+    if (s.ok()) s = on_frame(raw.data());
+    if (s.ok()) return true;
+    fail_all(s.code() == StatusCode::kProtocolError
+                 ? s
+                 : PeerDisconnected("connection to " + peer_ + " lost: " + s.message()));
+    return false;
   }
 
   Status on_frame(const std::byte* raw) {
