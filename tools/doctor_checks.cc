@@ -136,20 +136,10 @@ Check check_shm() {
       ::_exit(kChildConnectFailed);
     }
     char byte = 0;
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    if (::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != 1) ::_exit(kChildReceiveFailed);
-    const cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    if (cm == nullptr || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
-      ::_exit(kChildReceiveFailed);
-    }
-    int fd = -1;
-    std::memcpy(&fd, CMSG_DATA(cm), sizeof(fd));
+    FdMessage m(&byte, 1);
+    if (::recvmsg(sock, &m.msg, MSG_CMSG_CLOEXEC) != 1) ::_exit(kChildReceiveFailed);
+    const int fd = m.attached();
+    if (fd < 0) ::_exit(kChildReceiveFailed);
     void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) ::_exit(kChildMapFailed);
     auto* bytes = static_cast<unsigned char*>(p);

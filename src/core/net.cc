@@ -163,19 +163,9 @@ Status send_with_fd(int socket, std::span<const std::byte> bytes, int fd,
   if (::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) != 1) {
     return Timeout("the peer does not read what is sent to it");
   }
-  iovec iov{const_cast<std::byte*>(bytes.data()), bytes.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  ssize_t n = ::sendmsg(socket, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  FdMessage m(const_cast<std::byte*>(bytes.data()), bytes.size());
+  m.attach(fd);
+  ssize_t n = ::sendmsg(socket, &m.msg, MSG_NOSIGNAL | MSG_DONTWAIT);
   if (n < 0) return ErrnoStatus(StatusCode::kPeerDisconnected, "sendmsg with a descriptor", errno);
   // The fd went with the first byte; the rest (if the buffer took only part) follows plainly.
   if (static_cast<size_t>(n) < bytes.size()) return send_all(socket, bytes.subspan(n), deadline);
@@ -192,25 +182,12 @@ Status recv_with_fd(int socket, std::span<std::byte> out, Fd& received,
     if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) != 1) {
       return Timeout("no reply before the deadline");
     }
-    iovec iov{out.data() + done, out.size() - done};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t n = ::recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    FdMessage m(out.data() + done, out.size() - done);
+    ssize_t n = ::recvmsg(socket, &m.msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (n < 0) return ErrnoStatus(StatusCode::kPeerDisconnected, "recvmsg", errno);
     if (n == 0) return PeerDisconnected("the peer closed the connection");
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-          c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-        int fd = -1;
-        std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
-        received = Fd(fd);
-      }
-    }
+    if (int fd = m.attached(); fd >= 0) received = Fd(fd);
     done += static_cast<size_t>(n);
   }
   return Status::Ok();

@@ -4,8 +4,12 @@
 // Thread-safety: free functions with no shared state.
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
@@ -37,6 +41,43 @@ Result<Fd> connect_tcp(const Endpoint& endpoint, Clock::time_point deadline);
 // (orderly close or reset) or Internal.
 Status send_all(int fd, std::span<const std::byte> data, Clock::time_point deadline);
 Status recv_all(int fd, std::span<std::byte> data, Clock::time_point deadline);
+
+// One sendmsg/recvmsg message over `data` with room for one attached descriptor
+// (SCM_RIGHTS). Only system-call structures on the stack: usable in a child after fork.
+struct FdMessage {
+  FdMessage(void* data, size_t size) : iov{data, size} {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+  // Attaches `fd` (sending side).
+  void attach(int fd) {
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  // The descriptor that came attached, or -1 (receiving side).
+  int attached() {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+          c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+        return fd;
+      }
+    }
+    return -1;
+  }
+
+  iovec iov;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+};
 
 // Over a Unix socket: sends `bytes` with `fd` attached (SCM_RIGHTS), and receives exactly
 // `out`, keeping a descriptor that came attached to any of it in `received`. Timeout,
