@@ -10,6 +10,8 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <functional>
+#include <utility>
 
 namespace kvferry {
 namespace {
@@ -21,16 +23,33 @@ std::string_view kind_verb(OpKind kind) {
   return kind == OpKind::kWrite ? "process_vm_writev" : "process_vm_readv";
 }
 
-// Moves n iovec pairs of one kind (local[i] and remote[i] have equal lengths), resuming after
-// partial transfers: the kernel stops at the first remote range it cannot touch and reports
-// the bytes it moved, and the next call then fails on that range with its errno.
-Status move_iovecs(pid_t pid, const std::string& peer_name, OpKind kind, iovec* local,
-                   iovec* remote, size_t n) {
-  while (n > 0) {
-    const size_t count = std::min(n, kMaxIovecs);
+// Skips `done` bytes of an iovec list: whole entries, then into the first one left.
+void advance(iovec*& v, size_t& n, uint64_t done) {
+  while (done > 0 && n > 0) {
+    if (done >= v->iov_len) {
+      done -= v->iov_len;
+      ++v;
+      --n;
+    } else {
+      v->iov_base = static_cast<char*>(v->iov_base) + done;
+      v->iov_len -= done;
+      done = 0;
+    }
+  }
+}
+
+// Moves the bytes of `local` (nl iovecs) to or from `remote` (nr iovecs, the same total) as
+// one stream each side, at most IOV_MAX iovecs per side and call, resuming after partial
+// transfers: the kernel stops at the first remote range it cannot touch and reports the bytes
+// it moved, and the next call then fails on that range with its errno.
+Status move_streams(pid_t pid, const std::string& peer_name, OpKind kind, iovec* local, size_t nl,
+                    iovec* remote, size_t nr) {
+  while (nl > 0 && nr > 0) {
+    const size_t lc = std::min(nl, kMaxIovecs);
+    const size_t rc_count = std::min(nr, kMaxIovecs);
     const ssize_t rc = kind == OpKind::kWrite
-                           ? ::process_vm_writev(pid, local, count, remote, count, 0)
-                           : ::process_vm_readv(pid, local, count, remote, count, 0);
+                           ? ::process_vm_writev(pid, local, lc, remote, rc_count, 0)
+                           : ::process_vm_readv(pid, local, lc, remote, rc_count, 0);
     if (rc < 0) {
       const int err = errno;
       if (err == EINTR) continue;
@@ -59,23 +78,19 @@ Status move_iovecs(pid_t pid, const std::string& peer_name, OpKind kind, iovec* 
                                   kind_verb(kind), remote->iov_len,
                                   reinterpret_cast<uint64_t>(remote->iov_base), peer_name));
     }
-    auto done = static_cast<uint64_t>(rc);
-    while (done > 0 && n > 0) {
-      if (done >= local->iov_len) {
-        done -= local->iov_len;
-        ++local;
-        ++remote;
-        --n;
-      } else {
-        local->iov_base = static_cast<char*>(local->iov_base) + done;
-        local->iov_len -= done;
-        remote->iov_base = static_cast<char*>(remote->iov_base) + done;
-        remote->iov_len -= done;
-        done = 0;
-      }
-    }
+    advance(local, nl, static_cast<uint64_t>(rc));
+    advance(remote, nr, static_cast<uint64_t>(rc));
   }
   return Status::Ok();
+}
+
+// Appends [base, base + len) to the n iovecs of `v`, extending the last one when it ends there.
+void append_range(iovec* v, size_t& n, char* base, size_t len) {
+  if (n > 0 && static_cast<char*>(v[n - 1].iov_base) + v[n - 1].iov_len == base) {
+    v[n - 1].iov_len += len;
+  } else {
+    v[n++] = iovec{base, len};
+  }
 }
 
 }  // namespace
@@ -110,6 +125,8 @@ Status CmaCopier::check_alive() const {
 Status CmaCopier::copy_chunk(std::span<const CopyPiece> pieces) const {
   // Filled up to the count each call passes: not zeroed per chunk.
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
+  std::array<std::pair<uint64_t, uint32_t>, kMaxChunkPieces> order;  // (peer address, piece)
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
   std::array<iovec, kMaxChunkPieces> local;
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
   std::array<iovec, kMaxChunkPieces> remote;
@@ -118,15 +135,35 @@ Status CmaCopier::copy_chunk(std::span<const CopyPiece> pieces) const {
     // One call per run of pieces of the same kind (a batch may mix WRITE and READ ops).
     const OpKind kind = pieces[i].span->kind;
     size_t n = 0;
-    for (; i < pieces.size() && pieces[i].span->kind == kind && n < local.size(); ++i) {
+    for (; i < pieces.size() && pieces[i].span->kind == kind && n < order.size(); ++i) {
       const CopyPiece& p = pieces[i];
-      if (p.length == 0) continue;
-      local[n] = iovec{p.span->local + p.offset, p.length};
-      remote[n] = iovec{reinterpret_cast<char*>(p.span->remote_addr) + p.offset, p.length};
-      ++n;
+      if (p.length > 0) order[n++] = {p.span->remote_addr + p.offset, static_cast<uint32_t>(i)};
+    }
+    // The kernel's cost is per remote range (it pins the peer's pages range by range), the
+    // local side is a plain user copy, and the two sides are separate iovec lists that only
+    // have to carry the same bytes in the same order. So the pieces go in the peer's address
+    // order, and pieces adjacent there become one remote iovec however scattered they are
+    // here: a gather into, or a scatter from, contiguous peer memory costs one range. The
+    // order cannot change what lands: the destinations of a batch never overlap (submit
+    // checks them: docs/PROTOCOL.md, "Batch states").
+    const auto first = order.begin();
+    const auto last = first + static_cast<std::ptrdiff_t>(n);
+    if (!std::is_sorted(first, last)) {
+      if (std::is_sorted(first, last, std::greater<>())) {
+        std::reverse(first, last);  // a descending layout needs no sort
+      } else {
+        std::sort(first, last);
+      }
+    }
+    size_t nl = 0;
+    size_t nr = 0;
+    for (auto k = first; k != last; ++k) {
+      const CopyPiece& p = pieces[k->second];
+      append_range(local.data(), nl, p.span->local + p.offset, p.length);
+      append_range(remote.data(), nr, reinterpret_cast<char*>(k->first), p.length);
     }
     KVF_RETURN_IF_ERROR(check_alive());
-    Status moved = move_iovecs(pid_, peer_name_, kind, local.data(), remote.data(), n);
+    Status moved = move_streams(pid_, peer_name_, kind, local.data(), nl, remote.data(), nr);
     // Checked after the call too: a call that raced with the exit may have reached another
     // process holding the pid by now, and what it read is not the peer's.
     KVF_RETURN_IF_ERROR(check_alive());
