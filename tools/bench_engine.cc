@@ -458,6 +458,12 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   if (args.rounds < 1) {
     return InvalidArgument(fmt::format("bench engine: --rounds {} (at least 1)", args.rounds));
   }
+  for (const std::string& memory : args.local_memory) {
+    if (memory != "host" && memory != "host-thp" && memory != "device") {
+      return InvalidArgument("bench engine: --local-memory " + memory +
+                             " (valid: host, host-thp, device)");
+    }
+  }
   std::vector<OpKind> op_kinds;
   for (const std::string& name : args.op_names) {
     if (name == "write") {
