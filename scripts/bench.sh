@@ -40,6 +40,22 @@ build/kvferry bench engine --transports tcp --op write,read --threads 2 \
   --block-bytes 4096,65536,73728,1048576,4194304 --ops 1,16,128 \
   --min-time-ms 400 --json "$out/engine-tcp.json" | tee "$out/engine-tcp.txt"
 
+# cma into a serve child's registered anonymous memory (what serving stacks register), with
+# 4 KiB pages and then with huge pages advised on both sides; the second reference is the
+# bare process_vm_writev of the same iovec lists (ratio/bare).
+echo "== engine: cma vs memcpy and the bare system call (4 KiB pages, then huge pages)"
+build/kvferry bench engine --transports cma --peer-memory host --threads 1,2 \
+  --block-bytes 4096,1048576,4194304,67108864 --ops 1,16,1024 \
+  --min-time-ms 200 --json "$out/engine-cma.json" | tee "$out/engine-cma.txt"
+build/kvferry bench engine --transports cma --peer-memory host-thp --local-memory host-thp \
+  --threads 1,2 --block-bytes 4096,1048576,4194304,67108864 --ops 1,16,1024 \
+  --min-time-ms 200 --json "$out/engine-cma-thp.json" | tee "$out/engine-cma-thp.txt"
+for memory in host host-thp; do
+  build/kvferry bench kv --preset deepseek-v3 --pages random --tokens 4096 --transport cma \
+    --cma-peer-memory "$memory" --threads 1,2 --strategy all_layers --min-time-ms 500 \
+    --json "$out/kv-cma-$memory.json" | tee "$out/kv-cma-$memory.txt"
+done
+
 if grep -q '^KVFERRY_UCX:BOOL=ON' build/CMakeCache.txt; then
   # ucx over UCX's tcp transport (all these machines have; emulation allowed for the run),
   # against ucx_perftest's put bandwidth on the same transport and kvferry's tcp, same run.

@@ -7,16 +7,35 @@
 // processes (the child's `sink`): the whole batch in as few sendmsg calls as the kernel
 // allows, one 1-byte acknowledgement per batch (a READ asks with 8 bytes and receives the
 // batch straight into its blocks). With one op per batch that reference is the plain
-// round trip of one block. For tcp the bench also reports CPU-seconds per GB and voluntary
-// context switches (wake-ups) per batch, of both processes together, for both contestants.
+// round trip of one block. cma cells have a second reference: the bare process_vm_writev /
+// process_vm_readv of the engine's own (local, remote) ranges into the same child, IOV_MAX
+// pairs per call as a direct caller would (`bare call`, `ratio/bare`): what the kernel gives
+// anyone, so cma ÷ bare call is kvferry's share and bare call ÷ memcpy the kernel's. For tcp
+// the bench also reports CPU-seconds per GB and voluntary context switches (wake-ups) per
+// batch, of both processes together, for both contestants.
+//
+// Method: the engine and its references (memcpy on 1 thread and on `threads` threads, the
+// bare call likewise; or the plain stream) take turns in one window, not one after another:
+// after a warm-up of each, --rounds rounds (default 5) in which every contestant runs batches
+// for --min-time-ms / rounds, the first contestant rotating each round (run_interleaved,
+// bench_util.h). A slow spell of a shared machine then hits every contestant alike. Each
+// contestant's GB/s is its mean over all its batches, p50/p99 over the same samples; memcpy
+// and the bare call each count their faster thread count (by mean); the ratio is engine ÷
+// memcpy (or ÷ the stream). CPU and wake-ups are metered around each contestant's turns
+// only, summed per contestant.
+//
 // Destinations are laid out in reverse block order so ops never merge: the figures measure
 // per-op cost, not the merger. Cells above --max-batch-bytes are listed as skipped.
-// `--local-memory device` (CUDA builds, tcp) sends WRITEs from device memory of cuda:0, and
-// lands READs in it, staged through pinned buffers, against the same socket reference;
-// `host,device` runs both in one run, so the rows give tcp-with-device-memory /
-// tcp-with-host-memory.
+// `--peer-memory host|host-thp` gives the serve child plain registered memory (4 KiB pages)
+// or the same with huge pages advised instead of its shared memory (shm needs `shared`);
+// `--local-memory host-thp` advises huge pages on this process's buffers (the engine's
+// source and destinations and the references'). `--local-memory device` (CUDA builds, tcp)
+// sends WRITEs from device memory of cuda:0, and lands READs in it, staged through pinned
+// buffers, against the same socket reference; `host,device` runs both in one run, so the rows
+// give tcp-with-device-memory / tcp-with-host-memory.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -97,19 +116,67 @@ struct EngineBenchArgs {
   uint64_t inline_bytes = EngineOptions{}.inline_batch_bytes;
   std::string json_path;
   std::vector<std::string> local_memory = {"host"};
+  std::string peer_memory = "shared";  // the serve child's --memory
+  int rounds = 5;
+};
+
+// This process's host buffers: anonymous memory, with huge pages advised for `host-thp`
+// (the kernel backs what it can with 2 MiB pages), touched once so no batch pays the faults.
+class HostBuffer {
+ public:
+  static Result<HostBuffer> map(uint64_t bytes, bool huge_pages) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return ErrnoStatus(StatusCode::kInternal,
+                         fmt::format("bench engine: mmap of {} bytes", bytes), errno);
+    }
+    HostBuffer b(static_cast<char*>(p), bytes);
+    if (huge_pages) (void)::madvise(p, bytes, MADV_HUGEPAGE);  // advice: best effort
+    std::memset(p, 0, bytes);
+    return b;
+  }
+  HostBuffer(HostBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  HostBuffer& operator=(HostBuffer&&) = delete;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+  }
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  HostBuffer(char* data, uint64_t size) : data_(data), size_(size) {}
+  char* data_;
+  uint64_t size_;
+};
+
+// The bench's own buffers for one local memory kind: the pattern source, the engine's local
+// destination and the memcpy reference's destination.
+struct LocalBuffers {
+  HostBuffer src, local_dst, ref_dst;
+  static Result<LocalBuffers> make(uint64_t bytes, bool huge_pages) {
+    KVF_ASSIGN_OR_RETURN(HostBuffer src, HostBuffer::map(bytes, huge_pages));
+    KVF_ASSIGN_OR_RETURN(HostBuffer local_dst, HostBuffer::map(bytes, huge_pages));
+    KVF_ASSIGN_OR_RETURN(HostBuffer ref_dst, HostBuffer::map(bytes, huge_pages));
+    fill_pattern({reinterpret_cast<std::byte*>(src.data()), src.size()}, 1);
+    return LocalBuffers{std::move(src), std::move(local_dst), std::move(ref_dst)};
+  }
 };
 
 // The engine's source buffer: the host vector itself, or a copy of it in device memory.
 class SourceBuffer {
  public:
-  static Result<SourceBuffer> make(const std::string& memory, const std::vector<char>& host) {
+  static Result<SourceBuffer> make(const std::string& memory, const HostBuffer& host) {
     SourceBuffer b;
-    if (memory == "host") {
-      b.addr_ = const_cast<char*>(host.data());
+    if (memory == "host" || memory == "host-thp") {
+      b.addr_ = host.data();
       return b;
     }
     if (memory != "device") {
-      return InvalidArgument("bench engine: --local-memory " + memory + " (valid: host, device)");
+      return InvalidArgument("bench engine: --local-memory " + memory +
+                             " (valid: host, host-thp, device)");
     }
 #ifdef KVFERRY_WITH_CUDA
     void* p = nullptr;
@@ -151,51 +218,164 @@ class SourceBuffer {
 };
 
 struct Row {
-  std::string transport;  // with "(dev)" when the source is device memory
+  // With "(dev)" when the source is device memory, "(thp)" when this process's buffers have
+  // huge pages advised.
+  std::string transport;
   std::string op;
   uint64_t block_bytes;
   int ops;
   int threads;
+  std::string local_memory, peer_memory;  // peer: the serve child's --memory ("" for local)
   double gbps = 0, p50_us = 0, p99_us = 0, ref_gbps = 0, ref_p50_us = 0, ratio = 0, p50_ratio = 0,
          mops = 0;
   // tcp only (0 elsewhere): both processes together, per GB moved and per batch.
   double cpu_s_per_gb = 0, ref_cpu_s_per_gb = 0, switches_per_batch = 0, ref_switches_per_batch = 0;
+  // cma only (0 elsewhere): the bare system call's GB/s and p50, and engine ÷ bare call.
+  double bare_gbps = 0, bare_p50_us = 0, bare_ratio = 0;
 };
 
 using CopyList = std::vector<std::pair<char*, const char*>>;
 
-// memcpy of the same copy list on `threads` threads (the caller plus a pool).
+// One contiguous piece of a copy: n bytes from src to dst.
+struct Piece {
+  char* dst;
+  const char* src;
+  uint64_t n;
+};
+
+// The copy list split into `parts` runs of (nearly) equal bytes, in order; with fewer blocks
+// than parts, blocks are split too.
+std::vector<std::vector<Piece>> split_evenly(const CopyList& copies, uint64_t block, int parts) {
+  std::vector<std::vector<Piece>> out(parts);
+  const uint64_t total = block * copies.size();
+  const uint64_t share = (total + parts - 1) / parts;
+  for (int t = 0; t < parts; ++t) {
+    uint64_t begin = share * t;
+    const uint64_t end = std::min(total, begin + share);
+    while (begin < end) {
+      const uint64_t i = begin / block, off = begin % block;
+      const uint64_t n = std::min(block - off, end - begin);
+      out[t].push_back({copies[i].first + off, copies[i].second + off, n});
+      begin += n;
+    }
+  }
+  return out;
+}
+
+// Runs part(0 .. parts-1) at once: part 0 on the calling thread, the others on the pool.
+template <typename F>
+void run_parts(ThreadPool& pool, int parts, const F& part) {
+  if (parts == 1) {
+    part(0);
+    return;
+  }
+  std::latch done(parts - 1);
+  for (int t = 1; t < parts; ++t) {
+    pool.post([&part, &done, t] {
+      part(t);
+      done.count_down();
+    });
+  }
+  part(0);
+  done.wait();
+}
+
+// memcpy of the same copy list on one thread, and split by bytes over `threads` threads (the
+// caller plus the pool).
 class ReferenceCopier {
  public:
-  explicit ReferenceCopier(int threads) : threads_(threads), pool_(threads - 1) {}
-  void run(const CopyList& copies, uint64_t block) {
-    if (threads_ == 1) {
-      for (const auto& [dst, src] : copies) std::memcpy(dst, src, block);
-      return;
-    }
-    // Split by bytes: when there are fewer blocks than threads, split inside blocks.
-    const uint64_t total = block * copies.size();
-    const uint64_t share = (total + threads_ - 1) / threads_;
-    std::latch done(threads_);
-    auto part = [&, share](int t) {
-      uint64_t begin = share * t;
-      uint64_t end = std::min(total, begin + share);
-      while (begin < end) {
-        uint64_t i = begin / block, off = begin % block;
-        uint64_t n = std::min(block - off, end - begin);
-        std::memcpy(copies[i].first + off, copies[i].second + off, n);
-        begin += n;
-      }
-      done.count_down();
-    };
-    for (int t = 1; t < threads_; ++t) pool_.post([&part, t] { part(t); });
-    part(0);
-    done.wait();
+  ReferenceCopier(ThreadPool& pool, const CopyList& copies, uint64_t block, int threads)
+      : pool_(pool), copies_(copies), block_(block), parts_(split_evenly(copies, block, threads)) {}
+  void run_one_thread() const {
+    for (const auto& [dst, src] : copies_) std::memcpy(dst, src, block_);
+  }
+  void run_all_threads() const {
+    run_parts(pool_, static_cast<int>(parts_.size()), [this](int t) {
+      for (const Piece& p : parts_[t]) std::memcpy(p.dst, p.src, p.n);
+    });
   }
 
  private:
-  int threads_;
-  ThreadPool pool_;
+  ThreadPool& pool_;
+  const CopyList& copies_;
+  uint64_t block_;
+  std::vector<std::vector<Piece>> parts_;
+};
+
+// cma's bare-call reference: the engine's own (local, remote) ranges moved with
+// process_vm_writev (WRITE) or process_vm_readv (READ) straight to the serve child, IOV_MAX
+// pairs per call, on one thread, and split by bytes over `threads` threads. The iovec lists
+// are built once, outside the timed calls.
+class VmCallReference {
+ public:
+  // ops: the engine's batch (each op's remote address is in the child `pid`).
+  VmCallReference(ThreadPool& pool, pid_t pid, const std::vector<TransferOp>& ops, int threads)
+      : pool_(pool), pid_(pid), write_(ops.front().kind == OpKind::kWrite) {
+    // As a copy list: (remote, local) pairs; split_evenly keeps the two sides in step.
+    CopyList pairs;
+    for (const TransferOp& op : ops) {
+      pairs.emplace_back(reinterpret_cast<char*>(op.remote_addr),
+                         reinterpret_cast<const char*>(op.local_addr));
+    }
+    const uint64_t block = ops.front().length;
+    one_ = lists(split_evenly(pairs, block, 1));
+    all_ = lists(split_evenly(pairs, block, threads));
+  }
+  Status run_one_thread() { return move(one_.front()); }
+  Status run_all_threads() {
+    std::vector<Status> results(all_.size());
+    run_parts(pool_, static_cast<int>(all_.size()),
+              [this, &results](int t) { results[t] = move(all_[t]); });
+    for (Status& r : results) KVF_RETURN_IF_ERROR(r);
+    return Status::Ok();
+  }
+
+ private:
+  struct Lists {
+    std::vector<iovec> local, remote;
+    uint64_t bytes = 0;
+  };
+  static std::vector<Lists> lists(const std::vector<std::vector<Piece>>& parts) {
+    std::vector<Lists> out;
+    for (const auto& part : parts) {
+      Lists l;
+      for (const Piece& p : part) {
+        l.remote.push_back({p.dst, p.n});
+        l.local.push_back({const_cast<char*>(p.src), p.n});
+        l.bytes += p.n;
+      }
+      out.push_back(std::move(l));
+    }
+    return out;
+  }
+  Status move(const Lists& l) const {
+    uint64_t moved = 0;
+    for (size_t first = 0; first < l.local.size(); first += IOV_MAX) {
+      const size_t count = std::min<size_t>(l.local.size() - first, IOV_MAX);
+      ssize_t n;
+      do {
+        n = write_ ? ::process_vm_writev(pid_, &l.local[first], count, &l.remote[first], count, 0)
+                   : ::process_vm_readv(pid_, &l.local[first], count, &l.remote[first], count, 0);
+      } while (n < 0 && errno == EINTR);
+      if (n < 0) {
+        return ErrnoStatus(StatusCode::kInternal,
+                           fmt::format("bench engine: bare {} to pid {}",
+                                       write_ ? "process_vm_writev" : "process_vm_readv", pid_),
+                           errno);
+      }
+      moved += static_cast<uint64_t>(n);
+    }
+    // A short count means a range the child does not map: the reference is broken, say so.
+    if (moved != l.bytes) {
+      return Internal(fmt::format("bench engine: bare call moved {} of {} bytes", moved, l.bytes));
+    }
+    return Status::Ok();
+  }
+
+  ThreadPool& pool_;
+  pid_t pid_;
+  bool write_;
+  std::vector<Lists> one_, all_;
 };
 
 // The tcp reference: one plain blocking TCP stream to the serve child's sink. A batch is one
@@ -266,14 +446,24 @@ class SocketStream {
   std::vector<iovec> iov_;
 };
 
+// The faster (by mean) of two samplers of one reference, or the first when there is one.
+const LatencySampler& faster(const std::vector<LatencySampler>& samples, size_t first,
+                             std::optional<size_t> second) {
+  if (second && samples[*second].mean_ns() < samples[first].mean_ns()) return samples[*second];
+  return samples[first];
+}
+
 Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   const uint64_t buffer_bytes = args.max_batch_bytes;
-  std::vector<char> src(buffer_bytes);
-  std::vector<char> local_dst(buffer_bytes);
-  std::vector<char> ref_dst(buffer_bytes);
-  fill_pattern({reinterpret_cast<std::byte*>(src.data()), src.size()}, 1);
-  std::memset(local_dst.data(), 0, local_dst.size());
-  std::memset(ref_dst.data(), 0, ref_dst.size());
+  if (args.rounds < 1) {
+    return InvalidArgument(fmt::format("bench engine: --rounds {} (at least 1)", args.rounds));
+  }
+  for (const std::string& memory : args.local_memory) {
+    if (memory != "host" && memory != "host-thp" && memory != "device") {
+      return InvalidArgument("bench engine: --local-memory " + memory +
+                             " (valid: host, host-thp, device)");
+    }
+  }
   std::vector<OpKind> op_kinds;
   for (const std::string& name : args.op_names) {
     if (name == "write") {
@@ -284,25 +474,40 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
       return InvalidArgument("bench engine: --op " + name + " (valid: write, read)");
     }
   }
+  // This process's buffers, one set per page kind asked for (host and device share one).
+  std::optional<LocalBuffers> plain_buffers, thp_buffers;
   std::unique_ptr<ServePeer> serve;
   unsigned sink_port = 0;
   const std::vector<BenchedTransport> benchable = benchable_transports();
-  Progress progress("bench engine", args.transports.size() * args.threads.size() * op_kinds.size() *
-                                        args.block_bytes.size() * args.ops_per_batch.size());
   // Every transport with every local memory kind (device: tcp only).
   std::vector<std::pair<std::string, std::string>> cells;
   for (const std::string& memory : args.local_memory) {
     for (const std::string& t : args.transports) cells.emplace_back(t, memory);
   }
+  Progress progress("bench engine", cells.size() * args.threads.size() * op_kinds.size() *
+                                        args.block_bytes.size() * args.ops_per_batch.size());
   for (const auto& [plain_transport_name, memory] : cells) {
     KVF_ASSIGN_OR_RETURN(TransportKind transport, parse_transport_kind(plain_transport_name));
-    KVF_ASSIGN_OR_RETURN(SourceBuffer engine_src, SourceBuffer::make(memory, src));
+    const bool huge_pages = memory == "host-thp";
+    std::optional<LocalBuffers>& buffers = huge_pages ? thp_buffers : plain_buffers;
+    if (!buffers) {
+      KVF_ASSIGN_OR_RETURN(LocalBuffers b, LocalBuffers::make(buffer_bytes, huge_pages));
+      buffers.emplace(std::move(b));
+    }
+    KVF_ASSIGN_OR_RETURN(SourceBuffer engine_src, SourceBuffer::make(memory, buffers->src));
     if (engine_src.device() && transport != TransportKind::kTcp) {
       return NotSupported("bench engine: --local-memory device is for tcp only, not " +
                           plain_transport_name);
     }
-    const std::string transport_name =
-        engine_src.device() ? plain_transport_name + "(dev)" : plain_transport_name;
+    if (transport == TransportKind::kShm && args.peer_memory != "shared") {
+      return InvalidArgument(
+          "bench engine: shm reaches only the serve child's shared memory, not "
+          "--peer-memory " +
+          args.peer_memory);
+    }
+    std::string transport_name = plain_transport_name;
+    if (engine_src.device()) transport_name += "(dev)";
+    if (huge_pages) transport_name += "(thp)";
     auto how = std::find_if(benchable.begin(), benchable.end(),
                             [&](const BenchedTransport& b) { return b.kind == transport; });
     if (how == benchable.end()) {
@@ -311,9 +516,14 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
     }
     const bool remote = how->remote;
     if (remote && !serve) {
-      KVF_ASSIGN_OR_RETURN(ServePeer peer, start_serve_peer(self_executable(), buffer_bytes));
+      KVF_ASSIGN_OR_RETURN(ServePeer peer, start_serve_peer(self_executable(), buffer_bytes,
+                                                            {"--memory", args.peer_memory}));
       serve = std::make_unique<ServePeer>(std::move(peer));
     }
+    std::cout << fmt::format("# {}: local memory {}{}; {} rounds of {} ms per contestant\n",
+                             transport_name, memory,
+                             remote ? ", serve child memory " + args.peer_memory : "", args.rounds,
+                             args.min_time_ms / args.rounds);
     std::optional<SocketStream> stream;
     if (how->reference == Reference::kSocket) {
       if (sink_port == 0) {  // the child starts one sink; later streams connect to it again
@@ -329,7 +539,9 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
                            SocketStream::connect(serve_endpoint.host, static_cast<uint16_t>(port)));
       stream.emplace(std::move(s));
     }
-    CpuMeter meter(::getpid(), serve ? serve->process.pid() : -1);
+    char* const local_dst = buffers->local_dst.data();
+    char* const ref_dst = buffers->ref_dst.data();
+    const char* const src = buffers->src.data();
     for (int threads : args.threads) {
       EngineOptions options;
       options.name = "bench";
@@ -337,14 +549,14 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
       options.inline_batch_bytes = args.inline_bytes;
       KVF_ASSIGN_OR_RETURN(auto engine, TransferEngine::create(options));
       KVF_RETURN_IF_ERROR(
-          engine->register_memory(engine_src.data(), src.size(), engine_src.location()));
-      KVF_RETURN_IF_ERROR(engine->register_memory(local_dst.data(), local_dst.size()));
+          engine->register_memory(engine_src.data(), buffer_bytes, engine_src.location()));
+      KVF_RETURN_IF_ERROR(engine->register_memory(local_dst, buffer_bytes));
       std::string peer_name = remote ? serve->endpoint : engine->endpoint();
       PeerOptions peer_options;
       peer_options.transport = transport;
       KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(peer_name, peer_options));
-      const uint64_t remote_base = remote ? serve->addr : reinterpret_cast<uint64_t>(src.data());
-      ReferenceCopier reference(threads);
+      const uint64_t remote_base = remote ? serve->addr : reinterpret_cast<uint64_t>(src);
+      ThreadPool pool(threads - 1);  // the references' extra threads
       for (OpKind op_kind : op_kinds) {
         const std::string op_name = op_kind == OpKind::kWrite ? "write" : "read";
         for (uint64_t block : args.block_bytes) {
@@ -365,22 +577,21 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
               if (op_kind == OpKind::kWrite) {
                 ops.push_back(
                     {OpKind::kWrite, reinterpret_cast<uint64_t>(engine_src.data()) + block * i,
-                     (remote ? remote_base : reinterpret_cast<uint64_t>(local_dst.data())) +
-                         far_off,
+                     (remote ? remote_base : reinterpret_cast<uint64_t>(local_dst)) + far_off,
                      block});
               } else {
                 // With device memory, READs land in it (the device buffer, as large).
-                char* into = engine_src.device() ? engine_src.data() : local_dst.data();
+                char* into = engine_src.device() ? engine_src.data() : local_dst;
                 ops.push_back({OpKind::kRead, reinterpret_cast<uint64_t>(into) + far_off,
                                remote_base + block * i, block});
               }
-              copies.emplace_back(ref_dst.data() + far_off, src.data() + block * i);
+              copies.emplace_back(ref_dst + far_off, src + block * i);
             }
-            LatencySampler engine_lat, ref_lat;
+
+            // The contestants: the engine first, then its references.
             Status failure;
-            const bool measure_cpu = stream.has_value();
-            if (measure_cpu) meter.start();
-            engine_lat.run(args.min_time_ms, [&] {
+            std::vector<std::function<bool()>> contestants;
+            contestants.push_back([&] {
               auto b = engine->submit(peer, ops);
               if (!b.ok()) {
                 failure = b.status();
@@ -390,44 +601,70 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
               if (s.state != BatchState::kCompleted) failure = s.status;
               return s.state == BatchState::kCompleted;
             });
-            KVF_RETURN_IF_ERROR(failure);
-            const double bytes = static_cast<double>(block) * n;
-            // +1: the sampler's unmeasured warm-up ran inside the meter too.
-            const double engine_batches = static_cast<double>(engine_lat.count() + 1);
-            Row row{transport_name, op_name, block, n, threads};
-            if (measure_cpu) {
-              meter.stop();
-              row.cpu_s_per_gb = meter.cpu_s() / (engine_batches * bytes / 1e9);
-              row.switches_per_batch = static_cast<double>(meter.switches()) / engine_batches;
-              meter.start();
-            }
-            // The memcpy reference is the faster of one thread and `threads` threads: nobody
-            // splits a 64-byte copy across threads, and we do not want a weak baseline.
-            LatencySampler ref_parallel;
+            // memcpy and the bare call count the faster of one thread and `threads` threads:
+            // nobody splits a 64-byte copy across threads, and we do not want a weak baseline.
+            ReferenceCopier copier(pool, copies, block, threads);
+            std::optional<VmCallReference> bare;
+            size_t ref_one = 0, bare_one = 0;
+            std::optional<size_t> ref_all, bare_all;
             if (stream) {
-              ref_lat.run(args.min_time_ms, [&] {
+              ref_one = contestants.size();
+              contestants.push_back([&] {
                 failure = op_kind == OpKind::kWrite ? stream->write_batch(copies, block)
                                                     : stream->read_batch(copies, block);
                 return failure.ok();
               });
-              KVF_RETURN_IF_ERROR(failure);
-              meter.stop();
-              const double ref_batches = static_cast<double>(ref_lat.count() + 1);
-              row.ref_cpu_s_per_gb = meter.cpu_s() / (ref_batches * bytes / 1e9);
-              row.ref_switches_per_batch = static_cast<double>(meter.switches()) / ref_batches;
             } else {
-              ref_lat.run(args.min_time_ms / 2, [&] {
-                for (const auto& [dst, src_ptr] : copies) std::memcpy(dst, src_ptr, block);
+              ref_one = contestants.size();
+              contestants.push_back([&] {
+                copier.run_one_thread();
                 return true;
               });
               if (threads > 1) {
-                ref_parallel.run(args.min_time_ms / 2, [&] {
-                  reference.run(copies, block);
+                ref_all = contestants.size();
+                contestants.push_back([&] {
+                  copier.run_all_threads();
                   return true;
                 });
-                if (ref_parallel.mean_ns() < ref_lat.mean_ns()) ref_lat = ref_parallel;
               }
             }
+            if (transport == TransportKind::kCma) {
+              bare.emplace(pool, serve->process.pid(), ops, threads);
+              bare_one = contestants.size();
+              contestants.push_back([&] {
+                failure = bare->run_one_thread();
+                return failure.ok();
+              });
+              if (threads > 1) {
+                bare_all = contestants.size();
+                contestants.push_back([&] {
+                  failure = bare->run_all_threads();
+                  return failure.ok();
+                });
+              }
+            }
+
+            // CPU and wake-ups of each contestant's turns (tcp: both processes).
+            const bool measure_cpu = stream.has_value();
+            std::vector<CpuMeter> meters(contestants.size(),
+                                         CpuMeter(::getpid(), serve ? serve->process.pid() : -1));
+            InterleaveOptions interleave;
+            interleave.min_time_ms = args.min_time_ms * static_cast<int>(contestants.size());
+            interleave.min_rounds = static_cast<size_t>(args.rounds);
+            interleave.turn_ms = static_cast<double>(args.min_time_ms) / args.rounds;
+            interleave.warmup_ms = std::min(interleave.turn_ms, 10.0);
+            if (measure_cpu) {
+              interleave.before_turn = [&](size_t i) { meters[i].start(); };
+              interleave.after_turn = [&](size_t i, size_t) { meters[i].stop(); };
+            }
+            std::vector<LatencySampler> samples = run_interleaved(interleave, contestants);
+            KVF_RETURN_IF_ERROR(failure);
+
+            const double bytes = static_cast<double>(block) * n;
+            const LatencySampler& engine_lat = samples[0];
+            const LatencySampler& ref_lat = faster(samples, ref_one, ref_all);
+            Row row{
+                transport_name, op_name, block, n, threads, memory, remote ? args.peer_memory : ""};
             row.gbps = bytes / engine_lat.mean_ns();
             row.p50_us = engine_lat.percentile_us(50);
             row.p99_us = engine_lat.percentile_us(99);
@@ -436,6 +673,25 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
             row.ratio = row.gbps / row.ref_gbps;
             row.p50_ratio = row.p50_us / row.ref_p50_us;
             row.mops = n / engine_lat.mean_ns() * 1e3;
+            if (measure_cpu) {
+              auto per_gb = [&](size_t i) {
+                return meters[i].cpu_s() / (static_cast<double>(samples[i].count()) * bytes / 1e9);
+              };
+              auto per_batch = [&](size_t i) {
+                return static_cast<double>(meters[i].switches()) /
+                       static_cast<double>(samples[i].count());
+              };
+              row.cpu_s_per_gb = per_gb(0);
+              row.switches_per_batch = per_batch(0);
+              row.ref_cpu_s_per_gb = per_gb(ref_one);
+              row.ref_switches_per_batch = per_batch(ref_one);
+            }
+            if (bare) {
+              const LatencySampler& bare_lat = faster(samples, bare_one, bare_all);
+              row.bare_gbps = bytes / bare_lat.mean_ns();
+              row.bare_p50_us = bare_lat.percentile_us(50);
+              row.bare_ratio = row.gbps / row.bare_gbps;
+            }
             rows.push_back(row);
             std::string line = fmt::format(
                 "{:>5} {:>5} thr={} block={:>9} ops={:>4}  {:8.2f} GB/s  p50 {:9.1f} us  "
@@ -448,6 +704,10 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
               line += fmt::format("  cpu {:.2f} s/GB (socket {:.2f})  wakes/batch {:.1f} ({:.1f})",
                                   row.cpu_s_per_gb, row.ref_cpu_s_per_gb, row.switches_per_batch,
                                   row.ref_switches_per_batch);
+            }
+            if (bare) {
+              line += fmt::format("  bare call {:8.2f} GB/s p50 {:9.1f} us  ratio/bare {:5.2f}",
+                                  row.bare_gbps, row.bare_p50_us, row.bare_ratio);
             }
             std::cout << line << "\n" << std::flush;
           }
@@ -472,12 +732,20 @@ void add_bench_engine_command(CLI::App& bench) {
   cmd->add_option("--ops", args->ops_per_batch, "ops per batch")->delimiter(',');
   cmd->add_option("--max-batch-bytes", args->max_batch_bytes,
                   "buffer size; larger cells are listed as skipped");
-  cmd->add_option("--min-time-ms", args->min_time_ms, "measuring time per cell");
+  cmd->add_option("--min-time-ms", args->min_time_ms,
+                  "measuring time per contestant and cell (engine, each reference)");
   cmd->add_option("--inline-bytes", args->inline_bytes, "engine inline_batch_bytes");
   cmd->add_option("--json", args->json_path, "write rows as JSON to this file ('-' = stdout)");
   cmd->add_option("--local-memory", args->local_memory,
-                  "host, device (device: tcp WRITEs from / READs into cuda:0, CUDA builds)")
+                  "host, host-thp (huge pages advised on this process's buffers), device (tcp "
+                  "WRITEs from / READs into cuda:0, CUDA builds)")
       ->delimiter(',');
+  cmd->add_option("--peer-memory", args->peer_memory,
+                  "the serve child's buffer: shared (allocate_shared; shm needs it), host "
+                  "(registered anonymous memory, 4 KiB pages), host-thp (huge pages advised)")
+      ->check(CLI::IsMember({"shared", "host", "host-thp"}));
+  cmd->add_option("--rounds", args->rounds,
+                  "interleaved rounds: each contestant runs min-time-ms / rounds per round");
   cmd->callback([args] {
     std::vector<Row> rows;
     Status s = run_grid(*args, rows);
@@ -504,7 +772,12 @@ void add_bench_engine_command(CLI::App& bench) {
                        {"cpu_s_per_gb", r.cpu_s_per_gb},
                        {"ref_cpu_s_per_gb", r.ref_cpu_s_per_gb},
                        {"switches_per_batch", r.switches_per_batch},
-                       {"ref_switches_per_batch", r.ref_switches_per_batch}});
+                       {"ref_switches_per_batch", r.ref_switches_per_batch},
+                       {"local_memory", r.local_memory},
+                       {"peer_memory", r.peer_memory},
+                       {"bare_gbps", r.bare_gbps},
+                       {"bare_p50_us", r.bare_p50_us},
+                       {"bare_ratio", r.bare_ratio}});
       }
       write_json(args->json_path, out);
     }

@@ -54,31 +54,89 @@ class LatencySampler {
   std::vector<double> samples_;
 };
 
-// Runs every contestant once per round, in turn (starting one further each round), for at
-// least `min_time_ms` (and at least 3 rounds), after one unmeasured warm-up round. On a shared
-// machine a slow spell then hits every contestant alike, so their ratios stay meaningful. A
-// contestant returning false stops the run. Returns one sampler per contestant.
+// How run_interleaved takes turns (see there).
+struct InterleaveOptions {
+  // Measuring time of the whole run, every contestant's turns together: rounds go on until it
+  // has passed, and at least `min_rounds` and at most `max_rounds` run.
+  int min_time_ms = 0;
+  size_t min_rounds = 3;
+  size_t max_rounds = 100000;
+  // One contestant's turn in a round: calls for at least this long (at least one call); 0 is
+  // one call per turn.
+  double turn_ms = 0;
+  // The unmeasured warm-up before the first round: each contestant, in order, calls for this
+  // long (at least one call).
+  double warmup_ms = 0;
+  // Samples per contestant: a turn ends early at its share (max_samples / min_rounds), and no
+  // round starts after min_rounds once a contestant has this many.
+  size_t max_samples = 100000;
+  // Called around each measured turn, outside the timed calls (e.g. a CPU meter per
+  // contestant): before_turn(contestant), after_turn(contestant, calls in the turn).
+  std::function<void(size_t)> before_turn;
+  std::function<void(size_t, size_t)> after_turn;
+};
+
+// Runs the contestants in turns: after a warm-up of each, every round gives each contestant
+// one turn (one call, or a block of calls for `turn_ms`), starting one contestant further each
+// round. On a shared machine a slow spell then hits every contestant alike, so their ratios
+// stay meaningful. Rounds are whole: every contestant gets as many turns. A contestant
+// returning false stops the run. Returns one sampler per contestant (each call's duration).
 inline std::vector<LatencySampler> run_interleaved(
-    int min_time_ms, const std::vector<std::function<bool()>>& contestants) {
+    const InterleaveOptions& options, const std::vector<std::function<bool()>>& contestants) {
+  using Clock = std::chrono::steady_clock;
   std::vector<LatencySampler> out(contestants.size());
+  auto finish = [&out]() -> std::vector<LatencySampler> {
+    for (auto& s : out) s.finish();
+    return std::move(out);
+  };
+  auto full = [&out, &options] {
+    return std::any_of(out.begin(), out.end(),
+                       [&](const LatencySampler& s) { return s.count() >= options.max_samples; });
+  };
+  const auto warmup = std::chrono::duration<double, std::milli>(options.warmup_ms);
   for (const auto& c : contestants) {
-    if (!c()) return out;
+    const auto start = Clock::now();
+    do {
+      if (!c()) return finish();
+    } while (Clock::now() - start < warmup);
   }
-  auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(min_time_ms);
-  for (size_t round = 0; round < 3 || (std::chrono::steady_clock::now() < until && round < 100000);
+  const auto turn = std::chrono::duration<double, std::milli>(options.turn_ms);
+  const size_t per_turn =
+      std::max<size_t>(1, options.max_samples / std::max<size_t>(1, options.min_rounds));
+  const auto until = Clock::now() + std::chrono::milliseconds(options.min_time_ms);
+  for (size_t round = 0; round < options.max_rounds &&
+                         (round < options.min_rounds || (Clock::now() < until && !full()));
        ++round) {
     // The starting contestant rotates each round: whoever runs right after another one
     // inherits its cache state, and that must not always be the same contestant.
     for (size_t k = 0; k < contestants.size(); ++k) {
       const size_t i = (round + k) % contestants.size();
-      auto t0 = std::chrono::steady_clock::now();
-      if (!contestants[i]()) return out;
-      out[i].add(
-          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+      if (options.before_turn) options.before_turn(i);
+      const auto start = Clock::now();
+      size_t calls = 0;
+      bool ok = true;
+      do {
+        const auto t0 = Clock::now();
+        ok = contestants[i]();
+        if (!ok) break;
+        out[i].add(std::chrono::duration<double, std::nano>(Clock::now() - t0).count());
+        ++calls;
+      } while (Clock::now() - start < turn && calls < per_turn &&
+               out[i].count() < options.max_samples);
+      if (options.after_turn) options.after_turn(i, calls);
+      if (!ok) return finish();
     }
   }
-  for (auto& s : out) s.finish();
-  return out;
+  return finish();
+}
+
+// One call per contestant per round for at least `min_time_ms` in all (and at least 3 rounds),
+// after one unmeasured warm-up call each.
+inline std::vector<LatencySampler> run_interleaved(
+    int min_time_ms, const std::vector<std::function<bool()>>& contestants) {
+  InterleaveOptions options;
+  options.min_time_ms = min_time_ms;
+  return run_interleaved(options, contestants);
 }
 
 // CPU time and voluntary context switches (sleeps: each one is a wake-up later) of a whole
@@ -121,7 +179,8 @@ inline ProcessCpu read_process_cpu(int pid) {
   return out;
 }
 
-// CPU and wake-ups of the two processes of a measurement, between start() and stop().
+// CPU and wake-ups of the two processes of a measurement, summed over every start() ...
+// stop() span (one contestant's turns, say).
 class CpuMeter {
  public:
   CpuMeter(int self_pid, int peer_pid) : self_(self_pid), peer_(peer_pid) {}
@@ -132,9 +191,9 @@ class CpuMeter {
   void stop() {
     ProcessCpu self_end = read_process_cpu(self_);
     ProcessCpu peer_end = peer_ > 0 ? read_process_cpu(peer_) : ProcessCpu{};
-    cpu_s_ = self_end.cpu_s - self_start_.cpu_s + peer_end.cpu_s - peer_start_.cpu_s;
-    switches_ = self_end.voluntary_switches - self_start_.voluntary_switches +
-                peer_end.voluntary_switches - peer_start_.voluntary_switches;
+    cpu_s_ += self_end.cpu_s - self_start_.cpu_s + peer_end.cpu_s - peer_start_.cpu_s;
+    switches_ += self_end.voluntary_switches - self_start_.voluntary_switches +
+                 peer_end.voluntary_switches - peer_start_.voluntary_switches;
   }
   double cpu_s() const { return cpu_s_; }
   uint64_t switches() const { return switches_; }
