@@ -79,9 +79,11 @@ struct EngineOptions {
   // at most 2 MiB (its system-call copy gains from a second thread sooner).
   uint64_t inline_batch_bytes = 4u << 20;
   // tcp transport: data listener ("host:port"; empty = the listen_address host, any
-  // port), connections per peer, and receiver I/O threads.
+  // port), connections per peer, and receiver I/O threads. Four lanes, not two, even on two
+  // cores: with two streams both cores idled ~12 % in a large batch (each lane's sender and
+  // receiver blocked at once); docs/PERFORMANCE.md "tcp large batches".
   std::string tcp_listen_address;
-  int tcp_lanes = 2;
+  int tcp_lanes = 4;
   int tcp_io_threads = 2;
   // tcp with device memory: bytes are staged through pinned host buffers of this size,
   // at most this many per engine (allocated on first use). When all are in use, device

@@ -70,7 +70,7 @@ struct TransportEnv {
   std::string engine_name;
   std::string listen_host;         // the handshake listener's host
   std::string tcp_listen_address;  // EngineOptions::tcp_listen_address
-  int tcp_lanes = 2;
+  int tcp_lanes = 4;               // EngineOptions::tcp_lanes
   int tcp_io_threads = 2;
   std::chrono::milliseconds connect_timeout = kDefaultHandshakeTimeout;
   std::optional<std::string> secret;

@@ -185,17 +185,18 @@ TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards
   PeerHandle handle = open_tcp(*engine, peer.endpoint);
   std::vector<std::byte> src(kBytes, std::byte{5});
   ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
-  // One small write first: the lanes are connected before the peer stops (a batch of up to
-  // 512 KiB goes on one lane, so this one is larger).
-  constexpr uint64_t kWarmBytes = 512 << 10;
+  // One small write first: every lane is connected before the peer stops (a batch of up to
+  // 512 KiB goes on one lane; a larger one is striped in chunks of at least 1 MiB).
+  constexpr uint64_t kWarmBytes = 1 << 20;
   std::vector<std::byte> zero_page(kWarmBytes, std::byte{0});
   ASSERT_TRUE(engine->register_memory(zero_page.data(), zero_page.size()).ok());
-  // Two ops (one per lane: each larger than what is packed into one vector frame), to two
+  // One op per lane (each larger than what is packed into one vector frame), to as many
   // places: a batch may not write one destination twice.
-  std::vector<TransferOp> warm = {
-      {OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()), peer.addr, kWarmBytes},
-      {OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()), peer.addr + kWarmBytes,
-       kWarmBytes}};
+  std::vector<TransferOp> warm;
+  for (int i = 0; i < EngineOptions{}.tcp_lanes; ++i) {
+    warm.push_back({OpKind::kWrite, reinterpret_cast<uint64_t>(zero_page.data()),
+                    peer.addr + i * kWarmBytes, kWarmBytes});
+  }
   ASSERT_TRUE(engine->transfer_sync(handle, warm).ok());
   ASSERT_EQ(::kill(peer.process.pid(), SIGSTOP), 0);
   int wstatus = 0;  // kill() only queues the signal: wait until the child has stopped
@@ -252,14 +253,14 @@ struct SharedLanes {
   }
   SharedLanes(const SharedLanes&) = delete;
   SharedLanes& operator=(const SharedLanes&) = delete;
-  // Connects both lanes (a READ of two ops that each get a lane: together above the 512 KiB
-  // that go on one lane), leaving the peer as it is.
+  // Connects every lane (a READ of one 1 MiB op per lane: a part above the 512 KiB that go
+  // on one lane is striped in chunks of at least 1 MiB), leaving the peer as it is.
   void connect_lanes() {
-    // Not adjacent here, so the two are not merged into one.
-    std::vector<TransferOp> warm = {
-        {OpKind::kRead, reinterpret_cast<uint64_t>(b.data()), peer.addr, 768 << 10},
-        {OpKind::kRead, reinterpret_cast<uint64_t>(b.data()) + (1 << 20), peer.addr + (768 << 10),
-         768 << 10}};
+    std::vector<TransferOp> warm;
+    for (uint64_t i = 0; i < static_cast<uint64_t>(EngineOptions{}.tcp_lanes); ++i) {
+      warm.push_back({OpKind::kRead, reinterpret_cast<uint64_t>(b.data()) + i * kOp,
+                      peer.addr + i * kOp, kOp});
+    }
     Status warmed = engine->transfer_sync(handle, warm);
     ASSERT_TRUE(warmed.ok()) << warmed.to_string();
   }

@@ -81,6 +81,11 @@ constexpr uint64_t kInlineSendBytes = uint64_t{256} << 10;
 // TcpLane::read_for): one receiver, one sender, and two wake-ups per batch, as in a plain
 // stream. Split over two lanes it crossed six threads.
 constexpr uint64_t kOneLaneBytes = uint64_t{512} << 10;
+// A larger part is striped over the lanes in chunks of at least this many bytes (or half the
+// part, if that is less): with four lanes, a 1 MiB READ cut in four 256 KiB chunks woke four
+// readers and took longer than two chunks of 512 KiB (docs/PERFORMANCE.md "tcp large
+// batches").
+constexpr uint64_t kStripeChunkBytes = uint64_t{1} << 20;
 // How long the reader thread leaves an answer to the posting thread's wait: a batch that
 // nobody waits for (status() polling) is read by the reader thread after this.
 constexpr std::chrono::microseconds kWaiterReadGrace{1000};
@@ -1344,11 +1349,14 @@ Status TcpLink::post(const BatchPart& part) {
   size_t next = part.bytes <= kTcpMinChunkBytes ? 0 : next_lane_.fetch_add(1);
   size_t chunks = 0;
   // A part of up to kOneLaneBytes goes on one lane; larger ones are cut finer so that every
-  // lane carries a share of them.
+  // lane carries a share of them, but in at least two chunks of at most kStripeChunkBytes
+  // each: a part of 1–4 MiB keeps to two (or few) lanes rather than waking four.
   const bool one_lane = part.bytes <= kOneLaneBytes;
+  const uint64_t least_chunk =
+      std::clamp<uint64_t>((part.bytes + 1) / 2, kTcpMinChunkBytes, kStripeChunkBytes);
   const uint64_t chunk_bytes =
       one_lane ? std::max(part.bytes, kTcpMinChunkBytes)
-               : std::clamp<uint64_t>(part.bytes / lane_count, kTcpMinChunkBytes, kTcpChunkBytes);
+               : std::clamp<uint64_t>(part.bytes / lane_count, least_chunk, kTcpChunkBytes);
   const size_t first_lane = next % lane_count;
   auto lane_for_chunk = [&] { return one_lane ? first_lane : next++ % lane_count; };
   std::vector<bool> lane_used(lane_count, false);

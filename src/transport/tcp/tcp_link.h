@@ -51,7 +51,7 @@ struct TcpLinkOptions {
   Endpoint endpoint;  // the peer's tcp data endpoint
   std::string peer_name;
   uint64_t expected_incarnation = 0;
-  int lanes = 2;
+  int lanes = 4;  // EngineOptions::tcp_lanes
   std::chrono::milliseconds connect_timeout = kDefaultHandshakeTimeout;
   std::optional<std::string> secret;
   // Device memory staging, shared by the engine's tcp links and receiver (null: none).
