@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_link.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -98,11 +99,12 @@ constexpr std::chrono::milliseconds kReaderIdleSleep{50};
 constexpr std::chrono::microseconds kReaderHotTime{100};
 // Input is received into a buffer of this size, so one recv() brings in many acks (or small
 // READ payloads, copied out of it); a READ payload with at least kDirectReceiveBytes still to
-// come is received straight into local memory, with what follows it into the buffer.
+// come is received straight into local memory, with blocking recvmsg(MSG_WAITALL) calls of
+// at most kBlockingReceiveSlice each (the socket's SO_RCVTIMEO; every other call on the
+// lane's socket passes MSG_DONTWAIT).
 constexpr size_t kReaderBufferBytes = size_t{64} << 10;
 constexpr size_t kDirectReceiveBytes = size_t{16} << 10;
-// A READ payload is received straight into at most this many pieces per recvmsg.
-constexpr size_t kMaxReceivePieces = 64;
+constexpr std::chrono::milliseconds kBlockingReceiveSlice{10};
 // Consecutive ops of a part of at most kVecOpBytes each (host memory on both sides, same
 // kind) are packed into one vector frame of at most kVecMaxEntries entries and the part's
 // chunk size: one header, one request entry and one ack for all of them.
@@ -126,6 +128,24 @@ const std::byte* zero_payload() {
   return zeros;
 }
 
+// Makes the lane's socket blocking, with receives bounded by kBlockingReceiveSlice: a READ
+// payload is received with blocking calls (TcpLane::read_input_scatter); every other send
+// and receive passes MSG_DONTWAIT.
+Status make_receives_blocking(int fd) {
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "fcntl on a tcp lane", errno);
+  }
+  const auto slice = std::chrono::duration_cast<std::chrono::microseconds>(kBlockingReceiveSlice);
+  timeval timeout{};
+  timeout.tv_sec = static_cast<time_t>(slice.count() / 1'000'000);
+  timeout.tv_usec = static_cast<suseconds_t>(slice.count() % 1'000'000);
+  if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout)) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "setsockopt(SO_RCVTIMEO) on a tcp lane", errno);
+  }
+  return Status::Ok();
+}
+
 // A request failed at its batch's deadline whose answer is still due: absorbed when it comes
 // (a READ's payload drained, never landed).
 struct ExpiredRequest {
@@ -138,6 +158,7 @@ struct ExpiredRequest {
 struct SentFrame {
   uint64_t request_id = 0;
   OpKind kind = OpKind::kWrite;
+  std::shared_ptr<BatchProgress> batch;
   size_t iov_begin = 0;
   size_t payload_begin = 0;  // the first iovec of local memory (iov_end if none)
   size_t iov_end = 0;
@@ -164,7 +185,7 @@ class TcpLane {
     ::shutdown(fd_.get(), SHUT_RDWR);
     sender_.join();
     reader_.join();
-    fail_all(PeerDisconnected("connection to " + peer_ + " closed"));
+    fail_all(PeerDisconnected("connection to " + peer_ + " closed"), /*sender_gone=*/true);
   }
 
   bool broken() const {
@@ -221,10 +242,14 @@ class TcpLane {
     c.batch->finish_task(s);
   }
 
-  // Marks the lane broken and fails everything queued or in flight on it.
-  void fail_all(const Status& why) {
+  // Marks the lane broken and fails everything queued or in flight on it, except a WRITE
+  // whose sendmsg has not returned (the sending role may still be reading its memory): the
+  // socket is shut down, so that send ends at once, and the sender fails it then
+  // (finish_sent). `sender_gone`: nobody sends any more (the lane's destructor), so those
+  // fail here too.
+  void fail_all(const Status& why, bool sender_gone = false) {
     std::deque<TcpChunk> queued;
-    std::unordered_map<uint64_t, TcpChunk> flying;
+    std::vector<TcpChunk> flying;
     {
       std::lock_guard lock(mu_);
       if (!broken_) {
@@ -232,24 +257,32 @@ class TcpLane {
         broken_status_ = why;
       }
       queued.swap(queue_);
-      flying.swap(in_flight_);
+      for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+        if (!sender_gone && !it->second.sent) {
+          ++it;
+          continue;
+        }
+        flying.push_back(std::move(it->second));
+        it = in_flight_.erase(it);
+      }
       expired_.clear();
     }
     ::shutdown(fd_.get(), SHUT_RDWR);
     cv_.notify_all();
-    // Each chunk fails for its own batch's reason when it has one (its deadline passed, it
-    // was cancelled); otherwise the lane's loss is a disconnection for it, even when the
-    // lane died of another batch's timeout.
-    auto reason_for = [&](const TcpChunk& c) {
-      Status own = c.batch->stop_reason();
-      if (!own.ok()) return own;
-      if (why.code() == StatusCode::kTimeout) {
-        return PeerDisconnected("lane to " + peer_ + " closed: " + why.message());
-      }
-      return why;
-    };
-    for (TcpChunk& c : queued) finish(c, reason_for(c));
-    for (auto& [id, c] : flying) finish(c, reason_for(c));
+    for (TcpChunk& c : queued) finish(c, loss_status(c, why));
+    for (TcpChunk& c : flying) finish(c, loss_status(c, why));
+  }
+
+  // Why a chunk fails when the lane is lost (`why`): for its own batch's reason when it has
+  // one (its deadline passed, it was cancelled); otherwise the lane's loss is a
+  // disconnection for it, even when the lane died of another batch's timeout.
+  Status loss_status(const TcpChunk& c, const Status& why) const {
+    Status own = c.batch->stop_reason();
+    if (!own.ok()) return own;
+    if (why.code() == StatusCode::kTimeout) {
+      return PeerDisconnected("lane to " + peer_ + " closed: " + why.message());
+    }
+    return why;
   }
 
   // Gives up the sending role; the sender thread takes what was queued meanwhile.
@@ -389,15 +422,19 @@ class TcpLane {
       for (size_t i = iov_mark; i < iov_.size(); ++i) stream_bytes += iov_[i].iov_len;
       f.byte_end = stream_bytes;
       f.deadline = batch->deadline();
-      frames_.push_back(f);
+      f.batch = batch;
+      frames_.push_back(std::move(f));
       ++slot;
     }
     chunks.clear();
     if (iov_.empty()) return true;
-    if (Status s = send_iov(iov_); !s.ok()) {
-      fail_all(s.code() == StatusCode::kTimeout
+    Status sent = send_iov(iov_);
+    frames_.clear();  // they hold their batches
+    if (!sent.ok()) {
+      fail_all(sent.code() == StatusCode::kTimeout
                    ? Timeout("sending to " + peer_ + " made no progress past the batch deadlines")
-                   : PeerDisconnected("connection to " + peer_ + " lost: " + s.message()));
+                   : PeerDisconnected("connection to " + peer_ + " lost: " + sent.message()));
+      finish_sent(sent_ids_);  // the WRITEs fail_all left to this thread
       return false;
     }
     finish_sent(sent_ids_);
@@ -417,16 +454,24 @@ class TcpLane {
     if (wake) reader_cv_.notify_one();
   }
 
-  // Marks the requests as sent; those already acknowledged complete now.
+  // Marks the requests as sent (their sendmsg has returned: nothing reads their memory
+  // any more); those already acknowledged complete now, and on a lane that broke meanwhile
+  // the others fail now (fail_all left them to this thread).
   void finish_sent(const std::vector<uint64_t>& ids) {
     std::vector<TcpChunk> done;
+    std::vector<TcpChunk> lost;
+    Status why;
     {
       std::lock_guard lock(mu_);
+      why = broken_status_;
       for (uint64_t id : ids) {
         auto it = in_flight_.find(id);
         if (it == in_flight_.end()) continue;  // failed meanwhile
         if (it->second.acked) {
           done.push_back(std::move(it->second));
+          in_flight_.erase(it);
+        } else if (broken_) {
+          lost.push_back(std::move(it->second));
           in_flight_.erase(it);
         } else {
           it->second.sent = true;
@@ -434,6 +479,7 @@ class TcpLane {
       }
     }
     for (TcpChunk& c : done) finish(c, reply_status(c.ack_status, c, c.refused_addr));
+    for (TcpChunk& c : lost) finish(c, loss_status(c, why));
   }
 
   // `refused_addr`: the reply's addr, which names the entry a vector frame was refused for.
@@ -551,6 +597,10 @@ class TcpLane {
     }
     Clock::time_point last_progress = Clock::now();
     while (first < iov.size()) {
+      // Each sendmsg that may read a batch's memory holds that batch's CopyGuard, taken
+      // before its deadline is checked (expire_frames): stop() waits for it, so a batch
+      // never ends while its memory is in a syscall here.
+      guard_copies(sent_bytes);
       auto now = Clock::now();
       if (now >= next_expiry) next_expiry = expire_frames(iov, first, sent_bytes, now);
       while (first < iov.size() && iov[first].iov_len == 0) ++first;  // dropped frames
@@ -559,6 +609,7 @@ class TcpLane {
       msg.msg_iov = iov.data() + first;
       msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
       ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      copy_guards_.clear();
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -588,7 +639,22 @@ class TcpLane {
         iov[first].iov_len -= sent;
       }
     }
+    copy_guards_.clear();
     return Status::Ok();
+  }
+
+  // Takes the CopyGuard of every batch with a WRITE frame of this send whose payload is not
+  // all out (`sent` bytes of the stream are) and not replaced by zeros.
+  void guard_copies(uint64_t sent) {
+    copy_guards_.clear();
+    const BatchProgress* last = nullptr;
+    for (const SentFrame& f : frames_) {
+      if (f.kind != OpKind::kWrite || f.expired || f.byte_end <= sent || f.batch.get() == last) {
+        continue;
+      }
+      last = f.batch.get();
+      copy_guards_.emplace_back(*f.batch);
+    }
   }
 
   // Fails the requests past their batch's deadline that are all out (a WRITE still being
@@ -651,8 +717,9 @@ class TcpLane {
   }
 
   // The same for many ranges, filled in order; the iovecs are consumed (advanced) as they
-  // fill. The socket's bytes go straight into up to kMaxReceivePieces ranges per recvmsg
-  // when at least kDirectReceiveBytes are still wanted.
+  // fill. The socket's bytes go straight into the ranges (blocking, bounded receives) when
+  // at least kDirectReceiveBytes are still wanted; only those bytes are taken off the
+  // socket, so nothing that follows lands there.
   Status read_input_scatter(std::span<iovec> parts, Clock::time_point deadline) {
     size_t first = 0;
     uint64_t left = 0;
@@ -681,29 +748,30 @@ class TcpLane {
         continue;
       }
       in_pos_ = in_end_ = 0;
-      const bool direct = left >= kDirectReceiveBytes;
-      // Filled up to the count passed: not zeroed per receive.
-      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
-      std::array<iovec, kMaxReceivePieces + 1> iov;
-      size_t count = 0;
-      size_t into_parts = 0;
-      if (direct) {
-        for (size_t i = first; i < parts.size() && count < kMaxReceivePieces; ++i) {
-          iov[count++] = parts[i];
-          into_parts += parts[i].iov_len;
+      if (left >= kDirectReceiveBytes) {
+        // The rest of a payload whose header has been read: every byte of it is the frame's,
+        // so it goes straight into the ranges, all of them (IOV_MAX at a time), with one
+        // blocking recvmsg(MSG_WAITALL), as a plain stream receives: the thread sleeps until
+        // it is all there. Each call waits at most kBlockingReceiveSlice (SO_RCVTIMEO), and
+        // the deadline is checked before each.
+        if (Clock::now() >= deadline) return Timeout("receive");
+        msghdr msg{};
+        msg.msg_iov = parts.data() + first;
+        msg.msg_iovlen = std::min<size_t>(parts.size() - first, IOV_MAX);
+        const ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_WAITALL);
+        if (n > 0) {
+          last_input_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+          consume(static_cast<size_t>(n));
+          continue;
         }
+        if (n == 0) return PeerDisconnected("connection closed by peer");
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+        return ErrnoStatus(StatusCode::kPeerDisconnected, "recv", errno);
       }
-      iov[count++] = {input_.get(), kReaderBufferBytes};
-      msghdr msg{};
-      msg.msg_iov = iov.data();
-      msg.msg_iovlen = count;
-      ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
+      ssize_t n = ::recv(fd_.get(), input_.get(), kReaderBufferBytes, MSG_DONTWAIT);
       if (n > 0) {
         last_input_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-        auto received = static_cast<size_t>(n);
-        const size_t direct_bytes = std::min(received, into_parts);
-        in_end_ = received - direct_bytes;
-        consume(direct_bytes);
+        in_end_ = static_cast<size_t>(n);
         continue;
       }
       if (n == 0) return PeerDisconnected("connection closed by peer");
@@ -1119,6 +1187,7 @@ class TcpLane {
       std::vector<std::array<std::byte, kTcpHeaderBytes>>(kMaxGather);
   std::vector<iovec> iov_;
   std::vector<SentFrame> frames_;
+  std::deque<BatchProgress::CopyGuard> copy_guards_;  // held across one sendmsg
   std::vector<uint64_t> sent_ids_;
   std::vector<std::byte> tables_;  // vector frames' tables, encoded
   // The reader's scratch: the ranges of a READ payload being received.
@@ -1188,6 +1257,7 @@ Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
       return Unauthenticated("peer " + o.peer_name + " refused our credentials (wrong secret?)");
     }
   }
+  if (Status s = make_receives_blocking(fd.get()); !s.ok()) return unreachable(s);
   return std::shared_ptr<TcpLane>(new TcpLane(std::move(fd), o.peer_name, offset_ns, o.device));
 }
 
