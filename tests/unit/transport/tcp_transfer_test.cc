@@ -179,25 +179,18 @@ void reuse_memory_as_each_batch_ends(OpKind kind, EarlyEnd end) {
        addr_of(remote.data() + spare + (1u << 20)), 512u << 10}};
   ASSERT_TRUE(prefill->transfer_sync(peer, warm).ok());
   SubmitOptions options;
-  options.timeout = end == EarlyEnd::kDeadline ? std::chrono::milliseconds(5)
-                                               : std::chrono::milliseconds(30'000);
+  options.timeout =
+      end == EarlyEnd::kDeadline ? std::chrono::milliseconds(5) : std::chrono::milliseconds(30'000);
   std::vector<BatchHandle> batches;
   for (size_t i = 0; i < kBatches; ++i) {
     TransferOp op{kind, addr_of(local.data() + i * kSlice), addr_of(remote.data() + i * kSlice),
                   kSlice};
     batches.push_back(must(prefill->submit(peer, {&op, 1}, options)));
   }
-  size_t first_waited = 0;
-  if (end == EarlyEnd::kPeerGone) {
-    // The first batch completes; the peer's connections break while the others move.
-    BatchStatus s = prefill->wait(batches[0], std::chrono::seconds(30));
-    ASSERT_EQ(s.state, BatchState::kCompleted) << s.status.to_string();
-    ASSERT_FALSE(find_pattern_mismatch({target.data(), kSlice}, 11));
-    cut_accepted_connections();
-    first_waited = 1;
-  }
+  // 128 MiB take tens of milliseconds: the peer's connections break while they move.
+  if (end == EarlyEnd::kPeerGone) cut_accepted_connections();
   size_t failed = 0;
-  for (size_t i = first_waited; i < kBatches; ++i) {
+  for (size_t i = 0; i < kBatches; ++i) {
     BatchStatus s = prefill->wait(batches[i], std::chrono::seconds(30));
     std::span<std::byte> mine{local.data() + i * kSlice, kSlice};
     if (s.state == BatchState::kFailed) {
