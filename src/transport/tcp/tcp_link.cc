@@ -1,6 +1,5 @@
 #include "transport/tcp/tcp_link.h"
 
-#include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
 #include <sys/mman.h>
@@ -99,12 +98,11 @@ constexpr std::chrono::milliseconds kReaderIdleSleep{50};
 constexpr std::chrono::microseconds kReaderHotTime{100};
 // Input is received into a buffer of this size, so one recv() brings in many acks (or small
 // READ payloads, copied out of it); a READ payload with at least kDirectReceiveBytes still to
-// come is received straight into local memory, with blocking recvmsg(MSG_WAITALL) calls of
-// at most kBlockingReceiveSlice each (the socket's SO_RCVTIMEO; every other call on the
-// lane's socket passes MSG_DONTWAIT).
+// come is received straight into local memory, with what follows it into the buffer.
 constexpr size_t kReaderBufferBytes = size_t{64} << 10;
 constexpr size_t kDirectReceiveBytes = size_t{16} << 10;
-constexpr std::chrono::milliseconds kBlockingReceiveSlice{10};
+// A READ payload is received straight into at most this many pieces per recvmsg.
+constexpr size_t kMaxReceivePieces = 64;
 // Consecutive ops of a part of at most kVecOpBytes each (host memory on both sides, same
 // kind) are packed into one vector frame of at most kVecMaxEntries entries and the part's
 // chunk size: one header, one request entry and one ack for all of them.
@@ -126,24 +124,6 @@ const std::byte* zero_payload() {
     return p == MAP_FAILED ? nullptr : static_cast<const std::byte*>(p);
   }();
   return zeros;
-}
-
-// Makes the lane's socket blocking, with receives bounded by kBlockingReceiveSlice: a READ
-// payload is received with blocking calls (TcpLane::read_input_scatter); every other send
-// and receive passes MSG_DONTWAIT.
-Status make_receives_blocking(int fd) {
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
-    return ErrnoStatus(StatusCode::kInternal, "fcntl on a tcp lane", errno);
-  }
-  const auto slice = std::chrono::duration_cast<std::chrono::microseconds>(kBlockingReceiveSlice);
-  timeval timeout{};
-  timeout.tv_sec = static_cast<time_t>(slice.count() / 1'000'000);
-  timeout.tv_usec = static_cast<suseconds_t>(slice.count() % 1'000'000);
-  if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout)) != 0) {
-    return ErrnoStatus(StatusCode::kInternal, "setsockopt(SO_RCVTIMEO) on a tcp lane", errno);
-  }
-  return Status::Ok();
 }
 
 // A request failed at its batch's deadline whose answer is still due: absorbed when it comes
@@ -463,7 +443,7 @@ class TcpLane {
     Status why;
     {
       std::lock_guard lock(mu_);
-      why = broken_status_;
+      if (broken_) why = broken_status_;
       for (uint64_t id : ids) {
         auto it = in_flight_.find(id);
         if (it == in_flight_.end()) continue;  // failed meanwhile
@@ -717,9 +697,8 @@ class TcpLane {
   }
 
   // The same for many ranges, filled in order; the iovecs are consumed (advanced) as they
-  // fill. The socket's bytes go straight into the ranges (blocking, bounded receives) when
-  // at least kDirectReceiveBytes are still wanted; only those bytes are taken off the
-  // socket, so nothing that follows lands there.
+  // fill. The socket's bytes go straight into up to kMaxReceivePieces ranges per recvmsg
+  // when at least kDirectReceiveBytes are still wanted.
   Status read_input_scatter(std::span<iovec> parts, Clock::time_point deadline) {
     size_t first = 0;
     uint64_t left = 0;
@@ -748,30 +727,29 @@ class TcpLane {
         continue;
       }
       in_pos_ = in_end_ = 0;
-      if (left >= kDirectReceiveBytes) {
-        // The rest of a payload whose header has been read: every byte of it is the frame's,
-        // so it goes straight into the ranges, all of them (IOV_MAX at a time), with one
-        // blocking recvmsg(MSG_WAITALL), as a plain stream receives: the thread sleeps until
-        // it is all there. Each call waits at most kBlockingReceiveSlice (SO_RCVTIMEO), and
-        // the deadline is checked before each.
-        if (Clock::now() >= deadline) return Timeout("receive");
-        msghdr msg{};
-        msg.msg_iov = parts.data() + first;
-        msg.msg_iovlen = std::min<size_t>(parts.size() - first, IOV_MAX);
-        const ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_WAITALL);
-        if (n > 0) {
-          last_input_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-          consume(static_cast<size_t>(n));
-          continue;
+      const bool direct = left >= kDirectReceiveBytes;
+      // Filled up to the count passed: not zeroed per receive.
+      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
+      std::array<iovec, kMaxReceivePieces + 1> iov;
+      size_t count = 0;
+      size_t into_parts = 0;
+      if (direct) {
+        for (size_t i = first; i < parts.size() && count < kMaxReceivePieces; ++i) {
+          iov[count++] = parts[i];
+          into_parts += parts[i].iov_len;
         }
-        if (n == 0) return PeerDisconnected("connection closed by peer");
-        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-        return ErrnoStatus(StatusCode::kPeerDisconnected, "recv", errno);
       }
-      ssize_t n = ::recv(fd_.get(), input_.get(), kReaderBufferBytes, MSG_DONTWAIT);
+      iov[count++] = {input_.get(), kReaderBufferBytes};
+      msghdr msg{};
+      msg.msg_iov = iov.data();
+      msg.msg_iovlen = count;
+      ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
       if (n > 0) {
         last_input_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-        in_end_ = static_cast<size_t>(n);
+        auto received = static_cast<size_t>(n);
+        const size_t direct_bytes = std::min(received, into_parts);
+        in_end_ = received - direct_bytes;
+        consume(direct_bytes);
         continue;
       }
       if (n == 0) return PeerDisconnected("connection closed by peer");
@@ -1257,7 +1235,6 @@ Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
       return Unauthenticated("peer " + o.peer_name + " refused our credentials (wrong secret?)");
     }
   }
-  if (Status s = make_receives_blocking(fd.get()); !s.ok()) return unreachable(s);
   return std::shared_ptr<TcpLane>(new TcpLane(std::move(fd), o.peer_name, offset_ns, o.device));
 }
 
