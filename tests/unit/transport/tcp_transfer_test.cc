@@ -118,9 +118,10 @@ TEST(TcpTransfer, ReceiverRefusesARangeItNoLongerHasAndWritesNothing) {
   EXPECT_FALSE(find_pattern_mismatch(other, 4));
 }
 
-// Cuts every connection this process accepted (a listening socket's port is its local
-// port) as a peer that dies would: shutdown() on the receiver's side, from under it. In a
-// test with two engines that is the receiving engine's side of every lane.
+// Ends every connection this process accepted (a listening socket's port is its local
+// port) from under the receiver, as a dying peer's kernel does: a FIN (shutdown(SHUT_WR)),
+// so the lane's reader sees the end while its sender is still sending (the receiver still
+// reads). In a test with two engines that is the receiving engine's side of every lane.
 void cut_accepted_connections() {
   std::vector<int> sockets;
   std::vector<uint16_t> listening;
@@ -145,7 +146,7 @@ void cut_accepted_connections() {
     socklen_t length = sizeof(local);
     ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length);
     if (std::find(listening.begin(), listening.end(), local.sin_port) != listening.end()) {
-      ::shutdown(fd, SHUT_RDWR);
+      ::shutdown(fd, SHUT_WR);
     }
   }
 }
