@@ -94,6 +94,10 @@ void BatchProgress::stop(const Status& why) {
   while (wire_in_flight_.load() != 0 && Clock::now() < deadline_) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
+  // A sender that read the batch's memory for a request still on the wire holds a
+  // CopyGuard across each syscall and checks the deadline under it (tcp): once the deadline
+  // passed and no guard is held, none of them reads that memory again.
+  while (active_copies_.load() != 0) std::this_thread::yield();
   // Requests still in the peer's hands past the deadline land nothing more, but a sender
   // may still be reading their local memory: the last finish_task unpins it then.
   if (wire_in_flight_.load() == 0) release_pins();

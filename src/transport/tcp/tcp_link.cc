@@ -143,6 +143,7 @@ struct ExpiredRequest {
 struct SentFrame {
   uint64_t request_id = 0;
   OpKind kind = OpKind::kWrite;
+  std::shared_ptr<BatchProgress> batch;
   size_t iov_begin = 0;
   size_t payload_begin = 0;  // the first iovec of local memory (iov_end if none)
   size_t iov_end = 0;
@@ -169,7 +170,7 @@ class TcpLane {
     ::shutdown(fd_.get(), SHUT_RDWR);
     sender_.join();
     reader_.join();
-    fail_all(PeerDisconnected("connection to " + peer_ + " closed"));
+    fail_all(PeerDisconnected("connection to " + peer_ + " closed"), /*sender_gone=*/true);
   }
 
   bool broken() const {
@@ -226,10 +227,14 @@ class TcpLane {
     c.batch->finish_task(s);
   }
 
-  // Marks the lane broken and fails everything queued or in flight on it.
-  void fail_all(const Status& why) {
+  // Marks the lane broken and fails everything queued or in flight on it, except a WRITE
+  // whose sendmsg has not returned (the sending role may still be reading its memory): the
+  // socket is shut down, so that send ends at once, and the sender fails it then
+  // (finish_sent). `sender_gone`: nobody sends any more (the lane's destructor), so those
+  // fail here too.
+  void fail_all(const Status& why, bool sender_gone = false) {
     std::deque<TcpChunk> queued;
-    std::unordered_map<uint64_t, TcpChunk> flying;
+    std::vector<TcpChunk> flying;
     {
       std::lock_guard lock(mu_);
       if (!broken_) {
@@ -237,24 +242,32 @@ class TcpLane {
         broken_status_ = why;
       }
       queued.swap(queue_);
-      flying.swap(in_flight_);
+      for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+        if (!sender_gone && !it->second.sent) {
+          ++it;
+          continue;
+        }
+        flying.push_back(std::move(it->second));
+        it = in_flight_.erase(it);
+      }
       expired_.clear();
     }
     ::shutdown(fd_.get(), SHUT_RDWR);
     cv_.notify_all();
-    // Each chunk fails for its own batch's reason when it has one (its deadline passed, it
-    // was cancelled); otherwise the lane's loss is a disconnection for it, even when the
-    // lane died of another batch's timeout.
-    auto reason_for = [&](const TcpChunk& c) {
-      Status own = c.batch->stop_reason();
-      if (!own.ok()) return own;
-      if (why.code() == StatusCode::kTimeout) {
-        return PeerDisconnected("lane to " + peer_ + " closed: " + why.message());
-      }
-      return why;
-    };
-    for (TcpChunk& c : queued) finish(c, reason_for(c));
-    for (auto& [id, c] : flying) finish(c, reason_for(c));
+    for (TcpChunk& c : queued) finish(c, loss_status(c, why));
+    for (TcpChunk& c : flying) finish(c, loss_status(c, why));
+  }
+
+  // Why a chunk fails when the lane is lost (`why`): for its own batch's reason when it has
+  // one (its deadline passed, it was cancelled); otherwise the lane's loss is a
+  // disconnection for it, even when the lane died of another batch's timeout.
+  Status loss_status(const TcpChunk& c, const Status& why) const {
+    Status own = c.batch->stop_reason();
+    if (!own.ok()) return own;
+    if (why.code() == StatusCode::kTimeout) {
+      return PeerDisconnected("lane to " + peer_ + " closed: " + why.message());
+    }
+    return why;
   }
 
   // Gives up the sending role; the sender thread takes what was queued meanwhile.
@@ -394,15 +407,19 @@ class TcpLane {
       for (size_t i = iov_mark; i < iov_.size(); ++i) stream_bytes += iov_[i].iov_len;
       f.byte_end = stream_bytes;
       f.deadline = batch->deadline();
-      frames_.push_back(f);
+      f.batch = batch;
+      frames_.push_back(std::move(f));
       ++slot;
     }
     chunks.clear();
     if (iov_.empty()) return true;
-    if (Status s = send_iov(iov_); !s.ok()) {
-      fail_all(s.code() == StatusCode::kTimeout
+    Status sent = send_iov(iov_);
+    frames_.clear();  // they hold their batches
+    if (!sent.ok()) {
+      fail_all(sent.code() == StatusCode::kTimeout
                    ? Timeout("sending to " + peer_ + " made no progress past the batch deadlines")
-                   : PeerDisconnected("connection to " + peer_ + " lost: " + s.message()));
+                   : PeerDisconnected("connection to " + peer_ + " lost: " + sent.message()));
+      finish_sent(sent_ids_);  // the WRITEs fail_all left to this thread
       return false;
     }
     finish_sent(sent_ids_);
@@ -422,16 +439,24 @@ class TcpLane {
     if (wake) reader_cv_.notify_one();
   }
 
-  // Marks the requests as sent; those already acknowledged complete now.
+  // Marks the requests as sent (their sendmsg has returned: nothing reads their memory
+  // any more); those already acknowledged complete now, and on a lane that broke meanwhile
+  // the others fail now (fail_all left them to this thread).
   void finish_sent(const std::vector<uint64_t>& ids) {
     std::vector<TcpChunk> done;
+    std::vector<TcpChunk> lost;
+    Status why;
     {
       std::lock_guard lock(mu_);
+      if (broken_) why = broken_status_;
       for (uint64_t id : ids) {
         auto it = in_flight_.find(id);
         if (it == in_flight_.end()) continue;  // failed meanwhile
         if (it->second.acked) {
           done.push_back(std::move(it->second));
+          in_flight_.erase(it);
+        } else if (broken_) {
+          lost.push_back(std::move(it->second));
           in_flight_.erase(it);
         } else {
           it->second.sent = true;
@@ -439,6 +464,7 @@ class TcpLane {
       }
     }
     for (TcpChunk& c : done) finish(c, reply_status(c.ack_status, c, c.refused_addr));
+    for (TcpChunk& c : lost) finish(c, loss_status(c, why));
   }
 
   // `refused_addr`: the reply's addr, which names the entry a vector frame was refused for.
@@ -556,6 +582,10 @@ class TcpLane {
     }
     Clock::time_point last_progress = Clock::now();
     while (first < iov.size()) {
+      // Each sendmsg that may read a batch's memory holds that batch's CopyGuard, taken
+      // before its deadline is checked (expire_frames): stop() waits for it, so a batch
+      // never ends while its memory is in a syscall here.
+      guard_copies(sent_bytes);
       auto now = Clock::now();
       if (now >= next_expiry) next_expiry = expire_frames(iov, first, sent_bytes, now);
       while (first < iov.size() && iov[first].iov_len == 0) ++first;  // dropped frames
@@ -564,6 +594,7 @@ class TcpLane {
       msg.msg_iov = iov.data() + first;
       msg.msg_iovlen = std::min<size_t>(iov.size() - first, IOV_MAX);
       ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      copy_guards_.clear();
       if (n < 0) {
         if (errno == EINTR) continue;
         if (errno != EAGAIN && errno != EWOULDBLOCK) {
@@ -593,7 +624,22 @@ class TcpLane {
         iov[first].iov_len -= sent;
       }
     }
+    copy_guards_.clear();
     return Status::Ok();
+  }
+
+  // Takes the CopyGuard of every batch with a WRITE frame of this send whose payload is not
+  // all out (`sent` bytes of the stream are) and not replaced by zeros.
+  void guard_copies(uint64_t sent) {
+    copy_guards_.clear();
+    const BatchProgress* last = nullptr;
+    for (const SentFrame& f : frames_) {
+      if (f.kind != OpKind::kWrite || f.expired || f.byte_end <= sent || f.batch.get() == last) {
+        continue;
+      }
+      last = f.batch.get();
+      copy_guards_.emplace_back(*f.batch);
+    }
   }
 
   // Fails the requests past their batch's deadline that are all out (a WRITE still being
@@ -1124,6 +1170,7 @@ class TcpLane {
       std::vector<std::array<std::byte, kTcpHeaderBytes>>(kMaxGather);
   std::vector<iovec> iov_;
   std::vector<SentFrame> frames_;
+  std::deque<BatchProgress::CopyGuard> copy_guards_;  // held across one sendmsg
   std::vector<uint64_t> sent_ids_;
   std::vector<std::byte> tables_;  // vector frames' tables, encoded
   // The reader's scratch: the ranges of a READ payload being received.

@@ -1,8 +1,12 @@
 // The tcp transport between engines in one process (loopback), forced where shm would
 // otherwise be chosen. Cross-process and failure cases are in tests/integration.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
+#include <algorithm>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "core/pattern.h"
@@ -112,6 +116,114 @@ TEST(TcpTransfer, ReceiverRefusesARangeItNoLongerHasAndWritesNothing) {
   op.remote_addr = addr_of(other.data());
   ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
   EXPECT_FALSE(find_pattern_mismatch(other, 4));
+}
+
+// Ends every connection this process accepted (a listening socket's port is its local
+// port) from under the receiver, as a dying peer's kernel does: a FIN (shutdown(SHUT_WR)),
+// so the lane's reader sees the end while its sender is still sending (the receiver still
+// reads). In a test with two engines that is the receiving engine's side of every lane.
+void cut_accepted_connections() {
+  std::vector<int> sockets;
+  std::vector<uint16_t> listening;
+  for (int fd = 0; fd < 4096; ++fd) {
+    sockaddr_in local{};
+    socklen_t length = sizeof(local);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0 ||
+        local.sin_family != AF_INET) {
+      continue;
+    }
+    int accepting = 0;
+    socklen_t option_length = sizeof(accepting);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &option_length) == 0 &&
+        accepting != 0) {
+      listening.push_back(local.sin_port);
+    } else {
+      sockets.push_back(fd);
+    }
+  }
+  for (int fd : sockets) {
+    sockaddr_in local{};
+    socklen_t length = sizeof(local);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length);
+    if (std::find(listening.begin(), listening.end(), local.sin_port) != listening.end()) {
+      ::shutdown(fd, SHUT_WR);
+    }
+  }
+}
+
+// Batches that end early — their peer goes away, or their deadline passes — while their
+// bytes are moving: when wait() returns, no kvferry thread reads (a WRITE's sendmsg) or
+// writes (a READ's payload) their local memory any more. Each batch's local slice is
+// overwritten the moment its wait returns; a lane thread still in a syscall on it would be a
+// data race that ThreadSanitizer reports (the unit tests run under TSan in CI). A batch that
+// completed before its end has every byte in place.
+enum class EarlyEnd { kPeerGone, kDeadline };
+
+void reuse_memory_as_each_batch_ends(OpKind kind, EarlyEnd end) {
+  constexpr size_t kBatches = 8, kSlice = 16u << 20;  // 4 MiB chunks, on both lanes
+  // One more slice for the warm-up. Declared before the engines: they outlive them.
+  std::vector<std::byte> local((kBatches + 1) * kSlice), remote((kBatches + 1) * kSlice);
+  std::vector<std::byte>& source = kind == OpKind::kWrite ? local : remote;
+  std::vector<std::byte>& target = kind == OpKind::kWrite ? remote : local;
+  fill_pattern({source.data(), kBatches * kSlice}, 11);
+  auto prefill = engine_with("prefill");
+  auto decode = engine_with("decode");
+  ASSERT_TRUE(prefill->register_memory(local.data(), local.size()).ok());
+  ASSERT_TRUE(decode->register_memory(remote.data(), remote.size()).ok());
+  PeerHandle peer = open_tcp(*prefill, *decode);
+  // Both lanes connected before the clock starts (a 1 MiB READ of two 512 KiB ops, in the
+  // spare slice).
+  const size_t spare = kBatches * kSlice;
+  std::vector<TransferOp> warm = {
+      {OpKind::kRead, addr_of(local.data() + spare), addr_of(remote.data() + spare), 512u << 10},
+      {OpKind::kRead, addr_of(local.data() + spare + (1u << 20)),
+       addr_of(remote.data() + spare + (1u << 20)), 512u << 10}};
+  ASSERT_TRUE(prefill->transfer_sync(peer, warm).ok());
+  SubmitOptions options;
+  options.timeout =
+      end == EarlyEnd::kDeadline ? std::chrono::milliseconds(5) : std::chrono::milliseconds(30'000);
+  std::vector<BatchHandle> batches;
+  for (size_t i = 0; i < kBatches; ++i) {
+    TransferOp op{kind, addr_of(local.data() + i * kSlice), addr_of(remote.data() + i * kSlice),
+                  kSlice};
+    batches.push_back(must(prefill->submit(peer, {&op, 1}, options)));
+  }
+  // 128 MiB take tens of milliseconds: the peer's connections break while they move.
+  if (end == EarlyEnd::kPeerGone) cut_accepted_connections();
+  size_t failed = 0;
+  for (size_t i = 0; i < kBatches; ++i) {
+    BatchStatus s = prefill->wait(batches[i], std::chrono::seconds(30));
+    std::span<std::byte> mine{local.data() + i * kSlice, kSlice};
+    if (s.state == BatchState::kFailed) {
+      fill_pattern(mine, 99);  // at once: nothing of the engine may touch it now
+      const StatusCode expected =
+          end == EarlyEnd::kPeerGone ? StatusCode::kPeerDisconnected : StatusCode::kTimeout;
+      EXPECT_EQ(s.status.code(), expected) << "batch " << i << ": " << s.status.to_string();
+      ++failed;
+      continue;
+    }
+    ASSERT_EQ(s.state, BatchState::kCompleted) << "batch " << i << " still pending";
+    EXPECT_FALSE(find_pattern_mismatch({target.data() + i * kSlice, kSlice}, 11, i * kSlice))
+        << "batch " << i;
+    fill_pattern(mine, 99);
+  }
+  EXPECT_GT(failed, 0u);
+}
+
+TEST(TcpTransfer, AWriteWhosePeerGoesAwayIsDoneWithItsSourceWhenWaitReturns) {
+  reuse_memory_as_each_batch_ends(OpKind::kWrite, EarlyEnd::kPeerGone);
+}
+
+TEST(TcpTransfer, AReadWhosePeerGoesAwayIsDoneWithItsTargetWhenWaitReturns) {
+  reuse_memory_as_each_batch_ends(OpKind::kRead, EarlyEnd::kPeerGone);
+}
+
+TEST(TcpTransfer, AWritePastItsDeadlineIsDoneWithItsSourceWhenWaitReturns) {
+  reuse_memory_as_each_batch_ends(OpKind::kWrite, EarlyEnd::kDeadline);
+}
+
+TEST(TcpTransfer, AReadPastItsDeadlineIsDoneWithItsTargetWhenWaitReturns) {
+  reuse_memory_as_each_batch_ends(OpKind::kRead, EarlyEnd::kDeadline);
 }
 
 TEST(TcpAuthentication, MatchingSecretsMoveBytes) {
