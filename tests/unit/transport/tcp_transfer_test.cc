@@ -160,7 +160,7 @@ void cut_accepted_connections() {
 enum class EarlyEnd { kPeerGone, kDeadline };
 
 void reuse_memory_as_each_batch_ends(OpKind kind, EarlyEnd end) {
-  constexpr size_t kBatches = 8, kSlice = 16u << 20;  // 4 MiB chunks, on both lanes
+  constexpr size_t kBatches = 8, kSlice = 16u << 20;  // 4 MiB chunks, on every lane
   // One more slice for the warm-up. Declared before the engines: they outlive them.
   std::vector<std::byte> local((kBatches + 1) * kSlice), remote((kBatches + 1) * kSlice);
   std::vector<std::byte>& source = kind == OpKind::kWrite ? local : remote;
@@ -171,13 +171,17 @@ void reuse_memory_as_each_batch_ends(OpKind kind, EarlyEnd end) {
   ASSERT_TRUE(prefill->register_memory(local.data(), local.size()).ok());
   ASSERT_TRUE(decode->register_memory(remote.data(), remote.size()).ok());
   PeerHandle peer = open_tcp(*prefill, *decode);
-  // Both lanes connected before the clock starts (a 1 MiB READ of two 512 KiB ops, in the
-  // spare slice).
+  // Every lane connected before the clock starts (lanes connect on first use, and under
+  // TSan a handshake can outlast the 5 ms deadline): one 1 MiB READ per lane, 2 MiB apart in
+  // the spare slice (a part above 512 KiB is striped in chunks of at least 1 MiB).
   const size_t spare = kBatches * kSlice;
-  std::vector<TransferOp> warm = {
-      {OpKind::kRead, addr_of(local.data() + spare), addr_of(remote.data() + spare), 512u << 10},
-      {OpKind::kRead, addr_of(local.data() + spare + (1u << 20)),
-       addr_of(remote.data() + spare + (1u << 20)), 512u << 10}};
+  std::vector<TransferOp> warm;
+  for (size_t i = 0; i < static_cast<size_t>(EngineOptions{}.tcp_lanes); ++i) {
+    const size_t at = spare + i * (2u << 20);
+    warm.push_back(
+        {OpKind::kRead, addr_of(local.data() + at), addr_of(remote.data() + at), 1u << 20});
+  }
+  ASSERT_LE(static_cast<size_t>(EngineOptions{}.tcp_lanes) * (2u << 20), kSlice);
   ASSERT_TRUE(prefill->transfer_sync(peer, warm).ok());
   SubmitOptions options;
   options.timeout =
