@@ -35,7 +35,6 @@
 // give tcp-with-device-memory / tcp-with-host-memory.
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -57,6 +56,7 @@
 #include "core/net.h"
 #include "core/pattern.h"
 #include "core/thread_pool.h"
+#include "host_buffer.h"
 #include "kvferry/transfer_engine.h"
 #include "progress.h"
 #include "serve_client.h"
@@ -120,46 +120,17 @@ struct EngineBenchArgs {
   int rounds = 5;
 };
 
-// This process's host buffers: anonymous memory, with huge pages advised for `host-thp`
-// (the kernel backs what it can with 2 MiB pages), touched once so no batch pays the faults.
-class HostBuffer {
- public:
-  static Result<HostBuffer> map(uint64_t bytes, bool huge_pages) {
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      return ErrnoStatus(StatusCode::kInternal,
-                         fmt::format("bench engine: mmap of {} bytes", bytes), errno);
-    }
-    HostBuffer b(static_cast<char*>(p), bytes);
-    if (huge_pages) (void)::madvise(p, bytes, MADV_HUGEPAGE);  // advice: best effort
-    std::memset(p, 0, bytes);
-    return b;
-  }
-  HostBuffer(HostBuffer&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
-  HostBuffer& operator=(HostBuffer&&) = delete;
-  HostBuffer(const HostBuffer&) = delete;
-  HostBuffer& operator=(const HostBuffer&) = delete;
-  ~HostBuffer() {
-    if (data_ != nullptr) ::munmap(data_, size_);
-  }
-  char* data() const { return data_; }
-  uint64_t size() const { return size_; }
-
- private:
-  HostBuffer(char* data, uint64_t size) : data_(data), size_(size) {}
-  char* data_;
-  uint64_t size_;
-};
-
 // The bench's own buffers for one local memory kind: the pattern source, the engine's local
 // destination and the memcpy reference's destination.
 struct LocalBuffers {
   HostBuffer src, local_dst, ref_dst;
   static Result<LocalBuffers> make(uint64_t bytes, bool huge_pages) {
-    KVF_ASSIGN_OR_RETURN(HostBuffer src, HostBuffer::map(bytes, huge_pages));
-    KVF_ASSIGN_OR_RETURN(HostBuffer local_dst, HostBuffer::map(bytes, huge_pages));
-    KVF_ASSIGN_OR_RETURN(HostBuffer ref_dst, HostBuffer::map(bytes, huge_pages));
+    KVF_ASSIGN_OR_RETURN(HostBuffer src, HostBuffer::map("bench engine", bytes, huge_pages));
+    KVF_ASSIGN_OR_RETURN(HostBuffer local_dst, HostBuffer::map("bench engine", bytes, huge_pages));
+    KVF_ASSIGN_OR_RETURN(HostBuffer ref_dst, HostBuffer::map("bench engine", bytes, huge_pages));
+    // Touched once, so no batch pays the page faults.
+    std::memset(local_dst.data(), 0, bytes);
+    std::memset(ref_dst.data(), 0, bytes);
     fill_pattern({reinterpret_cast<std::byte*>(src.data()), src.size()}, 1);
     return LocalBuffers{std::move(src), std::move(local_dst), std::move(ref_dst)};
   }

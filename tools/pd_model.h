@@ -6,7 +6,6 @@
 #pragma once
 
 #include <fmt/format.h>
-#include <sys/mman.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "host_buffer.h"
 #include "kvferry/metrics.h"
 #include "kvferry/pd/pd_options.h"
 #include "kvferry/transfer_engine.h"
@@ -123,12 +123,12 @@ inline Result<RankSetup> setup_rank(TransferEngine& engine, const ModelPreset& m
     KVF_ASSIGN_OR_RETURN(SharedBuffer pool, engine.allocate_shared(kv_bytes + aux_bytes));
     base = reinterpret_cast<uint64_t>(pool.addr);
   } else {
-    const uint64_t bytes = kv_bytes + aux_bytes;
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return Internal(fmt::format("mmap of {} bytes for the KV pool", bytes));
-    r.host_memory = std::shared_ptr<void>(p, [bytes](void* q) { ::munmap(q, bytes); });
-    KVF_RETURN_IF_ERROR(engine.register_memory(p, bytes));
-    base = reinterpret_cast<uint64_t>(p);
+    KVF_ASSIGN_OR_RETURN(HostBuffer pool,
+                         HostBuffer::map("the KV pool", kv_bytes + aux_bytes, false));
+    auto mapped = std::make_shared<HostBuffer>(std::move(pool));
+    KVF_RETURN_IF_ERROR(engine.register_memory(mapped->data(), mapped->size()));
+    base = reinterpret_cast<uint64_t>(mapped->data());
+    r.host_memory = std::move(mapped);
   }
   if (is_mla) {
     KVF_ASSIGN_OR_RETURN(r.buffers.layout, kv::KvLayout::mla(mla, base));

@@ -18,7 +18,6 @@
 #include <fmt/format.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -26,6 +25,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -33,6 +33,7 @@
 #include "commands.h"
 #include "core/net.h"
 #include "core/pattern.h"
+#include "host_buffer.h"
 #include "kvferry/transfer_engine.h"
 #include "serve_client.h"
 
@@ -50,14 +51,6 @@ struct ServeArgs {
 };
 
 // The buffer of `--memory host`: anonymous memory, unmapped when serve exits.
-struct HostMapping {
-  void* addr = MAP_FAILED;
-  size_t length = 0;
-  ~HostMapping() {
-    if (addr != MAP_FAILED) ::munmap(addr, length);
-  }
-};
-
 // Blocking whole-buffer socket calls for the sink: the reference must be the strongest plain
 // stream, so it sleeps in recv(MSG_WAITALL) instead of polling.
 bool sink_recv(int fd, std::byte* data, uint64_t length) {
@@ -121,23 +114,21 @@ int serve(const ServeArgs& args) {
     std::cerr << "kvferry serve: " << engine.status().to_string() << "\n";
     return 1;
   }
-  HostMapping host;
+  std::optional<HostBuffer> host;
   Result<SharedBuffer> buffer = SharedBuffer{};
   if (args.memory == "host" || args.memory == "host-thp") {
-    host.length = args.shared_bytes;
-    host.addr =
-        ::mmap(nullptr, host.length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (host.addr == MAP_FAILED) {
-      std::cerr << "kvferry serve: mmap of " << host.length << " bytes failed\n";
+    Result<HostBuffer> mapped =
+        HostBuffer::map("kvferry serve", args.shared_bytes, args.memory == "host-thp");
+    if (!mapped.ok()) {
+      std::cerr << mapped.status().to_string() << "\n";
       return 1;
     }
-    // Advice only: the kernel backs what it can with 2 MiB pages (cma pins fewer pages).
-    if (args.memory == "host-thp") (void)::madvise(host.addr, host.length, MADV_HUGEPAGE);
-    if (Status s = (*engine)->register_memory(host.addr, host.length); !s.ok()) {
+    host.emplace(std::move(*mapped));
+    if (Status s = (*engine)->register_memory(host->data(), host->size()); !s.ok()) {
       std::cerr << "kvferry serve: " << s.to_string() << "\n";
       return 1;
     }
-    buffer = SharedBuffer{host.addr, host.length};
+    buffer = SharedBuffer{host->data(), host->size()};
   } else {
     buffer = (*engine)->allocate_shared(args.shared_bytes);
   }

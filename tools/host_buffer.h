@@ -1,0 +1,49 @@
+// HostBuffer: anonymous host memory the tools map for themselves (a KV pool, a serve child's
+// buffer, a bench's source and destinations), unmapped when it goes. `huge_pages` advises
+// transparent huge pages (MADV_HUGEPAGE: the kernel backs what it can with 2 MiB pages, which
+// cma pins far faster than 4 KiB ones); it is advice, so a kernel without THP just ignores
+// it. Pages are not touched here: the first write faults them in.
+#pragma once
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <string_view>
+#include <utility>
+
+#include "kvferry/status.h"
+
+namespace kvferry {
+
+class HostBuffer {
+ public:
+  // `who` names the caller in the error ("bench engine", "kvferry serve").
+  static Result<HostBuffer> map(std::string_view who, uint64_t bytes, bool huge_pages) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return ErrnoStatus(StatusCode::kInternal, fmt::format("{}: mmap of {} bytes", who, bytes),
+                         errno);
+    }
+    if (huge_pages) (void)::madvise(p, bytes, MADV_HUGEPAGE);  // advice: best effort
+    return HostBuffer(static_cast<char*>(p), bytes);
+  }
+  HostBuffer(HostBuffer&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  HostBuffer& operator=(HostBuffer&&) = delete;
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() {
+    if (data_ != nullptr) ::munmap(data_, size_);
+  }
+  char* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  HostBuffer(char* data, uint64_t size) : data_(data), size_(size) {}
+  char* data_;
+  uint64_t size_;
+};
+
+}  // namespace kvferry
