@@ -34,6 +34,22 @@ PeerHandle open_tcp(TransferEngine& engine, const std::string& endpoint) {
   return must(engine.open_peer(endpoint, o));
 }
 
+// Submits `count` batches of the one op, sharing the lanes (a batch may not write one
+// destination twice, so each is a batch of its own), and checks that each fails with its own
+// Timeout, not with another's deadline.
+void expect_each_batch_times_out(TransferEngine& engine, const PeerHandle& handle,
+                                 const TransferOp& op, int count, const SubmitOptions& options) {
+  std::vector<BatchHandle> batches;
+  for (int i = 0; i < count; ++i) {
+    batches.push_back(must(engine.submit(handle, {&op, 1}, options)));
+  }
+  for (const BatchHandle& batch : batches) {
+    BatchStatus s = engine.wait(batch, std::chrono::seconds(10));
+    ASSERT_EQ(s.state, BatchState::kFailed);
+    EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
+  }
+}
+
 TEST(TcpTwoProcess, OneGibibyteWriteAndReadArriveIntact) {
   constexpr uint64_t kBytes = 1ull << 30;
   ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kBytes));
@@ -206,15 +222,7 @@ TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards
   SubmitOptions options;
   options.timeout = std::chrono::milliseconds(500);
   auto t0 = Clock::now();
-  // 8 batches of one op (a batch may not write one destination twice), sharing the lanes:
-  // each fails with its own Timeout, not with another's deadline.
-  std::vector<BatchHandle> batches;
-  for (int i = 0; i < 8; ++i) batches.push_back(must(engine->submit(handle, {&op, 1}, options)));
-  for (const BatchHandle& batch : batches) {
-    BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
-    ASSERT_EQ(s.state, BatchState::kFailed);
-    EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
-  }
+  expect_each_batch_times_out(*engine, handle, op, 8, options);
   auto took = Clock::now() - t0;
   EXPECT_LT(took, std::chrono::seconds(3));
   // Resume the peer: whatever sat in its socket buffer is past its deadline, so the
@@ -444,15 +452,7 @@ TEST_F(DroppedPackets, PeerThatStopsAnsweringFailsTheBatchWithTimeout) {
   SubmitOptions options;
   options.timeout = std::chrono::milliseconds(800);
   auto t0 = Clock::now();
-  // 4 batches of one op (a batch may not write one destination twice), sharing the lanes:
-  // each fails with its own Timeout.
-  std::vector<BatchHandle> batches;
-  for (int i = 0; i < 4; ++i) batches.push_back(must(engine->submit(handle, {&op, 1}, options)));
-  for (const BatchHandle& batch : batches) {
-    BatchStatus s = engine->wait(batch, std::chrono::seconds(10));
-    ASSERT_EQ(s.state, BatchState::kFailed);
-    EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
-  }
+  expect_each_batch_times_out(*engine, handle, op, 4, options);
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(4));
   child.process.kill_now();
 }
