@@ -345,10 +345,17 @@ void DecodeClientImpl::kill_instance(const std::shared_ptr<PrefillInstance>& ins
   const auto fence = Clock::now() + options_.timeouts.transfer_call_timeout +
                      options_.timeouts.effective_heartbeat_timeout();
   for (auto& r : affected) {
+    // The fence is in place before the failure is visible: a caller woken by the Failed
+    // state may ask wait_abort_acked at once, and must not get its pages back early.
+    {
+      std::lock_guard lock(r->mu);
+      if (r->sent) r->fenced_until = fence;
+    }
     fail(r, reason);
     {
       std::lock_guard lock(r->mu);
-      if (r->sent && r->cell.state() == RequestState::kFailed) r->fenced_until = fence;
+      // A request that succeeded before the link went has nothing more on its way.
+      if (r->cell.state() != RequestState::kFailed) r->fenced_until = {};
       r->ack_pending_ranks.clear();
       r->ack_cv.notify_all();
     }
