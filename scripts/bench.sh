@@ -11,13 +11,15 @@ mkdir -p "$out"
 export KVFERRY_LOG_LEVEL=warn
 iperf_port=${KVFERRY_IPERF_PORT:-9160}
 
-echo "== iperf3: one TCP stream on loopback (the external reference for tcp)"
-iperf3 -s -1 -p "$iperf_port" >/dev/null 2>&1 &
-iperf_server=$!
-sleep 0.5
-iperf3 -c 127.0.0.1 -p "$iperf_port" -t 5 -J >"$out/iperf3.json"
-wait "$iperf_server" || true
-python3 - "$out/iperf3.json" <<'PY' | tee "$out/iperf3.txt"
+# iperf3 single stream on loopback, the external reference for tcp: one window of $2 seconds,
+# its summary appended to $out/iperf3.txt and its JSON kept as $out/iperf3-$1.json.
+iperf3_window() {
+  iperf3 -s -1 -p "$iperf_port" >/dev/null 2>&1 &
+  local server=$!
+  sleep 0.5
+  iperf3 -c 127.0.0.1 -p "$iperf_port" -t "$2" -J >"$out/iperf3-$1.json"
+  wait "$server" || true
+  python3 - "$out/iperf3-$1.json" "$1" <<'PY' | tee -a "$out/iperf3.txt"
 import json, sys
 r = json.load(open(sys.argv[1]))
 end = r["end"]
@@ -26,9 +28,15 @@ cpu = end["cpu_utilization_percent"]
 gbps = recv["bytes"] / recv["seconds"] / 1e9
 # host_total/remote_total: CPU time of each process over wall time, in percent.
 cpu_s = (cpu["host_total"] + cpu["remote_total"]) / 100 * recv["seconds"]
-print(f"iperf3 single stream: {gbps:.2f} GB/s  cpu {cpu_s / (recv['bytes'] / 1e9):.2f} s/GB "
+print(f"iperf3 single stream ({sys.argv[2]}): {gbps:.2f} GB/s  "
+      f"cpu {cpu_s / (recv['bytes'] / 1e9):.2f} s/GB "
       f"(sender {cpu['host_total']:.0f}%, receiver {cpu['remote_total']:.0f}%)")
 PY
+}
+
+echo "== iperf3: one TCP stream on loopback (the external reference for tcp)"
+: >"$out/iperf3.txt"
+iperf3_window start 5
 
 echo "== engine: local and shm vs memcpy"
 build/kvferry bench engine --transports local,shm --threads 1,2 \
@@ -37,8 +45,36 @@ build/kvferry bench engine --transports local,shm --threads 1,2 \
 
 echo "== engine: tcp vs the plain socket stream (ops=1: the plain round trip)"
 build/kvferry bench engine --transports tcp --op write,read --threads 2 \
-  --block-bytes 4096,65536,73728,1048576,4194304 --ops 1,16,128 \
-  --min-time-ms 400 --json "$out/engine-tcp.json" | tee "$out/engine-tcp.txt"
+  --block-bytes 4096,65536,73728,1048576,4194304 --ops 1,16 \
+  --min-time-ms 400 --json "$out/engine-tcp-1-16.json" | tee "$out/engine-tcp.txt"
+# Batches of 128, one block size at a time, each right after an iperf3 window of its own, so
+# the ratio to iperf3 compares figures taken seconds apart, not minutes.
+tcp_blocks=(4096 65536 73728 1048576 4194304)
+for block in "${tcp_blocks[@]}"; do
+  iperf3_window "tcp-$block" 2
+  build/kvferry bench engine --transports tcp --op write,read --threads 2 \
+    --block-bytes "$block" --ops 128 --min-time-ms 400 \
+    --json "$out/engine-tcp-128-$block.json" | tee -a "$out/engine-tcp.txt"
+done
+python3 - "$out" "${tcp_blocks[@]}" <<'PY' | tee "$out/engine-tcp-vs-iperf3.txt"
+import json, sys
+out, blocks = sys.argv[1], sys.argv[2:]
+rows = json.load(open(f"{out}/engine-tcp-1-16.json"))
+print("tcp, 128 ops per batch, against the iperf3 window just before it:")
+for b in blocks:
+    end = json.load(open(f"{out}/iperf3-tcp-{b}.json"))["end"]
+    r, cpu = end["sum_received"], end["cpu_utilization_percent"]
+    iperf = r["bytes"] / r["seconds"] / 1e9
+    iperf_cpu = (cpu["host_total"] + cpu["remote_total"]) / 100 * r["seconds"] / (r["bytes"] / 1e9)
+    cells = json.load(open(f"{out}/engine-tcp-128-{b}.json"))
+    rows += cells
+    for c in cells:
+        print(f"  {c['op']:5} block={int(b) // 1024:5d}KiB  {c['gbps']:6.2f} GB/s  "
+              f"iperf3 {iperf:5.2f} GB/s  ratio {c['gbps'] / iperf:4.2f}  "
+              f"(plain stream {c['ref_gbps']:5.2f}, ratio {c['ratio']:4.2f})  "
+              f"cpu {c['cpu_s_per_gb']:4.2f} s/GB (iperf3 {iperf_cpu:4.2f})")
+json.dump(rows, open(f"{out}/engine-tcp.json", "w"), indent=1)
+PY
 
 # cma into a serve child's registered anonymous memory (what serving stacks register), with
 # 4 KiB pages and then with huge pages advised on both sides; the second reference is the
