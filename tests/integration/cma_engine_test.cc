@@ -18,6 +18,7 @@
 #include "core/net.h"
 #include "core/pattern.h"
 #include "serve_client.h"
+#include "serve_peer_checks.h"
 #include "test_support.h"
 
 namespace kvferry {
@@ -25,17 +26,12 @@ namespace {
 
 using cli::ServePeer;
 using cli::start_serve_peer;
+using testing::ask;
 using testing::contains;
 using testing::make_engine;
 using testing::must;
 
-constexpr auto kReply = std::chrono::seconds(60);
 const std::vector<std::string> kHostMemory = {"--memory", "host"};
-
-std::string ask(ServePeer& peer, const std::string& line) {
-  auto reply = peer.process.ask(line, kReply);
-  return reply.ok() ? *reply : reply.status().to_string();
-}
 
 Route host_route(const PeerHandle& handle) {
   for (const Route& r : handle.routes()) {
@@ -55,61 +51,11 @@ TEST(CmaTwoProcess, HostMemoryOfASameHostPeerGoesOverCma) {
 }
 
 TEST(CmaTwoProcess, TenThousandScatteredWritesAndReadsArriveIntact) {
-  constexpr uint64_t kOps = 10'000;
-  constexpr uint64_t kOpBytes = 512;
-  constexpr uint64_t kTarget = kOps * kOpBytes * 2;
-  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, kTarget, kHostMemory));
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, 10'000 * 512 * 2, kHostMemory));
   auto engine = make_engine("initiator");
   PeerHandle handle = must(engine->open_peer(peer.endpoint));
   ASSERT_EQ(handle.transport(), TransportKind::kCma);
-
-  // Op i writes slot perm[i] (every other 512-byte slot), in random order: nothing merges.
-  std::vector<uint64_t> perm(kOps);
-  for (uint64_t i = 0; i < kOps; ++i) perm[i] = i * 2;
-  std::shuffle(perm.begin(), perm.end(), std::mt19937_64(42));
-  std::vector<std::byte> src(kOps * kOpBytes);
-  std::vector<TransferOp> ops;
-  for (uint64_t i = 0; i < kOps; ++i) {
-    const uint64_t dst_off = perm[i] * kOpBytes;
-    fill_pattern({src.data() + i * kOpBytes, kOpBytes}, 11, dst_off);
-    ops.push_back({OpKind::kWrite, reinterpret_cast<uint64_t>(src.data() + i * kOpBytes),
-                   peer.addr + dst_off, kOpBytes});
-  }
-  ASSERT_TRUE(engine->register_memory(src.data(), src.size()).ok());
-  BatchHandle batch = must(engine->submit(handle, ops));
-  BatchStatus s = engine->wait(batch, std::chrono::seconds(30));
-  ASSERT_EQ(s.state, BatchState::kCompleted) << s.status.to_string();
-  EXPECT_EQ(s.telemetry.ops_posted, kOps);
-  EXPECT_EQ(s.telemetry.bytes, kOps * kOpBytes);
-  // The child changes a few odd slots (seed 12) that no op touches; then 10,000 READs
-  // bring the written slots back.
-  for (uint64_t slot = 1; slot < 2 * kOps; slot += 2000) {
-    ASSERT_EQ(ask(peer, fmt::format("fill 12 {} {}", slot * kOpBytes, kOpBytes)), "ok");
-  }
-  std::vector<std::byte> back(kOps * kOpBytes);
-  ASSERT_TRUE(engine->register_memory(back.data(), back.size()).ok());
-  std::vector<TransferOp> reads;
-  for (uint64_t i = 0; i < kOps; ++i) {
-    reads.push_back({OpKind::kRead, reinterpret_cast<uint64_t>(back.data() + i * kOpBytes),
-                     peer.addr + perm[i] * kOpBytes, kOpBytes});
-  }
-  ASSERT_TRUE(engine->transfer_sync(handle, reads).ok());
-  for (uint64_t i = 0; i < kOps; ++i) {
-    ASSERT_FALSE(
-        find_pattern_mismatch({back.data() + i * kOpBytes, kOpBytes}, 11, perm[i] * kOpBytes))
-        << "read-back op " << i;
-  }
-  // Every byte of the target, checked by the child: written slots, its own odd slots, and
-  // zeros in the odd slots nobody wrote.
-  std::vector<std::byte> expected(kTarget);
-  for (uint64_t i = 0; i < kOps; ++i) {
-    fill_pattern({expected.data() + perm[i] * kOpBytes, kOpBytes}, 11, perm[i] * kOpBytes);
-  }
-  for (uint64_t slot = 1; slot < 2 * kOps; slot += 2000) {
-    fill_pattern({expected.data() + slot * kOpBytes, kOpBytes}, 12, slot * kOpBytes);
-  }
-  EXPECT_EQ(ask(peer, fmt::format("checksum 0 {}", kTarget)),
-            fmt::format("{:016x}", checksum(expected)));
+  testing::expect_ten_thousand_scattered_ops_intact(*engine, handle, peer);
 }
 
 TEST(CmaTwoProcess, OneGibibyteWriteAndReadArriveIntact) {
@@ -118,17 +64,7 @@ TEST(CmaTwoProcess, OneGibibyteWriteAndReadArriveIntact) {
   auto engine = make_engine("initiator");
   PeerHandle handle = must(engine->open_peer(peer.endpoint));
   ASSERT_EQ(handle.transport(), TransportKind::kCma);
-  std::vector<std::byte> src(kBytes);
-  fill_pattern(src, 21);
-  ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
-  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes};
-  ASSERT_TRUE(engine->transfer_sync(handle, {&op, 1}).ok());
-  EXPECT_EQ(ask(peer, fmt::format("verify 21 0 {}", kBytes)), "ok");
-  // The child overwrites with another seed; one READ brings all of it back.
-  ASSERT_EQ(ask(peer, fmt::format("fill 22 0 {}", kBytes)), "ok");
-  op.kind = OpKind::kRead;
-  ASSERT_TRUE(engine->transfer_sync(handle, {&op, 1}).ok());
-  EXPECT_FALSE(find_pattern_mismatch(src, 22));
+  testing::expect_whole_buffer_write_and_read_intact(*engine, handle, peer, kBytes);
 }
 
 TEST(CmaTwoProcess, KilledPeerEndsEveryBatchAndLaterSubmitsFailWithPeerDisconnected) {
@@ -139,29 +75,7 @@ TEST(CmaTwoProcess, KilledPeerEndsEveryBatchAndLaterSubmitsFailWithPeerDisconnec
   ASSERT_EQ(handle.transport(), TransportKind::kCma);
   std::vector<std::byte> src(kBytes, std::byte{7});
   ASSERT_TRUE(engine->register_memory(src.data(), kBytes).ok());
-  // 16 batches of 256 MiB on one worker: seconds of queued and running work.
-  TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()), peer.addr, kBytes};
-  SubmitOptions options;
-  options.timeout = std::chrono::seconds(20);
-  std::vector<BatchHandle> batches;
-  for (int i = 0; i < 16; ++i) batches.push_back(must(engine->submit(handle, {&op, 1}, options)));
-  peer.process.kill_now();
-  auto t0 = Clock::now();
-  int disconnected = 0;
-  for (const BatchHandle& b : batches) {
-    // No helping (timeout 0 polls): the engine must end them on its own.
-    BatchStatus s;
-    while ((s = engine->status(b)).state == BatchState::kPending) {
-      ASSERT_LT(Clock::now() - t0, std::chrono::seconds(20)) << "a batch outlived its timeout";
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    if (s.state == BatchState::kFailed) {
-      EXPECT_EQ(s.status.code(), StatusCode::kPeerDisconnected) << s.status.to_string();
-      ++disconnected;
-    }
-  }
-  EXPECT_GT(disconnected, 0) << "every batch finished before the kill was noticed";
-  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));  // well before the 20 s timeout
+  const TransferOp op = testing::expect_killed_peer_ends_queued_writes(*engine, handle, peer, src);
   // A later batch fails with PeerDisconnected: at submit once the pidfd monitor marked the
   // peer, or, if the copier saw the exit (ESRCH) first, in the batch itself.
   auto later = engine->submit(handle, {&op, 1});

@@ -18,6 +18,7 @@
 #include "core/net.h"
 #include "core/pattern.h"
 #include "serve_client.h"
+#include "serve_peer_checks.h"
 #include "test_support.h"
 
 namespace kvferry {
@@ -25,16 +26,12 @@ namespace {
 
 using cli::ServePeer;
 using cli::start_serve_peer;
+using testing::ask;
 using testing::contains;
 using testing::must;
 
 constexpr uint64_t kWriteBytes = 64 << 10;
 constexpr const char* kSecret = "cross-user-secret";
-
-std::string ask(ServePeer& peer, const std::string& line) {
-  auto reply = peer.process.ask(line, std::chrono::seconds(60));
-  return reply.ok() ? *reply : reply.status().to_string();
-}
 
 // What the unprivileged initiator saw, one line each.
 struct Outcome {
