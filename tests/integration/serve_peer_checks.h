@@ -27,16 +27,20 @@ inline std::string ask(cli::ServePeer& peer, const std::string& line) {
   return reply.ok() ? *reply : reply.status().to_string();
 }
 
+// The child's buffer that expect_ten_thousand_scattered_ops_intact needs: twice the ops' bytes.
+inline constexpr uint64_t kScatteredOps = 10'000;
+inline constexpr uint64_t kScatteredOpBytes = 512;
+inline constexpr uint64_t kScatteredOpsTargetBytes = kScatteredOps * kScatteredOpBytes * 2;
+
 // 10,000 WRITEs of 512 bytes into every other slot of the child's buffer, in random order so
 // nothing merges; the child changes a few odd slots no op touches; 10,000 READs bring the
 // written slots back. Every byte of the target is then checked by the child (written slots,
-// its own odd slots, zeros in the odd slots nobody wrote). The child's buffer must hold
-// 2 × 10,000 × 512 bytes.
+// its own odd slots, zeros in the odd slots nobody wrote).
 inline void expect_ten_thousand_scattered_ops_intact(TransferEngine& engine, PeerHandle handle,
                                                      cli::ServePeer& peer) {
-  constexpr uint64_t kOps = 10'000;
-  constexpr uint64_t kOpBytes = 512;
-  constexpr uint64_t kTarget = kOps * kOpBytes * 2;
+  constexpr uint64_t kOps = kScatteredOps;
+  constexpr uint64_t kOpBytes = kScatteredOpBytes;
+  constexpr uint64_t kTarget = kScatteredOpsTargetBytes;
   std::vector<uint64_t> perm(kOps);  // op i writes slot perm[i]
   for (uint64_t i = 0; i < kOps; ++i) perm[i] = i * 2;
   std::shuffle(perm.begin(), perm.end(), std::mt19937_64(42));

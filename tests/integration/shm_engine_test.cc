@@ -25,7 +25,7 @@ using testing::make_engine;
 using testing::must;
 
 TEST(ShmTwoProcess, TenThousandSmallScatteredWritesAndReadsArriveIntact) {
-  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, 10'000 * 512 * 2));
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, testing::kScatteredOpsTargetBytes));
   auto engine = make_engine("initiator");
   PeerHandle handle = must(engine->open_peer(peer.endpoint));
   ASSERT_EQ(handle.transport(), TransportKind::kShm);
