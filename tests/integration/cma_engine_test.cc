@@ -51,7 +51,8 @@ TEST(CmaTwoProcess, HostMemoryOfASameHostPeerGoesOverCma) {
 }
 
 TEST(CmaTwoProcess, TenThousandScatteredWritesAndReadsArriveIntact) {
-  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, testing::kScatteredOpsTargetBytes, kHostMemory));
+  ServePeer peer =
+      must(start_serve_peer(KVFERRY_CLI_PATH, testing::kScatteredOpsTargetBytes, kHostMemory));
   auto engine = make_engine("initiator");
   PeerHandle handle = must(engine->open_peer(peer.endpoint));
   ASSERT_EQ(handle.transport(), TransportKind::kCma);
