@@ -882,12 +882,17 @@ struct TcpServer::IoThread {
       return true;
     }
     reply.length = c.current.length;
-    for (size_t i = 0; i < c.entries.size(); ++i) {
+    // Entries that follow each other in this process's memory go out as one piece (one iovec).
+    for (size_t i = 0; i < c.entries.size();) {
+      const bool first = i == 0;
       OutPiece piece;
       piece.payload = c.targets[i];
       piece.payload_len = c.entries[i].length;
-      if (i + 1 == c.entries.size()) piece.pins = std::move(c.pins);
-      if (i == 0) {
+      for (++i; i < c.entries.size() && c.targets[i] == piece.payload + piece.payload_len; ++i) {
+        piece.payload_len += c.entries[i].length;
+      }
+      if (i == c.entries.size()) piece.pins = std::move(c.pins);
+      if (first) {
         queue(c, reply, std::move(piece));
       } else {
         piece.header_sent = kTcpHeaderBytes;  // one frame: the header went with the first

@@ -84,6 +84,42 @@ TEST(TcpTransfer, TenThousandSmallOpsArriveInTheirPlaces) {
   }
 }
 
+// READ sources that run on from each other at the peer in runs, with gaps, and some read
+// twice: the receiver sends each run as one piece; every op still lands its own bytes.
+TEST(TcpTransfer, ReadsOfAdjacentRepeatedAndScatteredSourcesLandInTheirPlaces) {
+  auto prefill = engine_with("prefill");
+  auto decode = engine_with("decode");
+  constexpr size_t kSlots = 512, kOps = 600, kOpBytes = 1024;
+  std::vector<std::byte> remote(kSlots * kOpBytes), local(kOps * kOpBytes, std::byte{0});
+  fill_pattern(remote, 7);
+  std::mt19937_64 rng(11);
+  std::vector<size_t> source;  // the remote slot op i reads
+  while (source.size() < kOps) {
+    size_t from = std::uniform_int_distribution<size_t>(0, kSlots - 1)(rng);
+    const size_t run = std::uniform_int_distribution<size_t>(1, 12)(rng);
+    for (size_t k = 0; k < run && from < kSlots && source.size() < kOps; ++k) {
+      source.push_back(from++);
+    }
+  }
+  std::vector<size_t> place(kOps);  // the local slot op i lands in
+  for (size_t i = 0; i < kOps; ++i) place[i] = i;
+  std::shuffle(place.begin(), place.end(), rng);
+  std::vector<TransferOp> ops;
+  for (size_t i = 0; i < kOps; ++i) {
+    ops.push_back({OpKind::kRead, addr_of(local.data() + place[i] * kOpBytes),
+                   addr_of(remote.data() + source[i] * kOpBytes), kOpBytes});
+  }
+  ASSERT_TRUE(prefill->register_memory(local.data(), local.size()).ok());
+  ASSERT_TRUE(decode->register_memory(remote.data(), remote.size()).ok());
+  PeerHandle peer = open_tcp(*prefill, *decode);
+  ASSERT_TRUE(prefill->transfer_sync(peer, ops).ok());
+  for (size_t i = 0; i < kOps; ++i) {
+    std::span<const std::byte> got{local.data() + place[i] * kOpBytes, kOpBytes};
+    ASSERT_FALSE(find_pattern_mismatch(got, 7, source[i] * kOpBytes))
+        << "op " << i << " (remote slot " << source[i] << ")";
+  }
+}
+
 TEST(TcpTransfer, ForcedTcpReachesTheEngineItself) {
   auto engine = engine_with("self");
   std::vector<std::byte> a(1 << 20), b(1 << 20, std::byte{0});
