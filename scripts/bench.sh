@@ -12,12 +12,15 @@ export KVFERRY_LOG_LEVEL=warn
 iperf_port=${KVFERRY_IPERF_PORT:-9160}
 
 # iperf3 single stream on loopback, the external reference for tcp: one window of $2 seconds,
-# its summary appended to $out/iperf3.txt and its JSON kept as $out/iperf3-$1.json.
+# its summary appended to $out/iperf3.txt and its JSON kept as $out/iperf3-$1.json. $3, if
+# given, is iperf3's write length (-l; its default is 128 KiB). iperf3 sends one buffer of
+# that length over and over from and into one buffer, so its bytes stay in cache: it measures
+# the TCP stack on cache-resident bytes, and with -l 1M it is the strongest plain stream here.
 iperf3_window() {
   iperf3 -s -1 -p "$iperf_port" >/dev/null 2>&1 &
   local server=$!
   sleep 0.5
-  iperf3 -c 127.0.0.1 -p "$iperf_port" -t "$2" -J >"$out/iperf3-$1.json"
+  iperf3 -c 127.0.0.1 -p "$iperf_port" -t "$2" ${3:+-l "$3"} -J >"$out/iperf3-$1.json"
   wait "$server" || true
   python3 - "$out/iperf3-$1.json" "$1" <<'PY' | tee -a "$out/iperf3.txt"
 import json, sys
@@ -37,6 +40,7 @@ PY
 echo "== iperf3: one TCP stream on loopback (the external reference for tcp)"
 : >"$out/iperf3.txt"
 iperf3_window start 5
+iperf3_window start-1M 5 1M
 
 echo "== engine: local and shm vs memcpy"
 build/kvferry bench engine --transports local,shm --threads 1,2 \
@@ -52,6 +56,7 @@ build/kvferry bench engine --transports tcp --op write,read --threads 2 \
 tcp_blocks=(4096 65536 73728 1048576 4194304)
 for block in "${tcp_blocks[@]}"; do
   iperf3_window "tcp-$block" 2
+  iperf3_window "tcp-$block-1M" 2 1M
   build/kvferry bench engine --transports tcp --op write,read --threads 2 \
     --block-bytes "$block" --ops 128 --min-time-ms 400 \
     --json "$out/engine-tcp-128-$block.json" | tee -a "$out/engine-tcp.txt"
@@ -60,19 +65,26 @@ python3 - "$out" "${tcp_blocks[@]}" <<'PY' | tee "$out/engine-tcp-vs-iperf3.txt"
 import json, sys
 out, blocks = sys.argv[1], sys.argv[2:]
 rows = json.load(open(f"{out}/engine-tcp-1-16.json"))
-print("tcp, 128 ops per batch, against the iperf3 window just before it:")
-for b in blocks:
-    end = json.load(open(f"{out}/iperf3-tcp-{b}.json"))["end"]
+
+def iperf3(name):  # (GB/s, CPU-s/GB) of one window
+    end = json.load(open(f"{out}/iperf3-{name}.json"))["end"]
     r, cpu = end["sum_received"], end["cpu_utilization_percent"]
-    iperf = r["bytes"] / r["seconds"] / 1e9
-    iperf_cpu = (cpu["host_total"] + cpu["remote_total"]) / 100 * r["seconds"] / (r["bytes"] / 1e9)
+    gb = r["bytes"] / 1e9
+    return gb / r["seconds"], (cpu["host_total"] + cpu["remote_total"]) / 100 * r["seconds"] / gb
+
+print("tcp, 128 ops per batch, against the iperf3 windows just before it (default 128 KiB "
+      "writes, and -l 1M):")
+for b in blocks:
+    iperf, iperf_cpu = iperf3(f"tcp-{b}")
+    big, big_cpu = iperf3(f"tcp-{b}-1M")
     cells = json.load(open(f"{out}/engine-tcp-128-{b}.json"))
     rows += cells
     for c in cells:
         print(f"  {c['op']:5} block={int(b) // 1024:5d}KiB  {c['gbps']:6.2f} GB/s  "
-              f"iperf3 {iperf:5.2f} GB/s  ratio {c['gbps'] / iperf:4.2f}  "
+              f"iperf3 {iperf:5.2f} GB/s ratio {c['gbps'] / iperf:4.2f}  "
+              f"iperf3 -l 1M {big:5.2f} GB/s ratio {c['gbps'] / big:4.2f}  "
               f"(plain stream {c['ref_gbps']:5.2f}, ratio {c['ratio']:4.2f})  "
-              f"cpu {c['cpu_s_per_gb']:4.2f} s/GB (iperf3 {iperf_cpu:4.2f})")
+              f"cpu {c['cpu_s_per_gb']:4.2f} s/GB (iperf3 {iperf_cpu:4.2f}, -l 1M {big_cpu:4.2f})")
 json.dump(rows, open(f"{out}/engine-tcp.json", "w"), indent=1)
 PY
 
