@@ -106,14 +106,16 @@ constexpr std::chrono::microseconds kReaderHotTime{100};
 // come is received straight into local memory, with what follows it into the buffer.
 constexpr size_t kReaderBufferBytes = size_t{64} << 10;
 constexpr size_t kDirectReceiveBytes = size_t{16} << 10;
-// A READ payload is received straight into at most this many pieces per recvmsg.
-constexpr size_t kMaxReceivePieces = 64;
+// A READ payload is received straight into at most this many pieces per recvmsg: a whole
+// vector frame's (kVecMaxEntries), so none of its bytes land in the buffer to be copied again.
+constexpr size_t kMaxReceivePieces = 256;
 // Consecutive ops of a part of at most kVecOpBytes each (host memory on both sides, same
 // kind) are packed into one vector frame of at most kVecMaxEntries entries and the part's
 // chunk size: one header, one request entry and one ack for all of them.
 constexpr uint64_t kVecOpBytes = uint64_t{64} << 10;
 constexpr size_t kVecMaxEntries = 256;
 static_assert(kVecMaxEntries <= kTcpMaxVecEntries);
+static_assert(kVecMaxEntries <= kMaxReceivePieces);
 // A lane whose peer shows no life (nothing received, nothing sent) is closed only once every
 // batch on it is this far past its deadline: until then a stopped peer may resume and serve
 // the batches that still have time.
