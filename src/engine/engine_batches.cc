@@ -120,8 +120,8 @@ Status EngineImpl::post_parts(const std::shared_ptr<BatchProgress>& owner, PeerS
   const RegionIndex* local = batch->local_snapshot.get();
   const RegionIndex* remote = peer.is_self ? local : &batch->remote_snapshot->regions;
   for (ResolvedPart& part : parts) {
-    BatchPart posted{owner,  part.spans,       part.bytes,      local,
-                     remote, peer.incarnation, after_cuda_event};
+    BatchPart posted{owner,  part.spans,       part.bytes,       local,
+                     remote, peer.incarnation, after_cuda_event, part.touches_device};
     TransportLink* link = peer.link(part.transport);
     Status s = link != nullptr
                    ? link->post(posted)

@@ -110,6 +110,7 @@ struct BatchPart {
   const RegionIndex* remote = nullptr;  // the peer's (this engine's own for the self peer)
   uint64_t peer_incarnation = 0;
   void* after_cuda_event = nullptr;  // SubmitOptions::after_cuda_event
+  bool touches_device = false;       // some span reads or writes device memory (either side)
 };
 
 // One transport's connection to one peer.

@@ -1349,6 +1349,10 @@ Status TcpLink::post(const BatchPart& part) {
   size_t remote_hint = 0;
   for (size_t i = 0; i < part.spans.size(); ++i) {
     const ResolvedOp& op = part.spans[i];
+    if (!part.touches_device) {  // host memory on both sides: no region to look up
+      packable[i] = op.length <= kVecOpBytes;
+      continue;
+    }
     const RegionEntry* l =
         part.local == nullptr
             ? nullptr
