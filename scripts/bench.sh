@@ -12,27 +12,29 @@ export KVFERRY_LOG_LEVEL=warn
 iperf_port=${KVFERRY_IPERF_PORT:-9160}
 
 # iperf3 single stream on loopback, the external reference for tcp: one window of $2 seconds,
-# its summary appended to $out/iperf3.txt and its JSON kept as $out/iperf3-$1.json. $3, if
-# given, is iperf3's write length (-l; its default is 128 KiB). iperf3 sends one buffer of
-# that length over and over from and into one buffer, so its bytes stay in cache: it measures
-# the TCP stack on cache-resident bytes, and with -l 1M it is the strongest plain stream here.
+# its summary appended to $out/iperf3.txt, its JSON kept as $out/iperf3-$1.json and its
+# GB/s and CPU-s/GB as $out/iperf3-$1-summary.json. $3, if given, is iperf3's write length
+# (-l; its default is 128 KiB). iperf3 sends from one buffer of that length over and over and
+# receives into one, so its bytes stay in cache: it measures the TCP stack on cache-resident
+# bytes, and with -l 1M it is the strongest plain stream here.
 iperf3_window() {
   iperf3 -s -1 -p "$iperf_port" >/dev/null 2>&1 &
   local server=$!
   sleep 0.5
   iperf3 -c 127.0.0.1 -p "$iperf_port" -t "$2" ${3:+-l "$3"} -J >"$out/iperf3-$1.json"
   wait "$server" || true
-  python3 - "$out/iperf3-$1.json" "$1" <<'PY' | tee -a "$out/iperf3.txt"
+  python3 - "$out/iperf3-$1" "$1" <<'PY' | tee -a "$out/iperf3.txt"
 import json, sys
-r = json.load(open(sys.argv[1]))
-end = r["end"]
+end = json.load(open(sys.argv[1] + ".json"))["end"]
 recv = end["sum_received"]
 cpu = end["cpu_utilization_percent"]
-gbps = recv["bytes"] / recv["seconds"] / 1e9
+gb = recv["bytes"] / 1e9
 # host_total/remote_total: CPU time of each process over wall time, in percent.
 cpu_s = (cpu["host_total"] + cpu["remote_total"]) / 100 * recv["seconds"]
-print(f"iperf3 single stream ({sys.argv[2]}): {gbps:.2f} GB/s  "
-      f"cpu {cpu_s / (recv['bytes'] / 1e9):.2f} s/GB "
+summary = {"gbps": gb / recv["seconds"], "cpu_s_per_gb": cpu_s / gb}
+json.dump(summary, open(sys.argv[1] + "-summary.json", "w"))
+print(f"iperf3 single stream ({sys.argv[2]}): {summary['gbps']:.2f} GB/s  "
+      f"cpu {summary['cpu_s_per_gb']:.2f} s/GB "
       f"(sender {cpu['host_total']:.0f}%, receiver {cpu['remote_total']:.0f}%)")
 PY
 }
@@ -67,10 +69,8 @@ out, blocks = sys.argv[1], sys.argv[2:]
 rows = json.load(open(f"{out}/engine-tcp-1-16.json"))
 
 def iperf3(name):  # (GB/s, CPU-s/GB) of one window
-    end = json.load(open(f"{out}/iperf3-{name}.json"))["end"]
-    r, cpu = end["sum_received"], end["cpu_utilization_percent"]
-    gb = r["bytes"] / 1e9
-    return gb / r["seconds"], (cpu["host_total"] + cpu["remote_total"]) / 100 * r["seconds"] / gb
+    s = json.load(open(f"{out}/iperf3-{name}-summary.json"))
+    return s["gbps"], s["cpu_s_per_gb"]
 
 print("tcp, 128 ops per batch, against the iperf3 windows just before it (default 128 KiB "
       "writes, and -l 1M):")
