@@ -180,6 +180,12 @@ class TcpLane {
     return broken_;
   }
 
+  // Nothing is queued, being sent or waiting for its answer here.
+  bool idle() const {
+    std::lock_guard lock(mu_);
+    return !broken_ && !sending_ && queue_.empty() && in_flight_.empty();
+  }
+
   // Queues the chunks for the sender thread, or, when `send_here_if_idle` and nobody is
   // sending on this lane, sends them on the calling thread (and, with `waiter_reads`, leaves
   // their answers to that thread's wait for the batch: read_for).
@@ -1292,6 +1298,16 @@ Result<std::shared_ptr<TcpLane>> TcpLink::lane(size_t index, Clock::time_point b
   return fresh.status();
 }
 
+size_t TcpLink::quiet_lane() {
+  {
+    std::lock_guard lock(mu_);
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      if (lanes_[i] ? lanes_[i]->idle() : !connecting_[i]) return i;
+    }
+  }
+  return next_lane_.fetch_add(1);
+}
+
 void TcpLink::shutdown() {
   std::lock_guard lock(mu_);
   for (auto& lane : lanes_) lane.reset();  // each lane fails what it carries and joins
@@ -1397,14 +1413,13 @@ Status TcpLink::post(const BatchPart& part) {
     TcpChunk chunk;
   };
   std::vector<StagedChunk> staged_chunks;
-  // A small part goes whole on the first lane: a stream of lone ops then keeps one reader
-  // hot, not every lane's.
-  size_t next = part.bytes <= kTcpMinChunkBytes ? 0 : next_lane_.fetch_add(1);
   size_t chunks = 0;
-  // A part of up to kOneLaneBytes goes on one lane; larger ones are cut finer so that every
-  // lane carries a share of them, but in at least two chunks of at most kStripeChunkBytes
-  // each: a part of 1–4 MiB keeps to two (or few) lanes rather than waking four.
+  // A part of up to kOneLaneBytes goes on one lane (quiet_lane); larger ones are cut finer so
+  // that every lane carries a share of them, but in at least two chunks of at most
+  // kStripeChunkBytes each: a part of 1–4 MiB keeps to two (or few) lanes rather than waking
+  // four.
   const bool one_lane = part.bytes <= kOneLaneBytes;
+  size_t next = one_lane ? quiet_lane() : next_lane_.fetch_add(1);
   const uint64_t least_chunk =
       std::clamp<uint64_t>((part.bytes + 1) / 2, kTcpMinChunkBytes, kStripeChunkBytes);
   const uint64_t chunk_bytes =

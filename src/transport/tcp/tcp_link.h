@@ -79,6 +79,12 @@ class TcpLink final : public TransportLink {
   // Lane `index`, connected first if it is not (or broke). Never blocks past
   // `batch_deadline`: a connection still in progress then is the batch's Timeout.
   Result<std::shared_ptr<TcpLane>> lane(size_t index, Clock::time_point batch_deadline);
+  // For a part that goes on one lane: the first lane that carries nothing (or is not
+  // connected yet), else the next in turn. Back-to-back batches then keep to one lane, so one
+  // reader thread and one peer receiver stay busy rather than four each waking; concurrent
+  // ones still spread. (Turn by turn, each of four lanes' readers woke every
+  // kWaiterReadGrace while its lane had been busy within kReaderIdleSleep.)
+  size_t quiet_lane();
   Result<TcpDeviceStager*> stager();
 
   TcpLinkOptions options_;
