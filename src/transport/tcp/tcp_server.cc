@@ -46,6 +46,15 @@ constexpr size_t kAckFlushPieces = 32;
 constexpr size_t kMaxReceiveEntries = 64;
 // How often an I/O thread looks for connections past a deadline, an idle or a stall limit.
 constexpr int64_t kLimitCheckNs = 20'000'000;
+// After a round of input that brought one small request (at most kHotRequestBytes), the I/O
+// thread polls without sleeping for kHotNs before it blocks: in a request/answer exchange the
+// next request comes sooner than a sleeping thread wakes (on a VM, a halted vCPU's wake-up
+// is tens of microseconds: docs/PERFORMANCE.md, "Session 9"). The initiator's waiter does
+// the same for the answer (tcp_link.cc, kReaderHotTime). Not after several requests or a
+// large one: those keep the thread busy anyway, and polling would take the core the sender
+// needs. Bounded, so an idle server sleeps.
+constexpr uint64_t kHotRequestBytes = uint64_t{64} << 10;
+constexpr int64_t kHotNs = 100'000;
 
 int64_t monotonic_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
@@ -262,13 +271,17 @@ struct TcpServer::IoThread {
     while (!stopping_.load()) {
       // Wakes at least every 100 ms so a write whose sender went silent mid-payload gives
       // up its pin at its deadline instead of holding the region forever.
-      int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), 100);
+      const bool hot = hot_until_ns_ != 0 && monotonic_ns() < hot_until_ns_;
+      int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), hot ? 0 : 100);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return;
-      if (const int64_t now = monotonic_ns(); now >= next_limit_check_ns_) {
+      const int64_t now = monotonic_ns();
+      if (now >= next_limit_check_ns_) {
         next_limit_check_ns_ = now + kLimitCheckNs;
         enforce_limits(now);
       }
+      requests_ = 0;
+      request_bytes_ = 0;
       for (int i = 0; i < n; ++i) {
         int fd = events[i].data.fd;
         if (fd == wake_.get()) {
@@ -290,6 +303,11 @@ struct TcpServer::IoThread {
         }
         if (alive) alive = update_interest(c);
         if (!alive) drop(fd);
+      }
+      if (requests_ == 1 && request_bytes_ <= kHotRequestBytes) {
+        hot_until_ns_ = monotonic_ns() + kHotNs;
+      } else if (requests_ != 0) {
+        hot_until_ns_ = 0;
       }
     }
   }
@@ -679,6 +697,8 @@ struct TcpServer::IoThread {
     }
     c.current = *decoded;
     c.refused_addr = 0;
+    ++requests_;
+    request_bytes_ += c.current.length;
     const bool auth_required = options_.secret.has_value() && !c.authenticated;
     if (!c.hello_done) {
       if (c.current.type != TcpFrame::kHello) return false;
@@ -969,6 +989,11 @@ struct TcpServer::IoThread {
 
   std::atomic<bool> stopping_{false};
   int64_t next_limit_check_ns_ = 0;  // I/O thread only
+  // Polling without sleeping until then (0: not), and the frames and their bytes that began
+  // in this round of input (see kHotNs). I/O thread only.
+  int64_t hot_until_ns_ = 0;
+  size_t requests_ = 0;
+  uint64_t request_bytes_ = 0;
   std::mutex mu_;
   std::vector<Incoming> incoming_;                        // guarded by mu_
   std::unordered_map<int, std::unique_ptr<Conn>> conns_;  // I/O thread only

@@ -21,6 +21,11 @@ namespace {
 // The longest the progress thread sleeps while a channel has work (deadlines are checked at
 // least this often even if a channel reported none).
 constexpr std::chrono::milliseconds kMaxActiveSleep{100};
+// After any progress (a task, an event, a channel's step) the thread keeps polling without
+// sleeping for this long before it arms the worker and blocks: in a request/answer exchange
+// the answer comes sooner than a sleeping thread wakes (on a VM, a halted vCPU's wake-up is
+// tens of microseconds: docs/PERFORMANCE.md, "Session 9"). Bounded, so an idle worker sleeps.
+constexpr std::chrono::microseconds kHotTime{100};
 // How long the destructor lets channels finish closing their endpoints.
 constexpr std::chrono::seconds kCloseGrace{2};
 
@@ -159,6 +164,7 @@ void UcxWorker::forget_am_request(uint64_t request_id) { am_waiters_.erase(reque
 void UcxWorker::run() {
   ::pthread_setname_np(::pthread_self(), "kvf-ucx");
   std::optional<Clock::time_point> stop_by;
+  Clock::time_point hot_until{};
   for (;;) {
     std::vector<std::function<void()>> tasks;
     bool stopping = false;
@@ -172,11 +178,10 @@ void UcxWorker::run() {
       stop_by = Clock::now() + kCloseGrace;
       for (const auto& p : active_) p->abandon();
     }
-    while (ucp_worker_progress(worker_) != 0) {
-    }
+    bool progressed = !tasks.empty();
+    while (ucp_worker_progress(worker_) != 0) progressed = true;
     const Clock::time_point now = Clock::now();
     Clock::time_point wake_at = Clock::time_point::max();
-    bool progressed = !tasks.empty();
     for (size_t i = 0; i < active_.size();) {
       UcxPumped::Outcome o = active_[i]->pump(now, wake_at);
       progressed = progressed || o.progressed;
@@ -193,7 +198,11 @@ void UcxWorker::run() {
       active_.clear();
       return;
     }
-    if (progressed) continue;
+    if (progressed) {
+      hot_until = now + kHotTime;
+      continue;
+    }
+    if (now < hot_until) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     if (!active_.empty()) wake_at = std::min(wake_at, now + kMaxActiveSleep);
     int timeout_ms = -1;
