@@ -93,16 +93,12 @@ constexpr std::chrono::microseconds kWaiterReadGrace{1000};
 // closed connection (up to this long at a time) instead of on its condition variable.
 constexpr std::chrono::milliseconds kReaderIdleSleep{50};
 // After the answer to a lone request (one that had the lane to itself) the reader polls
-// without sleeping for this long before it blocks: in a request/answer exchange the next
-// answer comes sooner than a sleeping thread wakes. Only after lone requests: with several
-// in flight the answers keep the reader busy anyway, and polling would take the core the
-// receiver and the sender need (measured: 4 KiB x 16 took twice as long with it). And only
-// after a request that carried its whole part (a frame that is one of several of a part, on
-// several lanes, would have every lane's reader spin while the receivers need the cores).
-// Bounded, so an idle lane sleeps.
-constexpr std::chrono::microseconds kReaderHotTime{100};
-// A lone request of at most this many bytes is "small": its waiter polls hot for the answer.
-constexpr uint64_t kHotRequestBytes = uint64_t{64} << 10;
+// without sleeping for kTcpHotTime before it blocks (tcp_wire.h), and the waiter of a lone
+// request of at most kTcpHotRequestBytes polls for its answer. Only after lone requests: with
+// several in flight the answers keep the reader busy anyway, and polling would take the core
+// the receiver and the sender need (measured: 4 KiB x 16 took twice as long with it). And
+// only after a request that carried its whole part (a frame that is one of several of a part,
+// on several lanes, would have every lane's reader spin while the receivers need the cores).
 // Input is received into a buffer of this size, so one recv() brings in many acks (or small
 // READ payloads, copied out of it); a READ payload with at least kDirectReceiveBytes still to
 // come is received straight into local memory, with what follows it into the buffer.
@@ -809,7 +805,7 @@ class TcpLane {
       reading_ = true;
     }
     // A small lone request is answered sooner than a sleeping thread wakes.
-    const Clock::time_point hot_until = hot ? Clock::now() + kReaderHotTime : Clock::time_point{};
+    const Clock::time_point hot_until = hot ? Clock::now() + kTcpHotTime : Clock::time_point{};
     std::array<std::byte, kTcpHeaderBytes> raw{};
     for (;;) {
       {
@@ -847,7 +843,7 @@ class TcpLane {
       if (c.local_device >= 0) return false;
       if (c.batch.get() == batch) {
         found = true;
-        if (hot != nullptr) *hot = c.sole && c.length <= kHotRequestBytes;
+        if (hot != nullptr) *hot = c.sole && c.length <= kTcpHotRequestBytes;
       }
     }
     return found;
@@ -944,7 +940,7 @@ class TcpLane {
           release_reading_role();
           return;
         }
-        hot_until = lone_answered() ? Clock::now() + kReaderHotTime : Clock::time_point{};
+        hot_until = lone_answered() ? Clock::now() + kTcpHotTime : Clock::time_point{};
       }
       release_reading_role();
     }

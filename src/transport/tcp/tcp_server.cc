@@ -46,15 +46,6 @@ constexpr size_t kAckFlushPieces = 32;
 constexpr size_t kMaxReceiveEntries = 64;
 // How often an I/O thread looks for connections past a deadline, an idle or a stall limit.
 constexpr int64_t kLimitCheckNs = 20'000'000;
-// After a round of input that brought one small request (at most kHotRequestBytes), the I/O
-// thread polls without sleeping for kHotNs before it blocks: in a request/answer exchange the
-// next request comes sooner than a sleeping thread wakes (on a VM, a halted vCPU's wake-up
-// is tens of microseconds: docs/PERFORMANCE.md, "Session 9"). The initiator's waiter does
-// the same for the answer (tcp_link.cc, kReaderHotTime). Not after several requests or a
-// large one: those keep the thread busy anyway, and polling would take the core the sender
-// needs. Bounded, so an idle server sleeps.
-constexpr uint64_t kHotRequestBytes = uint64_t{64} << 10;
-constexpr int64_t kHotNs = 100'000;
 
 int64_t monotonic_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
@@ -304,8 +295,9 @@ struct TcpServer::IoThread {
         if (alive) alive = update_interest(c);
         if (!alive) drop(fd);
       }
-      if (requests_ == 1 && request_bytes_ <= kHotRequestBytes) {
-        hot_until_ns_ = monotonic_ns() + kHotNs;
+      if (requests_ == 1 && request_bytes_ <= kTcpHotRequestBytes) {  // see kTcpHotTime
+        hot_until_ns_ = monotonic_ns() +
+                        std::chrono::duration_cast<std::chrono::nanoseconds>(kTcpHotTime).count();
       } else if (requests_ != 0) {
         hot_until_ns_ = 0;
       }
@@ -990,7 +982,7 @@ struct TcpServer::IoThread {
   std::atomic<bool> stopping_{false};
   int64_t next_limit_check_ns_ = 0;  // I/O thread only
   // Polling without sleeping until then (0: not), and the frames and their bytes that began
-  // in this round of input (see kHotNs). I/O thread only.
+  // in this round of input (see kTcpHotTime). I/O thread only.
   int64_t hot_until_ns_ = 0;
   size_t requests_ = 0;
   uint64_t request_bytes_ = 0;
