@@ -7,12 +7,15 @@
 // processes (the child's `sink`): the whole batch in as few sendmsg calls as the kernel
 // allows, one 1-byte acknowledgement per batch (a READ asks with 8 bytes and receives the
 // batch straight into its blocks). With one op per batch that reference is the plain
-// round trip of one block. cma cells have a second reference: the bare process_vm_writev /
-// process_vm_readv of the engine's own (local, remote) ranges into the same child, IOV_MAX
-// pairs per call as a direct caller would (`bare call`, `ratio/bare`): what the kernel gives
-// anyone, so cma ÷ bare call is kvferry's share and bare call ÷ memcpy the kernel's. For tcp
-// the bench also reports CPU-seconds per GB and voluntary context switches (wake-ups) per
-// batch, of both processes together, for both contestants.
+// round trip of one block. A batch of at most kTcpHotRequestBytes also races a polling stream
+// (both ends poll for kTcpHotTime before they sleep, as kvferry's tcp does for it); the
+// reference is the faster of the two, `polled` in the output when the polling one. cma cells
+// have a second reference: the bare process_vm_writev / process_vm_readv of the engine's own
+// (local, remote) ranges into the same child, IOV_MAX pairs per call as a direct caller would
+// (`bare call`, `ratio/bare`): what the kernel gives anyone, so cma ÷ bare call is kvferry's
+// share and bare call ÷ memcpy the kernel's. For tcp the bench also reports CPU-seconds per GB
+// and voluntary context switches (wake-ups) per batch, of both processes together, for both
+// contestants.
 //
 // Method: the engine and its references (memcpy on 1 thread and on `threads` threads, the
 // bare call likewise; or the plain stream) take turns in one window, not one after another:
@@ -61,6 +64,7 @@
 #include "progress.h"
 #include "serve_client.h"
 #include "transport/built_transports.h"
+#include "transport/tcp/tcp_wire.h"
 #ifdef KVFERRY_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -201,6 +205,9 @@ struct Row {
          mops = 0;
   // tcp only (0 elsewhere): both processes together, per GB moved and per batch.
   double cpu_s_per_gb = 0, ref_cpu_s_per_gb = 0, switches_per_batch = 0, ref_switches_per_batch = 0;
+  // tcp batches of at most kTcpHotRequestBytes (0 elsewhere): p50 of the blocking and of the
+  // polling socket stream; the reference is the faster of the two by mean.
+  double socket_p50_us = 0, polled_p50_us = 0;
   // cma only (0 elsewhere): the bare system call's GB/s and p50, and engine ÷ bare call.
   double bare_gbps = 0, bare_p50_us = 0, bare_ratio = 0;
 };
@@ -352,16 +359,25 @@ class VmCallReference {
 // The tcp reference: one plain blocking TCP stream to the serve child's sink. A batch is one
 // request word and its blocks as one iovec list (sendmsg as few times as IOV_MAX allows),
 // answered with one byte; a READ batch is one request word answered with the bytes, received
-// straight into the blocks with recvmsg.
+// straight into the blocks with recvmsg. A polling stream (`hot`) has both ends poll for the
+// next message for kTcpHotTime before they sleep, as kvferry's tcp does after a lone small
+// request: on a VM where waking a halted vCPU costs tens of microseconds, that is the
+// stronger round trip unless both processes happen to share one vCPU.
 class SocketStream {
  public:
-  static Result<SocketStream> connect(const std::string& host, uint16_t port) {
+  static Result<SocketStream> connect(const std::string& host, uint16_t port, bool hot) {
     KVF_ASSIGN_OR_RETURN(Fd fd, connect_tcp({host, port}, Clock::now() + std::chrono::seconds(5)));
     const int flags = ::fcntl(fd.get(), F_GETFL);
     if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
       return ErrnoStatus(StatusCode::kInternal, "fcntl on the reference socket", errno);
     }
-    return SocketStream(std::move(fd));
+    SocketStream stream(std::move(fd), hot);
+    if (hot) {
+      uint64_t word = kSinkPollWord;
+      stream.iov_.push_back({&word, sizeof(word)});
+      KVF_RETURN_IF_ERROR(stream.transfer(true));
+    }
+    return stream;
   }
 
   // copies: (destination offset holder, source) pairs; only the sources are sent.
@@ -372,11 +388,9 @@ class SocketStream {
     for (const auto& copy : copies) iov_.push_back({const_cast<char*>(copy.second), block});
     KVF_RETURN_IF_ERROR(transfer(true));
     char ack = 0;
-    ssize_t n;
-    do {
-      n = ::recv(fd_.get(), &ack, 1, MSG_WAITALL);
-    } while (n < 0 && errno == EINTR);
-    return n == 1 ? Status::Ok() : PeerDisconnected("reference sink closed the stream");
+    iov_.clear();
+    iov_.push_back({&ack, 1});
+    return transfer(false);
   }
 
   // Receives the batch's bytes into the copies' destinations.
@@ -391,17 +405,20 @@ class SocketStream {
   }
 
  private:
-  explicit SocketStream(Fd fd) : fd_(std::move(fd)) {}
+  SocketStream(Fd fd, bool hot) : fd_(std::move(fd)), hot_(hot) {}
 
+  // Sends or receives all of iov_; a hot receive polls (MSG_DONTWAIT) for kTcpHotTime first.
   Status transfer(bool send) {
+    const Clock::time_point hot_until = hot_ ? Clock::now() + kTcpHotTime : Clock::time_point{};
     size_t first = 0;
     while (first < iov_.size()) {
       msghdr msg{};
       msg.msg_iov = iov_.data() + first;
       msg.msg_iovlen = std::min<size_t>(iov_.size() - first, IOV_MAX);
-      ssize_t n =
-          send ? ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL) : ::recvmsg(fd_.get(), &msg, MSG_WAITALL);
-      if (n < 0 && errno == EINTR) continue;
+      const bool polling = !send && hot_ && Clock::now() < hot_until;
+      ssize_t n = send ? ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL)
+                       : ::recvmsg(fd_.get(), &msg, polling ? MSG_DONTWAIT : MSG_WAITALL);
+      if (n < 0 && (errno == EINTR || (polling && errno == EAGAIN))) continue;
       if (n <= 0) return PeerDisconnected("reference stream broke");
       auto done = static_cast<size_t>(n);
       while (first < iov_.size() && done >= iov_[first].iov_len) done -= iov_[first++].iov_len;
@@ -414,14 +431,15 @@ class SocketStream {
   }
 
   Fd fd_;
+  bool hot_;
   std::vector<iovec> iov_;
 };
 
-// The faster (by mean) of two samplers of one reference, or the first when there is one.
-const LatencySampler& faster(const std::vector<LatencySampler>& samples, size_t first,
-                             std::optional<size_t> second) {
-  if (second && samples[*second].mean_ns() < samples[first].mean_ns()) return samples[*second];
-  return samples[first];
+// The index of the faster (by mean) of two samplers of one reference, or the first when
+// there is one.
+size_t faster(const std::vector<LatencySampler>& samples, size_t first,
+              std::optional<size_t> second) {
+  return second && samples[*second].mean_ns() < samples[first].mean_ns() ? *second : first;
 }
 
 Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
@@ -495,7 +513,7 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
                              transport_name, memory,
                              remote ? ", serve child memory " + args.peer_memory : "", args.rounds,
                              args.min_time_ms / args.rounds);
-    std::optional<SocketStream> stream;
+    std::optional<SocketStream> stream, hot_stream;
     if (how->reference == Reference::kSocket) {
       if (sink_port == 0) {  // the child starts one sink; later streams connect to it again
         KVF_ASSIGN_OR_RETURN(std::string reply,
@@ -506,9 +524,12 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
       }
       const unsigned port = sink_port;
       KVF_ASSIGN_OR_RETURN(Endpoint serve_endpoint, parse_endpoint(serve->endpoint));
-      KVF_ASSIGN_OR_RETURN(SocketStream s,
-                           SocketStream::connect(serve_endpoint.host, static_cast<uint16_t>(port)));
-      stream.emplace(std::move(s));
+      for (bool hot : {false, true}) {
+        KVF_ASSIGN_OR_RETURN(
+            SocketStream s,
+            SocketStream::connect(serve_endpoint.host, static_cast<uint16_t>(port), hot));
+        (hot ? hot_stream : stream).emplace(std::move(s));
+      }
     }
     char* const local_dst = buffers->local_dst.data();
     char* const ref_dst = buffers->ref_dst.data();
@@ -576,15 +597,26 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
             // nobody splits a 64-byte copy across threads, and we do not want a weak baseline.
             ReferenceCopier copier(pool, copies, block, threads);
             std::optional<VmCallReference> bare;
+            // The reference's two forms (memcpy: one thread, all threads; tcp: the blocking
+            // stream, the polling one) and the bare call's.
             size_t ref_one = 0, bare_one = 0;
             std::optional<size_t> ref_all, bare_all;
             if (stream) {
+              auto socket_turn = [&](SocketStream& s) {
+                return [&] {
+                  failure = op_kind == OpKind::kWrite ? s.write_batch(copies, block)
+                                                      : s.read_batch(copies, block);
+                  return failure.ok();
+                };
+              };
               ref_one = contestants.size();
-              contestants.push_back([&] {
-                failure = op_kind == OpKind::kWrite ? stream->write_batch(copies, block)
-                                                    : stream->read_batch(copies, block);
-                return failure.ok();
-              });
+              contestants.push_back(socket_turn(*stream));
+              // A lone small exchange also races the polling stream (what kvferry's tcp
+              // does for it): the reference is the faster of the two.
+              if (block * n <= kTcpHotRequestBytes) {
+                ref_all = contestants.size();
+                contestants.push_back(socket_turn(*hot_stream));
+              }
             } else {
               ref_one = contestants.size();
               contestants.push_back([&] {
@@ -633,7 +665,8 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
 
             const double bytes = static_cast<double>(block) * n;
             const LatencySampler& engine_lat = samples[0];
-            const LatencySampler& ref_lat = faster(samples, ref_one, ref_all);
+            const size_t ref = faster(samples, ref_one, ref_all);
+            const LatencySampler& ref_lat = samples[ref];
             Row row{
                 transport_name, op_name, block, n, threads, memory, remote ? args.peer_memory : ""};
             row.gbps = bytes / engine_lat.mean_ns();
@@ -654,11 +687,15 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
               };
               row.cpu_s_per_gb = per_gb(0);
               row.switches_per_batch = per_batch(0);
-              row.ref_cpu_s_per_gb = per_gb(ref_one);
-              row.ref_switches_per_batch = per_batch(ref_one);
+              row.ref_cpu_s_per_gb = per_gb(ref);
+              row.ref_switches_per_batch = per_batch(ref);
+              if (ref_all) {
+                row.socket_p50_us = samples[ref_one].percentile_us(50);
+                row.polled_p50_us = samples[*ref_all].percentile_us(50);
+              }
             }
             if (bare) {
-              const LatencySampler& bare_lat = faster(samples, bare_one, bare_all);
+              const LatencySampler& bare_lat = samples[faster(samples, bare_one, bare_all)];
               row.bare_gbps = bytes / bare_lat.mean_ns();
               row.bare_p50_us = bare_lat.percentile_us(50);
               row.bare_ratio = row.gbps / row.bare_gbps;
@@ -669,12 +706,19 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
                 "p99 {:9.1f} us  {:>6} {:8.2f} GB/s p50 {:9.1f} us  ratio {:5.2f}  p50/ref "
                 "{:5.2f}  {:7.2f} Mops/s",
                 row.transport, op_name, threads, format_bytes(block), n, row.gbps, row.p50_us,
-                row.p99_us, stream ? "socket" : "memcpy", row.ref_gbps, row.ref_p50_us, row.ratio,
-                row.p50_ratio, row.mops);
+                row.p99_us,
+                !stream          ? "memcpy"
+                : ref == ref_one ? "socket"
+                                 : "polled",
+                row.ref_gbps, row.ref_p50_us, row.ratio, row.p50_ratio, row.mops);
             if (measure_cpu) {
               line += fmt::format("  cpu {:.2f} s/GB (socket {:.2f})  wakes/batch {:.1f} ({:.1f})",
                                   row.cpu_s_per_gb, row.ref_cpu_s_per_gb, row.switches_per_batch,
                                   row.ref_switches_per_batch);
+            }
+            if (row.polled_p50_us > 0) {
+              line += fmt::format("  p50 blocking {:.1f} us, polled {:.1f} us", row.socket_p50_us,
+                                  row.polled_p50_us);
             }
             if (bare) {
               line += fmt::format("  bare call {:8.2f} GB/s p50 {:9.1f} us  ratio/bare {:5.2f}",
@@ -744,6 +788,8 @@ void add_bench_engine_command(CLI::App& bench) {
                        {"ref_cpu_s_per_gb", r.ref_cpu_s_per_gb},
                        {"switches_per_batch", r.switches_per_batch},
                        {"ref_switches_per_batch", r.ref_switches_per_batch},
+                       {"socket_p50_us", r.socket_p50_us},
+                       {"polled_p50_us", r.polled_p50_us},
                        {"local_memory", r.local_memory},
                        {"peer_memory", r.peer_memory},
                        {"bare_gbps", r.bare_gbps},

@@ -15,6 +15,9 @@ namespace kvferry::cli {
 // The serve child's plain TCP sink (`sink`): a request word with this bit set asks for
 // (word & ~kSinkReadFlag) bytes back instead of sending them.
 inline constexpr uint64_t kSinkReadFlag = 1ull << 63;
+// A connection's first word may be exactly this: from then on the sink polls for its next
+// request (`sink_recv`'s hot window) before it blocks, as kvferry's tcp receiver does.
+inline constexpr uint64_t kSinkPollWord = 1ull << 62;
 
 struct ServePeer {
   ChildProcess process;

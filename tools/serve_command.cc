@@ -13,7 +13,9 @@
 //   sink                     start a plain TCP sink (the benchmarks' reference): each
 //                            message is a u64 length then that many bytes, received into
 //                            the shared buffer, answered with one byte; a length
-//                            with kSinkReadFlag is answered with that many bytes -> ok PORT
+//                            with kSinkReadFlag is answered with that many bytes; a
+//                            connection that opens with kSinkPollWord is served polling
+//                            -> ok PORT
 //   quit                     (or end of input) exits
 #include <fmt/format.h>
 #include <netinet/in.h>
@@ -36,6 +38,7 @@
 #include "host_buffer.h"
 #include "kvferry/transfer_engine.h"
 #include "serve_client.h"
+#include "transport/tcp/tcp_wire.h"
 
 namespace kvferry::cli {
 namespace {
@@ -51,12 +54,16 @@ struct ServeArgs {
 };
 
 // The buffer of `--memory host`: anonymous memory, unmapped when serve exits.
-// Blocking whole-buffer socket calls for the sink: the reference must be the strongest plain
-// stream, so it sleeps in recv(MSG_WAITALL) instead of polling.
-bool sink_recv(int fd, std::byte* data, uint64_t length) {
+// Whole-buffer socket calls for the sink: the reference must be the strongest plain stream,
+// so it sleeps in recv(MSG_WAITALL) instead of polling; on a polling connection it first
+// polls for `hot` (bounded, like kvferry's receiver: kTcpHotTime), then sleeps.
+bool sink_recv(int fd, std::byte* data, uint64_t length,
+               std::chrono::microseconds hot = std::chrono::microseconds(0)) {
+  const auto hot_until = std::chrono::steady_clock::now() + hot;
   while (length > 0) {
-    ssize_t n = ::recv(fd, data, length, MSG_WAITALL);
-    if (n < 0 && errno == EINTR) continue;
+    const bool polling = hot.count() > 0 && std::chrono::steady_clock::now() < hot_until;
+    ssize_t n = ::recv(fd, data, length, polling ? MSG_DONTWAIT : MSG_WAITALL);
+    if (n < 0 && (errno == EINTR || (polling && errno == EAGAIN))) continue;
     if (n <= 0) return false;
     data += n;
     length -= static_cast<uint64_t>(n);
@@ -77,28 +84,39 @@ bool sink_send(int fd, const std::byte* data, uint64_t length) {
 
 // A plain single-stream TCP peer: what the tcp transport is measured against. Each request
 // is a u64: a length (receive that many bytes into the buffer, answer one byte), or a length
-// with kSinkReadFlag (send that many bytes of the buffer back).
+// with kSinkReadFlag (send that many bytes of the buffer back). A connection whose first
+// word is kSinkPollWord polls for each next message (see sink_recv).
+void serve_sink_connection(Fd conn, std::byte* base, uint64_t capacity) {
+  int one = 1;
+  ::setsockopt(conn.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  std::chrono::microseconds hot{0};
+  for (bool first = true;; first = false) {
+    uint64_t word = 0;
+    if (!sink_recv(conn.get(), reinterpret_cast<std::byte*>(&word), sizeof(word), hot)) return;
+    if (first && word == kSinkPollWord) {
+      hot = kTcpHotTime;
+      continue;
+    }
+    const bool read = (word & kSinkReadFlag) != 0;
+    const uint64_t length = word & ~kSinkReadFlag;
+    if (length > capacity) return;
+    if (read) {
+      if (!sink_send(conn.get(), base, length)) return;
+      continue;
+    }
+    if (!sink_recv(conn.get(), base, length, hot)) return;
+    std::byte ack{1};
+    if (!sink_send(conn.get(), &ack, 1)) return;
+  }
+}
+
+// Serves each connection on its own thread (the bench holds a blocking and a polling stream
+// at once); they live until their peer closes or the process exits.
 void run_sink(Fd listener, std::byte* base, uint64_t capacity) {
   for (;;) {
     int c = ::accept(listener.get(), nullptr, nullptr);
     if (c < 0) return;
-    Fd conn(c);
-    int one = 1;
-    ::setsockopt(conn.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    for (;;) {
-      uint64_t word = 0;
-      if (!sink_recv(conn.get(), reinterpret_cast<std::byte*>(&word), sizeof(word))) break;
-      const bool read = (word & kSinkReadFlag) != 0;
-      const uint64_t length = word & ~kSinkReadFlag;
-      if (length > capacity) break;
-      if (read) {
-        if (!sink_send(conn.get(), base, length)) break;
-        continue;
-      }
-      if (!sink_recv(conn.get(), base, length)) break;
-      std::byte ack{1};
-      if (!sink_send(conn.get(), &ack, 1)) break;
-    }
+    std::thread(serve_sink_connection, Fd(c), base, capacity).detach();
   }
 }
 
