@@ -471,6 +471,7 @@ struct TcpServer::IoThread {
     // Drained into, never read: not zeroed.
     // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
     std::array<std::byte, kTcpScratchBytes> scratch;
+    bool drained = false;
     for (;;) {
       // Once refused, nothing that follows is acted on (not even another kAuth): the
       // refusal is flushed and the connection closed.
@@ -539,6 +540,13 @@ struct TcpServer::IoThread {
         if (c.out.size() >= kAckFlushPieces && !flush(c)) return false;
         continue;
       }
+      // After a lone small request (see kTcpHotTime), a short receive drained the socket:
+      // the reply leaves now, and epoll (level-triggered) reports what comes next, instead
+      // of one more recvmsg that would find nothing.
+      if (drained) {
+        land_staged(c);
+        return flush(c);
+      }
       c.in_pos = c.in_end = 0;
       // A large payload goes straight into its target, a vector frame's into its next
       // entries' targets; what follows lands in the buffer. Everything else is received into
@@ -601,6 +609,7 @@ struct TcpServer::IoThread {
       }
       c.last_in_ns = monotonic_ns();
       auto received = static_cast<size_t>(n);
+      drained = hot_until_ns_ != 0 && received < (direct ? want : 0) + kInputBufferBytes;
       if (direct) {
         const size_t into_target = std::min(received, want);
         c.in_end = received - into_target;
