@@ -65,38 +65,32 @@ echo "== engine: tcp vs the plain socket stream (ops=1: the plain round trip)"
 build/kvferry bench engine --transports tcp --op write,read --threads 2 \
   --block-bytes 4096,65536,73728,1048576,4194304 --ops 1,16 \
   --min-time-ms 400 --json "$out/engine-tcp-1-16.json" | tee "$out/engine-tcp.txt"
-# Batches of 128, one block size at a time, each right after an iperf3 window of its own, so
-# the ratio to iperf3 compares figures taken seconds apart, not minutes.
+# Batches of 128, one block size at a time, with iperf3 racing in the same turns (--iperf3:
+# its default 128 KiB writes and -l 1M), so the ratio to iperf3 compares figures of one window.
 tcp_blocks=(4096 65536 73728 1048576 4194304)
 for block in "${tcp_blocks[@]}"; do
-  iperf3_window "tcp-$block" 2
-  iperf3_window "tcp-$block-1M" 2 1M
   build/kvferry bench engine --transports tcp --op write,read --threads 2 \
     --block-bytes "$block" --ops 128 --min-time-ms 1500 --rounds 6 \
+    --iperf3 "$(command -v iperf3)" --iperf3-port "$iperf_port" \
     --json "$out/engine-tcp-128-$block.json" | tee -a "$out/engine-tcp.txt"
 done
 python3 - "$out" "${tcp_blocks[@]}" <<'PY' | tee "$out/engine-tcp-vs-iperf3.txt"
 import json, sys
 out, blocks = sys.argv[1], sys.argv[2:]
 rows = json.load(open(f"{out}/engine-tcp-1-16.json"))
-
-def iperf3(name):  # (GB/s, CPU-s/GB) of one window
-    s = json.load(open(f"{out}/iperf3-{name}-summary.json"))
-    return s["gbps"], s["cpu_s_per_gb"]
-
-print("tcp, 128 ops per batch, against the iperf3 windows just before it (default 128 KiB "
-      "writes, and -l 1M):")
+print("tcp, 128 ops per batch, against iperf3 in the same turns (default 128 KiB writes, "
+      "and -l 1M):")
 for b in blocks:
-    iperf, iperf_cpu = iperf3(f"tcp-{b}")
-    big, big_cpu = iperf3(f"tcp-{b}-1M")
     cells = json.load(open(f"{out}/engine-tcp-128-{b}.json"))
     rows += cells
     for c in cells:
+        iperf, big = c["iperf3_gbps"], c["iperf3_1m_gbps"]
         print(f"  {c['op']:5} block={int(b) // 1024:5d}KiB  {c['gbps']:6.2f} GB/s  "
               f"iperf3 {iperf:5.2f} GB/s ratio {c['gbps'] / iperf:4.2f}  "
               f"iperf3 -l 1M {big:5.2f} GB/s ratio {c['gbps'] / big:4.2f}  "
               f"(plain stream {c['ref_gbps']:5.2f}, ratio {c['ratio']:4.2f})  "
-              f"cpu {c['cpu_s_per_gb']:4.2f} s/GB (iperf3 {iperf_cpu:4.2f}, -l 1M {big_cpu:4.2f})")
+              f"cpu {c['cpu_s_per_gb']:4.2f} s/GB (iperf3 {c['iperf3_cpu_s_per_gb']:4.2f}, "
+              f"-l 1M {c['iperf3_1m_cpu_s_per_gb']:4.2f})")
 json.dump(rows, open(f"{out}/engine-tcp.json", "w"), indent=1)
 PY
 

@@ -15,7 +15,9 @@
 // (`bare call`, `ratio/bare`): what the kernel gives anyone, so cma ÷ bare call is kvferry's
 // share and bare call ÷ memcpy the kernel's. For tcp the bench also reports CPU-seconds per GB
 // and voluntary context switches (wake-ups) per batch, of both processes together, for both
-// contestants.
+// contestants. With --iperf3, tcp cells also race iperf3 (single stream on loopback, its
+// default 128 KiB writes and -l 1M) in the same turns, its figures from its own reports
+// (iperf3_reference.h): the external reference of the same window.
 //
 // Method: the engine and its references (memcpy on 1 thread and on `threads` threads, the
 // bare call likewise; or the plain stream) take turns in one window, not one after another:
@@ -60,6 +62,7 @@
 #include "core/pattern.h"
 #include "core/thread_pool.h"
 #include "host_buffer.h"
+#include "iperf3_reference.h"
 #include "kvferry/transfer_engine.h"
 #include "progress.h"
 #include "serve_client.h"
@@ -122,6 +125,8 @@ struct EngineBenchArgs {
   std::vector<std::string> local_memory = {"host"};
   std::string peer_memory = "shared";  // the serve child's --memory
   int rounds = 5;
+  std::string iperf3;  // the iperf3 binary: races it in tcp cells ("" = not)
+  unsigned iperf3_port = 9160;
 };
 
 // The bench's own buffers for one local memory kind: the pattern source, the engine's local
@@ -210,6 +215,9 @@ struct Row {
   double socket_p50_us = 0, polled_p50_us = 0;
   // cma only (0 elsewhere): the bare system call's GB/s and p50, and engine ÷ bare call.
   double bare_gbps = 0, bare_p50_us = 0, bare_ratio = 0;
+  // tcp with --iperf3 (0 elsewhere): iperf3 in the same turns, its default 128 KiB writes and
+  // -l 1M: GB/s and CPU-s/GB from its own reports.
+  double iperf3_gbps = 0, iperf3_cpu_s_per_gb = 0, iperf3_1m_gbps = 0, iperf3_1m_cpu_s_per_gb = 0;
 };
 
 using CopyList = std::vector<std::pair<char*, const char*>>;
@@ -467,6 +475,7 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   std::optional<LocalBuffers> plain_buffers, thp_buffers;
   std::unique_ptr<ServePeer> serve;
   unsigned sink_port = 0;
+  std::unique_ptr<Iperf3Server> iperf3;
   const std::vector<BenchedTransport> benchable = benchable_transports();
   // Every transport with every local memory kind (device: tcp only).
   std::vector<std::pair<std::string, std::string>> cells;
@@ -529,6 +538,9 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
             SocketStream s,
             SocketStream::connect(serve_endpoint.host, static_cast<uint16_t>(port), hot));
         (hot ? hot_stream : stream).emplace(std::move(s));
+      }
+      if (!args.iperf3.empty() && !iperf3) {
+        KVF_ASSIGN_OR_RETURN(iperf3, Iperf3Server::start(args.iperf3, args.iperf3_port));
       }
     }
     char* const local_dst = buffers->local_dst.data();
@@ -631,6 +643,23 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
                 });
               }
             }
+            // iperf3 in the same turns (--iperf3): its default writes, then -l 1M. Its runs
+            // count once the measured rounds begin.
+            const double turn_ms = static_cast<double>(args.min_time_ms) / args.rounds;
+            bool measuring = false;
+            std::vector<std::unique_ptr<Iperf3Contestant>> iperf3_runs;
+            if (stream && iperf3) {
+              for (uint64_t length : {uint64_t{0}, uint64_t{1} << 20}) {
+                Iperf3Contestant* c =
+                    iperf3_runs
+                        .emplace_back(std::make_unique<Iperf3Contestant>(*iperf3, length, turn_ms))
+                        .get();
+                contestants.push_back([&failure, &measuring, c] {
+                  failure = c->run(measuring);
+                  return failure.ok();
+                });
+              }
+            }
             if (transport == TransportKind::kCma) {
               bare.emplace(pool, serve->process.pid(), ops, threads);
               bare_one = contestants.size();
@@ -654,10 +683,13 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
             InterleaveOptions interleave;
             interleave.min_time_ms = args.min_time_ms * static_cast<int>(contestants.size());
             interleave.min_rounds = static_cast<size_t>(args.rounds);
-            interleave.turn_ms = static_cast<double>(args.min_time_ms) / args.rounds;
+            interleave.turn_ms = turn_ms;
             interleave.warmup_ms = std::min(interleave.turn_ms, 10.0);
             if (measure_cpu) {
-              interleave.before_turn = [&](size_t i) { meters[i].start(); };
+              interleave.before_turn = [&](size_t i) {
+                measuring = true;
+                meters[i].start();
+              };
               interleave.after_turn = [&](size_t i, size_t) { meters[i].stop(); };
             }
             std::vector<LatencySampler> samples = run_interleaved(interleave, contestants);
@@ -694,6 +726,12 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
                 row.polled_p50_us = samples[*ref_all].percentile_us(50);
               }
             }
+            if (!iperf3_runs.empty()) {
+              row.iperf3_gbps = iperf3_runs[0]->tally().gbps();
+              row.iperf3_cpu_s_per_gb = iperf3_runs[0]->tally().cpu_s_per_gb();
+              row.iperf3_1m_gbps = iperf3_runs[1]->tally().gbps();
+              row.iperf3_1m_cpu_s_per_gb = iperf3_runs[1]->tally().cpu_s_per_gb();
+            }
             if (bare) {
               const LatencySampler& bare_lat = samples[faster(samples, bare_one, bare_all)];
               row.bare_gbps = bytes / bare_lat.mean_ns();
@@ -719,6 +757,13 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
             if (row.polled_p50_us > 0) {
               line += fmt::format("  p50 blocking {:.1f} us, polled {:.1f} us", row.socket_p50_us,
                                   row.polled_p50_us);
+            }
+            if (row.iperf3_gbps > 0) {
+              line += fmt::format(
+                  "  iperf3 {:.2f} GB/s ratio {:.2f} cpu {:.2f} s/GB, -l 1M {:.2f} GB/s ratio "
+                  "{:.2f} cpu {:.2f} s/GB",
+                  row.iperf3_gbps, row.gbps / row.iperf3_gbps, row.iperf3_cpu_s_per_gb,
+                  row.iperf3_1m_gbps, row.gbps / row.iperf3_1m_gbps, row.iperf3_1m_cpu_s_per_gb);
             }
             if (bare) {
               line += fmt::format("  bare call {:8.2f} GB/s p50 {:9.1f} us  ratio/bare {:5.2f}",
@@ -761,6 +806,10 @@ void add_bench_engine_command(CLI::App& bench) {
       ->check(CLI::IsMember({"shared", "host", "host-thp"}));
   cmd->add_option("--rounds", args->rounds,
                   "interleaved rounds: each contestant runs min-time-ms / rounds per round");
+  cmd->add_option("--iperf3", args->iperf3,
+                  "path of iperf3: tcp cells also race it in the same turns (single stream on "
+                  "loopback, default writes and -l 1M; figures from its own reports)");
+  cmd->add_option("--iperf3-port", args->iperf3_port, "port of the iperf3 server (--iperf3)");
   cmd->callback([args] {
     std::vector<Row> rows;
     Status s = run_grid(*args, rows);
@@ -794,7 +843,11 @@ void add_bench_engine_command(CLI::App& bench) {
                        {"peer_memory", r.peer_memory},
                        {"bare_gbps", r.bare_gbps},
                        {"bare_p50_us", r.bare_p50_us},
-                       {"bare_ratio", r.bare_ratio}});
+                       {"bare_ratio", r.bare_ratio},
+                       {"iperf3_gbps", r.iperf3_gbps},
+                       {"iperf3_cpu_s_per_gb", r.iperf3_cpu_s_per_gb},
+                       {"iperf3_1m_gbps", r.iperf3_1m_gbps},
+                       {"iperf3_1m_cpu_s_per_gb", r.iperf3_1m_cpu_s_per_gb}});
       }
       write_json(args->json_path, out);
     }

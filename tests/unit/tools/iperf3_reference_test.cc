@@ -1,0 +1,96 @@
+// iperf3_reference.h: reading iperf3's JSON report, and a real iperf3 on loopback (when the
+// machine has it: scripts/setup.sh installs it) racing as bench engine's contestant.
+#include "iperf3_reference.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+
+namespace kvferry::cli {
+namespace {
+
+// The end of a real `iperf3 -c 127.0.0.1 -n 512M -J` report (iperf3 3.12), trimmed.
+constexpr const char* kReport = R"({
+  "start": {"version": "iperf 3.12"},
+  "end": {
+    "sum_received": {"start": 0, "end": 0.25, "seconds": 0.25, "bytes": 536870912},
+    "cpu_utilization_percent": {"host_total": 92.0, "remote_total": 46.0}
+  }
+})";
+
+// A loopback port nothing listens on now (the kernel's pick for a socket bound and closed).
+unsigned free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  return ok ? ntohs(addr.sin_port) : 0;
+}
+
+TEST(Iperf3Report, GivesBytesSecondsAndBothEndsCpuSeconds) {
+  auto w = parse_iperf3_report(kReport);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  EXPECT_DOUBLE_EQ(w->bytes, 536870912.0);
+  EXPECT_DOUBLE_EQ(w->seconds, 0.25);
+  EXPECT_DOUBLE_EQ(w->cpu_s, (0.92 + 0.46) * 0.25);
+
+  Iperf3Tally tally;
+  tally.add(*w);
+  tally.add({1e9, 0.5, 0.25});
+  EXPECT_DOUBLE_EQ(tally.gbps(), (536870912.0 + 1e9) / 0.75 / 1e9);
+  EXPECT_DOUBLE_EQ(tally.cpu_s_per_gb(), (w->cpu_s + 0.25) / ((536870912.0 + 1e9) / 1e9));
+}
+
+TEST(Iperf3Report, ItsErrorTextIsTheError) {
+  auto w = parse_iperf3_report(
+      R"({"start": {}, "end": {}, "error": "unable to connect to server: Connection refused"})");
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().to_string().find("Connection refused"), std::string::npos);
+}
+
+TEST(Iperf3Report, RejectsWhatIsNotAReport) {
+  for (const char* text : {"iperf3: parameter error", R"({"end": {}})",
+                           R"({"end": {"sum_received": {"bytes": 0, "seconds": 0.2},
+                                       "cpu_utilization_percent": {}}})"}) {
+    auto w = parse_iperf3_report(text);
+    EXPECT_FALSE(w.ok()) << text;
+  }
+}
+
+TEST(Iperf3Server, ABinaryThatIsNotThereIsNamed) {
+  auto server = Iperf3Server::start("/nonexistent/iperf3", 9161);
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(server.status().to_string().find("/nonexistent/iperf3"), std::string::npos);
+}
+
+TEST(Iperf3Server, AContestantCountsOnlyMeasuredRunsOfAboutATurn) {
+  const std::string binary = "/usr/bin/iperf3";
+  if (::access(binary.c_str(), X_OK) != 0) GTEST_SKIP() << "no " << binary;
+  const unsigned port = free_port();
+  ASSERT_NE(port, 0u);
+  auto server = Iperf3Server::start(binary, port);
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+
+  Iperf3Contestant contestant(**server, 1 << 20, /*turn_ms=*/20);
+  ASSERT_TRUE(contestant.run(/*measuring=*/false).ok());  // warm-up: 128 MiB, not counted
+  EXPECT_EQ(contestant.tally().gbps(), 0);
+  ASSERT_TRUE(contestant.run(/*measuring=*/true).ok());
+  // A run sized to 20 ms at the warm-up's rate, and at least 16 MiB: iperf3 reports at least
+  // those bytes (it rounds up to whole writes), and not the warm-up's 128 MiB with them.
+  const Iperf3Window& total = contestant.tally().total();
+  EXPECT_GE(total.bytes, 16.0 * (1 << 20));
+  EXPECT_LT(total.bytes, 128.0 * (1 << 20));
+  EXPECT_GT(total.seconds, 0);
+  EXPECT_GT(total.cpu_s, 0);
+}
+
+}  // namespace
+}  // namespace kvferry::cli
