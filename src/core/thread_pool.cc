@@ -1,6 +1,20 @@
 #include "core/thread_pool.h"
 
+#include <sched.h>
+
+#include <algorithm>
+
 namespace kvferry {
+
+int usable_cpu_count() {
+  static const int count = [] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+    return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  }();
+  return count;
+}
 
 ThreadPool::ThreadPool(int threads) {
   workers_.reserve(threads > 0 ? threads : 0);

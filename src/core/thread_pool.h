@@ -33,4 +33,7 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 };
 
+// The CPUs this process may run on (its affinity mask; at least 1), read once.
+int usable_cpu_count();
+
 }  // namespace kvferry

@@ -136,22 +136,33 @@ std::vector<CopySlice> balance(std::span<const ResolvedOp> spans, uint64_t total
 
 // A part split over workers: slices are claimed in order from one counter by whoever is
 // free (a worker, or a thread waiting for the batch), so a worker that wakes late finds
-// only what is left and the waiter never waits for a slice nobody is copying. Owned by the
+// only what is left and the waiter never waits for a slice nobody is copying. At most
+// `max_copiers` threads copy at once: one that comes when that many already do leaves the
+// rest to them (they claim until no slice is left, so nothing is stranded). Owned by the
 // batch (as its helper) and by the worker tasks; it points at the batch without owning it,
 // so the two never keep each other alive.
 class SlicedCopy final : public BatchHelper {
  public:
   SlicedCopy(BatchProgress& batch, std::span<const ResolvedOp> spans, std::vector<CopySlice> slices,
-             std::shared_ptr<const ChunkCopier> copier)
-      : copier_(std::move(copier)), batch_(batch), spans_(spans), slices_(std::move(slices)) {}
+             std::shared_ptr<const ChunkCopier> copier, int max_copiers)
+      : copier_(std::move(copier)),
+        batch_(batch),
+        spans_(spans),
+        slices_(std::move(slices)),
+        max_copiers_(max_copiers) {}
 
   size_t size() const { return slices_.size(); }
   void help(Clock::time_point /*until*/) override { run_some(); }
-  // Claims and copies slices until none is left.
+  // Claims and copies slices until none is left, unless max_copiers threads already do.
   void run_some() {
+    if (copiers_.fetch_add(1) >= max_copiers_) {
+      copiers_.fetch_sub(1);
+      return;
+    }
     for (size_t i = next_.fetch_add(1); i < slices_.size(); i = next_.fetch_add(1)) {
       batch_.finish_task(copy_slice(copier_.get(), batch_, spans_, slices_[i]));
     }
+    copiers_.fetch_sub(1);
   }
 
  private:
@@ -159,7 +170,9 @@ class SlicedCopy final : public BatchHelper {
   BatchProgress& batch_;
   std::span<const ResolvedOp> spans_;
   std::vector<CopySlice> slices_;
+  const int max_copiers_;
   std::atomic<size_t> next_{0};
+  std::atomic<int> copiers_{0};
 };
 
 }  // namespace
@@ -182,7 +195,7 @@ void CopyExecutor::run(const BatchPart& part) {
   }
   const uint64_t slices = copy_slice_count(part.bytes, parts);
   auto job = std::make_shared<SlicedCopy>(
-      batch, spans, balance(spans, part.bytes, static_cast<int>(slices)), copier_);
+      batch, spans, balance(spans, part.bytes, static_cast<int>(slices)), copier_, max_copiers_);
   const size_t n = job->size();
   batch.add_tasks(static_cast<int>(n));
   batch.add_helper(job);

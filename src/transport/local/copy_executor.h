@@ -3,7 +3,13 @@
 // the submitting thread; larger ones are cut into byte-balanced slices of at least 1 MiB,
 // about four per worker (copy_slice_count), claimed from one counter by whoever is free: the
 // workers, and a thread that waits for the batch (BatchHelper), so a worker that wakes late
-// finds only what the others left.
+// finds only what the others left. At most `max_copiers` threads copy one part at once (by
+// default the CPUs this process may use): one that comes when that many already copy leaves
+// the rest to them. Without the cap the default two workers and the waiter are three
+// copiers on a 2-CPU machine, and the batch waits for whichever one the scheduler set aside
+// (the likely cost, not measured apart). 64 KiB x 1024 on 2 threads went from 0.85-1.00x
+// memcpy to 0.92-1.09x; where the CPUs outnumber the workers the cap never binds
+// (docs/PERFORMANCE.md, "Session 12").
 //
 // Why a fixed 4 MiB threshold and not a probe at engine start, nor a lower threshold: on the
 // 2-core VM of docs/PERFORMANCE.md ("Issue 16", "shm: splitting by cost") one thread copies
@@ -67,10 +73,14 @@ uint64_t copy_slice_count(uint64_t bytes, int workers);
 
 class CopyExecutor {
  public:
-  // `copier` null: memmove.
+  // `copier` null: memmove. `max_copiers`: the most threads copying one part at once.
   CopyExecutor(ThreadPool& pool, uint64_t inline_bytes,
-               std::shared_ptr<const ChunkCopier> copier = nullptr)
-      : pool_(pool), inline_bytes_(inline_bytes), copier_(std::move(copier)) {}
+               std::shared_ptr<const ChunkCopier> copier = nullptr,
+               int max_copiers = usable_cpu_count())
+      : pool_(pool),
+        inline_bytes_(inline_bytes),
+        copier_(std::move(copier)),
+        max_copiers_(max_copiers) {}
   // Takes the part from posted to finished (inline) or hands it to workers.
   void run(const BatchPart& part);
 
@@ -78,6 +88,7 @@ class CopyExecutor {
   ThreadPool& pool_;
   uint64_t inline_bytes_;
   std::shared_ptr<const ChunkCopier> copier_;
+  int max_copiers_;
 };
 
 class CopyLink final : public TransportLink {

@@ -1,14 +1,20 @@
-// How the copy executor cuts a part that does not run inline (copy_slice_count), and a split
-// whose slice boundaries fall inside ops of odd sizes: every byte arrives, none beyond.
+// How the copy executor cuts a part that does not run inline (copy_slice_count), a split
+// whose slice boundaries fall inside ops of odd sizes (every byte arrives, none beyond), and
+// how many threads copy one part at once (the workers and a waiter, at most max_copiers).
 #include "transport/local/copy_executor.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "core/pattern.h"
 #include "test_support.h"
+#include "transport/batch_progress.h"
 
 namespace kvferry {
 namespace {
@@ -61,6 +67,86 @@ TEST(CopyExecutorSplit, SliceBoundariesInsideOddSizedOpsMoveExactlyTheBytes) {
     ASSERT_EQ(std::memcmp(got, src.data() + i * kOp, kOp), 0) << "op " << i;
     for (size_t g = 0; g < kGap; ++g) ASSERT_EQ(got[kOp + g], std::byte{0}) << "op " << i;
   }
+}
+
+// A batch this test can help and wait for (the engine's BatchRecord does this otherwise).
+class TestBatch : public BatchProgress {
+ public:
+  using BatchProgress::BatchProgress;
+  void help_now() { help(Clock::now() + std::chrono::seconds(10)); }
+  BatchStatus wait_for_end(std::chrono::seconds limit) {
+    wait_until(Clock::now() + limit);
+    return snapshot();
+  }
+};
+
+// Copies each chunk with memcpy and counts how many threads are inside at once. Until
+// `company` threads have been inside together, a chunk waits (up to a second) for more, so a
+// cap that allows them is seen reached even on a loaded machine.
+class CountingCopier final : public ChunkCopier {
+ public:
+  explicit CountingCopier(int company) : company_(company) {}
+  Status copy_chunk(std::span<const CopyPiece> pieces) const override {
+    const int now = inside_.fetch_add(1) + 1;
+    int seen = most_.load();
+    while (now > seen && !most_.compare_exchange_weak(seen, now)) {
+    }
+    for (int i = 0; i < 1000 && most_.load() < company_; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    for (const CopyPiece& p : pieces) {
+      std::memcpy(p.span->dst() + p.offset, p.span->src() + p.offset, p.length);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    inside_.fetch_sub(1);
+    return Status::Ok();
+  }
+  int most() const { return most_.load(); }
+
+ private:
+  const int company_;
+  mutable std::atomic<int> inside_{0}, most_{0};
+};
+
+// Three workers and a helping waiter, a part of 24 slices: at most `cap` copy at once, and
+// all of them do when the cap allows; every byte arrives either way.
+void copy_with_cap(int cap) {
+  SCOPED_TRACE(::testing::Message() << "max_copiers " << cap);
+  constexpr size_t kSpan = 1 << 20, kSpans = 24;
+  std::vector<std::byte> src(kSpan * kSpans), dst(kSpan * kSpans, std::byte{0});
+  fill_pattern(src, 17);
+  std::vector<ResolvedOp> spans;
+  for (size_t i = 0; i < kSpans; ++i) {
+    ResolvedOp op;
+    op.local = reinterpret_cast<char*>(src.data() + i * kSpan);
+    op.remote = reinterpret_cast<char*>(dst.data() + i * kSpan);
+    op.length = kSpan;
+    spans.push_back(op);
+  }
+  ThreadPool pool(3);
+  auto copier = std::make_shared<CountingCopier>(std::min(cap, 4));
+  CopyExecutor executor(pool, /*inline_bytes=*/0, copier, cap);
+  auto batch =
+      std::make_shared<TestBatch>(std::make_shared<PeerLiveness>("self"), std::chrono::seconds(10));
+  std::shared_ptr<BatchProgress> progress = batch;
+  ASSERT_EQ(copy_slice_count(kSpan * kSpans, pool.size()), 12u);
+  executor.run(BatchPart{progress, spans, kSpan * kSpans});
+  batch->help_now();  // the waiter: a fourth thread that may copy
+  BatchStatus s = batch->wait_for_end(std::chrono::seconds(10));
+  ASSERT_EQ(s.state, BatchState::kCompleted) << s.status.to_string();
+  EXPECT_EQ(copier->most(), std::min(cap, 4));
+  EXPECT_EQ(std::memcmp(dst.data(), src.data(), dst.size()), 0);
+}
+
+TEST(CopyExecutorCopiers, NoMoreThreadsCopyOnePartAtOnceThanTheCap) {
+  for (int cap : {1, 2, 4, 8}) copy_with_cap(cap);
+}
+
+TEST(CopyExecutorCopiers, TheDefaultCapIsTheCpusThisProcessMayUse) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  EXPECT_EQ(usable_cpu_count(), CPU_COUNT(&set));
 }
 
 }  // namespace
