@@ -15,9 +15,9 @@
 // (`bare call`, `ratio/bare`): what the kernel gives anyone, so cma ÷ bare call is kvferry's
 // share and bare call ÷ memcpy the kernel's. For tcp the bench also reports CPU-seconds per GB
 // and voluntary context switches (wake-ups) per batch, of both processes together, for both
-// contestants. With --iperf3, tcp cells also race iperf3 (single stream on loopback, its
-// default 128 KiB writes and -l 1M) in the same turns, its figures from its own reports
-// (iperf3_reference.h): the external reference of the same window.
+// contestants. With --iperf3, tcp and ucx cells (the socket-referenced ones) also race iperf3
+// (single stream on loopback, its default 128 KiB writes and -l 1M) in the same turns, its figures
+// from its own reports (iperf3_reference.h): the external reference of the same window.
 //
 // Method: the engine and its references (memcpy on 1 thread and on `threads` threads, the
 // bare call likewise; or the plain stream) take turns in one window, not one after another:
@@ -125,7 +125,7 @@ struct EngineBenchArgs {
   std::vector<std::string> local_memory = {"host"};
   std::string peer_memory = "shared";  // the serve child's --memory
   int rounds = 5;
-  std::string iperf3;  // the iperf3 binary: races it in tcp cells ("" = not)
+  std::string iperf3;  // the iperf3 binary: races it in tcp and ucx cells ("" = not)
   unsigned iperf3_port = 9160;
 };
 
@@ -215,8 +215,8 @@ struct Row {
   double socket_p50_us = 0, polled_p50_us = 0;
   // cma only (0 elsewhere): the bare system call's GB/s and p50, and engine ÷ bare call.
   double bare_gbps = 0, bare_p50_us = 0, bare_ratio = 0;
-  // tcp with --iperf3 (0 elsewhere): iperf3 in the same turns, its default 128 KiB writes and
-  // -l 1M: GB/s and CPU-s/GB from its own reports.
+  // tcp and ucx with --iperf3 (0 elsewhere): iperf3 in the same turns, its default 128 KiB writes
+  // and -l 1M: GB/s and CPU-s/GB from its own reports.
   double iperf3_gbps = 0, iperf3_cpu_s_per_gb = 0, iperf3_1m_gbps = 0, iperf3_1m_cpu_s_per_gb = 0;
 };
 
@@ -806,9 +806,10 @@ void add_bench_engine_command(CLI::App& bench) {
       ->check(CLI::IsMember({"shared", "host", "host-thp"}));
   cmd->add_option("--rounds", args->rounds,
                   "interleaved rounds: each contestant runs min-time-ms / rounds per round");
-  cmd->add_option("--iperf3", args->iperf3,
-                  "path of iperf3: tcp cells also race it in the same turns (single stream on "
-                  "loopback, default writes and -l 1M; figures from its own reports)");
+  cmd->add_option(
+      "--iperf3", args->iperf3,
+      "path of iperf3: tcp and ucx cells also race it in the same turns (single stream on "
+      "loopback, default writes and -l 1M; figures from its own reports)");
   cmd->add_option("--iperf3-port", args->iperf3_port, "port of the iperf3 server (--iperf3)");
   cmd->callback([args] {
     std::vector<Row> rows;

@@ -1,5 +1,5 @@
-// iperf3 (Debian's iperf3, single stream on loopback) as a contestant of `bench engine`'s tcp
-// cells, so that the external reference is measured in the same window as kvferry, turn for
+// iperf3 (Debian's iperf3, single stream on loopback) as a contestant of `bench engine`'s tcp and
+// ucx cells, so that the external reference is measured in the same window as kvferry, turn for
 // turn, instead of seconds or minutes apart (docs/PERFORMANCE.md, "Session 12").
 //
 // One `iperf3 -s` serves the whole bench; each turn is one client run (`-c -n BYTES -J`) whose

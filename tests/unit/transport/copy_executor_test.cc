@@ -108,8 +108,8 @@ class CountingCopier final : public ChunkCopier {
   mutable std::atomic<int> inside_{0}, most_{0};
 };
 
-// Three workers and a helping waiter, a part of 24 slices: at most `cap` copy at once, and
-// all of them do when the cap allows; every byte arrives either way.
+// Three workers and a helping waiter, a part of 24 MiB in 12 slices: at most `cap` copy at once,
+// and all of them do when the cap allows; every byte arrives either way.
 void copy_with_cap(int cap) {
   SCOPED_TRACE(::testing::Message() << "max_copiers " << cap);
   constexpr size_t kSpan = 1 << 20, kSpans = 24;
