@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/pattern.h"
+#include "test_batch.h"
 #include "test_support.h"
 #include "transport/ucx/ucx_channel.h"
 #include "transport/ucx/ucx_worker.h"
@@ -20,16 +21,7 @@ namespace kvferry::detail {
 namespace {
 
 using testing::must;
-
-// A batch this test can wait for and read (the engine's BatchRecord does this otherwise).
-class TestBatch : public BatchProgress {
- public:
-  using BatchProgress::BatchProgress;
-  BatchStatus wait_for_end(std::chrono::seconds limit) {
-    wait_until(Clock::now() + limit);
-    return snapshot();
-  }
-};
+using testing::TestBatch;
 
 class UcxAmTarget : public ::testing::Test {
  protected:

@@ -3,11 +3,11 @@
 #include "iperf3_reference.h"
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <string>
+
+#include "core/net.h"
 
 namespace kvferry::cli {
 namespace {
@@ -21,17 +21,11 @@ constexpr const char* kReport = R"({
   }
 })";
 
-// A loopback port nothing listens on now (the kernel's pick for a socket bound and closed).
+// A loopback port nothing listens on now (the kernel's pick for a listener, closed again).
 unsigned free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  ::close(fd);
-  return ok ? ntohs(addr.sin_port) : 0;
+  Endpoint bound;
+  auto listener = listen_tcp({"127.0.0.1", 0}, &bound);
+  return listener.ok() ? bound.port : 0;
 }
 
 TEST(Iperf3Report, GivesBytesSecondsAndBothEndsCpuSeconds) {

@@ -13,13 +13,14 @@
 #include <vector>
 
 #include "core/pattern.h"
+#include "test_batch.h"
 #include "test_support.h"
-#include "transport/batch_progress.h"
 
 namespace kvferry {
 namespace {
 
 using testing::must;
+using testing::TestBatch;
 
 TEST(CopySliceCount, SlicesAreAtLeastOneMebibyte) {
   EXPECT_EQ(copy_slice_count((4u << 20) + 1, 2), 4u);
@@ -68,17 +69,6 @@ TEST(CopyExecutorSplit, SliceBoundariesInsideOddSizedOpsMoveExactlyTheBytes) {
     for (size_t g = 0; g < kGap; ++g) ASSERT_EQ(got[kOp + g], std::byte{0}) << "op " << i;
   }
 }
-
-// A batch this test can help and wait for (the engine's BatchRecord does this otherwise).
-class TestBatch : public BatchProgress {
- public:
-  using BatchProgress::BatchProgress;
-  void help_now() { help(Clock::now() + std::chrono::seconds(10)); }
-  BatchStatus wait_for_end(std::chrono::seconds limit) {
-    wait_until(Clock::now() + limit);
-    return snapshot();
-  }
-};
 
 // Copies each chunk with memcpy and counts how many threads are inside at once. Until
 // `company` threads have been inside together, a chunk waits (up to a second) for more, so a
