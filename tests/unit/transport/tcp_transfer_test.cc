@@ -21,6 +21,9 @@ using testing::must;
 
 uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
+// Tests declare their buffers before their engines, so the engines (and their I/O threads)
+// end before the memory they registered is freed: its last use is then ordered before the
+// free, also for ThreadSanitizer, which does not see the order a socket's bytes give.
 std::unique_ptr<TransferEngine> engine_with(const std::string& name,
                                             std::optional<std::string> secret = std::nullopt) {
   EngineOptions o;
@@ -36,10 +39,10 @@ PeerHandle open_tcp(TransferEngine& from, const TransferEngine& to) {
 }
 
 TEST(TcpTransfer, WriteAndReadArriveIntactAcrossLanes) {
-  auto prefill = engine_with("prefill");
-  auto decode = engine_with("decode");
   constexpr size_t kBytes = 40u << 20;  // ten 4 MiB chunks over two lanes
   std::vector<std::byte> src(kBytes), dst(kBytes, std::byte{0});
+  auto prefill = engine_with("prefill");
+  auto decode = engine_with("decode");
   fill_pattern(src, 1);
   ASSERT_TRUE(prefill->register_memory(src.data(), kBytes).ok());
   ASSERT_TRUE(decode->register_memory(dst.data(), kBytes).ok());
@@ -55,10 +58,10 @@ TEST(TcpTransfer, WriteAndReadArriveIntactAcrossLanes) {
 }
 
 TEST(TcpTransfer, TenThousandSmallOpsArriveInTheirPlaces) {
-  auto prefill = engine_with("prefill");
-  auto decode = engine_with("decode");
   constexpr size_t kOps = 10'000, kOpBytes = 256;
   std::vector<std::byte> src(kOps * kOpBytes), dst(2 * kOps * kOpBytes, std::byte{0});
+  auto prefill = engine_with("prefill");
+  auto decode = engine_with("decode");
   std::vector<size_t> slot(kOps);
   for (size_t i = 0; i < kOps; ++i) slot[i] = 2 * i;
   std::shuffle(slot.begin(), slot.end(), std::mt19937_64(3));
@@ -89,11 +92,11 @@ TEST(TcpTransfer, TenThousandSmallOpsArriveInTheirPlaces) {
 // turn: each batch takes an idle lane or shares a busy one, and waiters read answers that
 // may be other batches'. Every byte of every batch is checked.
 TEST(TcpTransfer, SmallBatchesFromSeveralThreadsAtOnceArriveIntact) {
-  auto prefill = engine_with("prefill");
-  auto decode = engine_with("decode");
   constexpr size_t kThreads = 4, kRounds = 40, kOps = 8, kOpBytes = 32 << 10;
   constexpr size_t kSlice = kOps * kOpBytes;  // one thread's share, 256 KiB
   std::vector<std::byte> local(kThreads * kSlice), remote(kThreads * kSlice);
+  auto prefill = engine_with("prefill");
+  auto decode = engine_with("decode");
   ASSERT_TRUE(prefill->register_memory(local.data(), local.size()).ok());
   ASSERT_TRUE(decode->register_memory(remote.data(), remote.size()).ok());
   PeerHandle peer = open_tcp(*prefill, *decode);
@@ -132,10 +135,10 @@ TEST(TcpTransfer, SmallBatchesFromSeveralThreadsAtOnceArriveIntact) {
 // READ sources that run on from each other at the peer in runs, with gaps, and some read
 // twice: the receiver sends each run as one piece; every op still lands its own bytes.
 TEST(TcpTransfer, ReadsOfAdjacentRepeatedAndScatteredSourcesLandInTheirPlaces) {
-  auto prefill = engine_with("prefill");
-  auto decode = engine_with("decode");
   constexpr size_t kSlots = 512, kOps = 600, kOpBytes = 1024;
   std::vector<std::byte> remote(kSlots * kOpBytes), local(kOps * kOpBytes, std::byte{0});
+  auto prefill = engine_with("prefill");
+  auto decode = engine_with("decode");
   fill_pattern(remote, 7);
   std::mt19937_64 rng(11);
   std::vector<size_t> source;  // the remote slot op i reads
@@ -166,8 +169,8 @@ TEST(TcpTransfer, ReadsOfAdjacentRepeatedAndScatteredSourcesLandInTheirPlaces) {
 }
 
 TEST(TcpTransfer, ForcedTcpReachesTheEngineItself) {
-  auto engine = engine_with("self");
   std::vector<std::byte> a(1 << 20), b(1 << 20, std::byte{0});
+  auto engine = engine_with("self");
   fill_pattern(a, 9);
   ASSERT_TRUE(engine->register_memory(a.data(), a.size()).ok());
   ASSERT_TRUE(engine->register_memory(b.data(), b.size()).ok());
@@ -179,9 +182,9 @@ TEST(TcpTransfer, ForcedTcpReachesTheEngineItself) {
 }
 
 TEST(TcpTransfer, ReceiverRefusesARangeItNoLongerHasAndWritesNothing) {
+  std::vector<std::byte> src(8192), dst(8192, std::byte{0}), other(8192, std::byte{0});
   auto prefill = engine_with("prefill");
   auto decode = engine_with("decode");
-  std::vector<std::byte> src(8192), dst(8192, std::byte{0});
   fill_pattern(src, 4);
   ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
   ASSERT_TRUE(decode->register_memory(dst.data(), dst.size()).ok());
@@ -192,7 +195,6 @@ TEST(TcpTransfer, ReceiverRefusesARangeItNoLongerHasAndWritesNothing) {
   EXPECT_EQ(s.code(), StatusCode::kNotRegistered) << s.to_string();
   EXPECT_EQ(std::count(dst.begin(), dst.end(), std::byte{0}), 8192);
   // The connection survives a refused request.
-  std::vector<std::byte> other(8192, std::byte{0});
   ASSERT_TRUE(decode->register_memory(other.data(), other.size()).ok());
   op.remote_addr = addr_of(other.data());
   ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
@@ -312,9 +314,9 @@ TEST(TcpTransfer, AReadPastItsDeadlineIsDoneWithItsTargetWhenWaitReturns) {
 }
 
 TEST(TcpAuthentication, MatchingSecretsMoveBytes) {
+  std::vector<std::byte> src(4096), dst(4096, std::byte{0});
   auto prefill = engine_with("prefill", "s3cret");
   auto decode = engine_with("decode", "s3cret");
-  std::vector<std::byte> src(4096), dst(4096, std::byte{0});
   fill_pattern(src, 8);
   ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
   ASSERT_TRUE(decode->register_memory(dst.data(), dst.size()).ok());
@@ -325,13 +327,13 @@ TEST(TcpAuthentication, MatchingSecretsMoveBytes) {
 }
 
 TEST(TcpAuthentication, WrongOrMissingSecretIsRefusedAndNothingIsWritten) {
-  auto decode = engine_with("decode", "right");
   std::vector<std::byte> dst(4096, std::byte{0});
+  auto decode = engine_with("decode", "right");
   ASSERT_TRUE(decode->register_memory(dst.data(), dst.size()).ok());
   for (std::optional<std::string> secret :
        {std::optional<std::string>("wrong"), std::optional<std::string>()}) {
-    auto prefill = engine_with("prefill", secret);
     std::vector<std::byte> src(4096, std::byte{1});
+    auto prefill = engine_with("prefill", secret);
     ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
     // The handshake refuses it the descriptor already (the tcp data plane's own check, for a
     // peer that learned the descriptor elsewhere, is tcp_hostile_test's).
