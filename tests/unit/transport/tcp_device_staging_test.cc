@@ -116,7 +116,10 @@ class TcpDeviceStaging : public ::testing::Test {
 
   std::shared_ptr<FakeCudaMemoryApi> sender_api_ = std::make_shared<FakeCudaMemoryApi>();
   std::shared_ptr<FakeCudaMemoryApi> receiver_api_ = std::make_shared<FakeCudaMemoryApi>();
-  std::vector<std::byte> src_, dst_;
+  // Every buffer the engines touch is declared before them, so their threads end before it
+  // is freed (ThreadSanitizer does not see the order a socket's bytes give). host_a_ and
+  // host_b_ are the host buffers of tests that mix host and device memory.
+  std::vector<std::byte> src_, dst_, host_a_, host_b_;
   std::unique_ptr<TransferEngine> prefill_, decode_;
   PeerHandle peer_;
   PeerHandle read_peer_;
@@ -135,7 +138,10 @@ TEST_F(TcpDeviceStaging, DeviceToDeviceWriteArrivesWithManyChunksInFlight) {
 
 TEST_F(TcpDeviceStaging, ScatteredOpsBetweenHostAndDeviceLandInTheirPlaces) {
   // Host source -> device target and device source -> host target, many small ops shuffled.
-  std::vector<std::byte> host_src(1u << 20), host_dst(1u << 20, std::byte{0});
+  std::vector<std::byte>& host_src = host_a_;
+  std::vector<std::byte>& host_dst = host_b_;
+  host_src.resize(1u << 20);
+  host_dst.assign(1u << 20, std::byte{0});
   fill_pattern(host_src, 11);
   ASSERT_TRUE(prefill_->register_memory(host_src.data(), host_src.size()).ok());
   ASSERT_TRUE(decode_->register_memory(host_dst.data(), host_dst.size()).ok());
@@ -293,7 +299,10 @@ TEST_F(TcpDeviceStaging, AfterCudaEventOrdersTheFirstDeviceCopy) {
 }
 
 TEST_F(TcpDeviceStaging, AfterCudaEventOnAHostOnlyBatchIsRefused) {
-  std::vector<std::byte> host_src(4096), host_dst(4096, std::byte{0});
+  std::vector<std::byte>& host_src = host_a_;
+  std::vector<std::byte>& host_dst = host_b_;
+  host_src.resize(4096);
+  host_dst.assign(4096, std::byte{0});
   ASSERT_TRUE(prefill_->register_memory(host_src.data(), host_src.size()).ok());
   ASSERT_TRUE(decode_->register_memory(host_dst.data(), host_dst.size()).ok());
   int producer_event = 0;
@@ -329,7 +338,10 @@ TEST_F(TcpDeviceStaging, DeviceToDeviceReadArrivesWithManyChunksInFlight) {
 TEST_F(TcpDeviceStaging, ScatteredReadsBetweenHostAndDeviceLandInTheirPlaces) {
   // The remote's device memory -> local host memory, and the remote's host memory -> local
   // device memory, many small ops shuffled in one batch.
-  std::vector<std::byte> remote_host(1u << 20), local_host(1u << 20, std::byte{0});
+  std::vector<std::byte>& remote_host = host_a_;
+  std::vector<std::byte>& local_host = host_b_;
+  remote_host.resize(1u << 20);
+  local_host.assign(1u << 20, std::byte{0});
   fill_pattern(remote_host, 11);
   ASSERT_TRUE(prefill_->register_memory(remote_host.data(), remote_host.size()).ok());
   ASSERT_TRUE(decode_->register_memory(local_host.data(), local_host.size()).ok());
