@@ -134,8 +134,10 @@ if grep -q '^KVFERRY_UCX:BOOL=ON' build/CMakeCache.txt; then
 fi
 
 echo "== KV: deepseek-v3, random pages"
+# --min-rounds: a 16k-token call takes ~100 ms, so 500 ms alone gave each strategy ~5 calls.
 build/kvferry bench kv --preset deepseek-v3 --pages random --tokens 128,1024,4096,16384 \
-  --transport local,shm --threads 1,2 --min-time-ms 500 --json "$out/kv.json" | tee "$out/kv.txt"
+  --transport local,shm --threads 1,2 --min-time-ms 500 --min-rounds 20 --json "$out/kv.json" |
+  tee "$out/kv.txt"
 build/kvferry bench kv --preset deepseek-v3 --pages random --tokens 4096 \
   --transport tcp --threads 2 --min-time-ms 1000 --json "$out/kv-tcp.json" | tee "$out/kv-tcp.txt"
 

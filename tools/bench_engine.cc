@@ -206,8 +206,8 @@ struct Row {
   int ops;
   int threads;
   std::string local_memory, peer_memory;  // peer: the serve child's --memory ("" for local)
-  double gbps = 0, p50_us = 0, p99_us = 0, ref_gbps = 0, ref_p50_us = 0, ratio = 0, p50_ratio = 0,
-         mops = 0;
+  double gbps = 0, p50_us = 0, p99_us = 0, ref_gbps = 0, ref_p50_us = 0, ref_p99_us = 0, ratio = 0,
+         p50_ratio = 0, mops = 0;
   // tcp only (0 elsewhere): both processes together, per GB moved and per batch.
   double cpu_s_per_gb = 0, ref_cpu_s_per_gb = 0, switches_per_batch = 0, ref_switches_per_batch = 0;
   // tcp batches of at most kTcpHotRequestBytes (0 elsewhere): p50 of the blocking and of the
@@ -706,6 +706,7 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
             row.p99_us = engine_lat.percentile_us(99);
             row.ref_gbps = bytes / ref_lat.mean_ns();
             row.ref_p50_us = ref_lat.percentile_us(50);
+            row.ref_p99_us = ref_lat.percentile_us(99);
             row.ratio = row.gbps / row.ref_gbps;
             row.p50_ratio = row.p50_us / row.ref_p50_us;
             row.mops = n / engine_lat.mean_ns() * 1e3;
@@ -741,14 +742,14 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
             rows.push_back(row);
             std::string line = fmt::format(
                 "{:>5} {:>5} thr={} block={:>9} ops={:>4}  {:8.2f} GB/s  p50 {:9.1f} us  "
-                "p99 {:9.1f} us  {:>6} {:8.2f} GB/s p50 {:9.1f} us  ratio {:5.2f}  p50/ref "
-                "{:5.2f}  {:7.2f} Mops/s",
+                "p99 {:9.1f} us  {:>6} {:8.2f} GB/s p50 {:9.1f} us p99 {:9.1f} us  ratio {:5.2f}  "
+                "p50/ref {:5.2f}  {:7.2f} Mops/s",
                 row.transport, op_name, threads, format_bytes(block), n, row.gbps, row.p50_us,
                 row.p99_us,
                 !stream          ? "memcpy"
                 : ref == ref_one ? "socket"
                                  : "polled",
-                row.ref_gbps, row.ref_p50_us, row.ratio, row.p50_ratio, row.mops);
+                row.ref_gbps, row.ref_p50_us, row.ref_p99_us, row.ratio, row.p50_ratio, row.mops);
             if (measure_cpu) {
               line += fmt::format("  cpu {:.2f} s/GB (socket {:.2f})  wakes/batch {:.1f} ({:.1f})",
                                   row.cpu_s_per_gb, row.ref_cpu_s_per_gb, row.switches_per_batch,
@@ -831,6 +832,7 @@ void add_bench_engine_command(CLI::App& bench) {
                        {"p99_us", r.p99_us},
                        {"ref_gbps", r.ref_gbps},
                        {"ref_p50_us", r.ref_p50_us},
+                       {"ref_p99_us", r.ref_p99_us},
                        {"ratio", r.ratio},
                        {"p50_ratio", r.p50_ratio},
                        {"mops", r.mops},

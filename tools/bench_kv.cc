@@ -193,6 +193,9 @@ struct KvBenchArgs {
   std::vector<int> threads = {1, 2};
   std::string cma_peer_memory = "host";  // the serve child's --memory for cma
   int min_time_ms = 200;
+  // Rounds at least (each strategy one call per round): a 16k-token call takes ~100 ms, so
+  // min_time_ms alone leaves a handful of samples, and one slow call moves the p50.
+  size_t min_rounds = 3;
   double pool_slack = 2.0;
   double max_memory_gib = 12.0;
   uint64_t inline_bytes = EngineOptions{}.inline_batch_bytes;
@@ -202,6 +205,14 @@ struct KvBenchArgs {
   bool integrity = false;  // also time all_layers with PdIntegrity's digests and verification
   std::string json_path;
 };
+
+// One call per contestant per round, for min_time_ms per contestant and min_rounds rounds.
+InterleaveOptions interleave_options(const KvBenchArgs& args, size_t contestants) {
+  InterleaveOptions o;
+  o.min_time_ms = args.min_time_ms * static_cast<int>(contestants);
+  o.min_rounds = args.min_rounds;
+  return o;
+}
 
 struct StrategyPlan {
   SendStrategy strategy;
@@ -456,7 +467,7 @@ Status measure_integrity(const KvBenchArgs& args, const RequestSetup& request,
         return true;
       }};
   std::vector<LatencySampler> samples =
-      run_interleaved(args.min_time_ms * static_cast<int>(contestants.size()), contestants);
+      run_interleaved(interleave_options(args, contestants.size()), contestants);
   KVF_RETURN_IF_ERROR(failure);
   IntegrityRow row;
   row.preset = std::string(request.preset.name);
@@ -561,7 +572,7 @@ Status run_transport(const KvBenchArgs& args, const RequestSetup& request,
       });
     }
     std::vector<LatencySampler> samples =
-        run_interleaved(args.min_time_ms * static_cast<int>(contestants.size()), contestants);
+        run_interleaved(interleave_options(args, contestants.size()), contestants);
     KVF_RETURN_IF_ERROR(failure);
     double memcpy_p50_us = samples[plans.size()].percentile_us(50);
     if (threads > 1)
@@ -828,6 +839,8 @@ void add_bench_kv_command(CLI::App& bench) {
                   "the cma peer's pool: host (4 KiB pages) or host-thp (huge pages advised)")
       ->check(CLI::IsMember({"host", "host-thp"}));
   cmd->add_option("--min-time-ms", args->min_time_ms, "measuring time per strategy");
+  cmd->add_option("--min-rounds", args->min_rounds, "calls per strategy at least")
+      ->check(CLI::Range(size_t{1}, size_t{100000}));
   cmd->add_option("--pool-slack", args->pool_slack, "pool pages per request page (>= 1)");
   cmd->add_option("--max-memory-gib", args->max_memory_gib,
                   "skip cells whose pools need more memory than this");

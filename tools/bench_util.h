@@ -130,15 +130,6 @@ inline std::vector<LatencySampler> run_interleaved(
   return finish();
 }
 
-// One call per contestant per round for at least `min_time_ms` in all (and at least 3 rounds),
-// after one unmeasured warm-up call each.
-inline std::vector<LatencySampler> run_interleaved(
-    int min_time_ms, const std::vector<std::function<bool()>>& contestants) {
-  InterleaveOptions options;
-  options.min_time_ms = min_time_ms;
-  return run_interleaved(options, contestants);
-}
-
 // CPU time and voluntary context switches (sleeps: each one is a wake-up later) of a whole
 // process, every thread included, read from /proc. CPU time has the kernel's tick
 // resolution (10 ms at 100 Hz): measure over hundreds of milliseconds.

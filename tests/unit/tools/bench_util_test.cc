@@ -140,9 +140,10 @@ TEST(RunInterleaved, AContestantThatFailsStopsTheRun) {
   EXPECT_EQ(samples[2].count(), 1u);
 }
 
-TEST(RunInterleaved, TheOneCallFormRunsAtLeastThreeRounds) {
+TEST(RunInterleaved, DefaultOptionsRunAtLeastThreeRounds) {
   std::vector<Event> log;
-  std::vector<LatencySampler> samples = run_interleaved(0, logging_contestants(2, log));
+  std::vector<LatencySampler> samples =
+      run_interleaved(InterleaveOptions{}, logging_contestants(2, log));
   EXPECT_EQ(samples[0].count(), 3u);
   EXPECT_EQ(samples[1].count(), 3u);
 }
