@@ -5,7 +5,8 @@
 #   engine-ratio.png    engine time vs the same-run memcpy reference, per transport
 #   kv-latency.png      one request's KV transfer, p50 latency vs context length, per
 #                       strategy and transport
-#   tcp-vs-socket.png   the tcp transport vs a plain TCP stream of the same bytes
+#   tcp-vs-socket.png   the tcp transport vs a plain TCP stream of the same bytes and
+#                       iperf3 in the same turns, WRITE and READ
 # Usage: scripts/plot.sh [RESULTS_DIR (bench-results)] [OUT_DIR (docs/img)]
 # Needs gnuplot (gnuplot-nox) and jq; charts whose JSON is missing are skipped with a note.
 set -euo pipefail
@@ -38,9 +39,9 @@ series() {
   echo "$cmd"
 }
 
-# Per transport, thread count and block size, the row with the most ops per batch (the
-# largest batch that fit the benchmark's buffer at that block size).
-best='def best: group_by([.transport, .threads, .block_bytes]) | map(max_by(.ops_per_batch)) | .[];'
+# Per transport, op (write, read), thread count and block size, the row with the most ops per
+# batch (the largest batch that fit the benchmark's buffer at that block size).
+best='def best: group_by([.transport, .op, .threads, .block_bytes]) | map(max_by(.ops_per_batch)) | .[];'
 
 if [ -f "$results/engine.json" ]; then
   plot=$(series "$best (best | {title: \"\(.transport) \(.threads) thr\", x: .block_bytes, y: .gbps}), (best | select(.transport == \"local\") | {title: \"memcpy \(.threads) thr\", x: .block_bytes, y: .ref_gbps})" \
@@ -103,12 +104,12 @@ else
 fi
 
 if [ -f "$results/engine-tcp.json" ]; then
-  plot=$(series "$best (best | {title: \"tcp transport \(.threads) thr\", x: .block_bytes, y: .gbps}), (best | {title: \"plain TCP stream\", x: .block_bytes, y: .ref_gbps})" \
+  plot=$(series "$best (best | {title: \"tcp \(.op) \(.threads) thr\", x: .block_bytes, y: .gbps}), (best | {title: \"plain TCP stream, \(.op)\", x: .block_bytes, y: .ref_gbps}), (best | select(.op == \"write\" and .iperf3_gbps > 0) | {title: \"iperf3 (write turns)\", x: .block_bytes, y: .iperf3_gbps})" \
     "$results/engine-tcp.json" tcp)
   gnuplot <<GP
 $common
 set output "$out/tcp-vs-socket.png"
-set title "tcp transport vs a plain TCP stream of the same bytes, loopback, two processes"
+set title "tcp vs a plain TCP stream and iperf3, 128 ops per batch, loopback"
 set xlabel "block size"
 set ylabel "GB/s"
 set yrange [0:*]
