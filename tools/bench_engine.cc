@@ -111,6 +111,9 @@ std::string benchable_names() {
   return names;
 }
 
+// The largest block or buffer the bench takes (1 TiB): the options' upper bound.
+inline constexpr uint64_t kMaxBenchBytes = uint64_t{1} << 40;
+
 struct EngineBenchArgs {
   std::vector<std::string> transports = {"local", "shm", "tcp"};
   std::vector<std::string> op_names = {"write"};
@@ -452,9 +455,6 @@ size_t faster(const std::vector<LatencySampler>& samples, size_t first,
 
 Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   const uint64_t buffer_bytes = args.max_batch_bytes;
-  if (args.rounds < 1) {
-    return InvalidArgument(fmt::format("bench engine: --rounds {} (at least 1)", args.rounds));
-  }
   for (const std::string& memory : args.local_memory) {
     if (memory != "host" && memory != "host-thp" && memory != "device") {
       return InvalidArgument("bench engine: --local-memory " + memory +
@@ -788,13 +788,21 @@ void add_bench_engine_command(CLI::App& bench) {
   cmd->add_option("--transports", args->transports, "built here: " + benchable_names())
       ->delimiter(',');
   cmd->add_option("--op", args->op_names, "write, read (default write)")->delimiter(',');
-  cmd->add_option("--threads", args->threads, "worker thread counts")->delimiter(',');
-  cmd->add_option("--block-bytes", args->block_bytes, "block sizes in bytes")->delimiter(',');
-  cmd->add_option("--ops", args->ops_per_batch, "ops per batch")->delimiter(',');
+  cmd->add_option("--threads", args->threads, "worker thread counts")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--block-bytes", args->block_bytes, "block sizes in bytes")
+      ->delimiter(',')
+      ->check(CLI::Range(uint64_t{1}, kMaxBenchBytes));
+  cmd->add_option("--ops", args->ops_per_batch, "ops per batch")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--max-batch-bytes", args->max_batch_bytes,
-                  "buffer size; larger cells are listed as skipped");
+                  "buffer size; larger cells are listed as skipped")
+      ->check(CLI::Range(uint64_t{1}, kMaxBenchBytes));
   cmd->add_option("--min-time-ms", args->min_time_ms,
-                  "measuring time per contestant and cell (engine, each reference)");
+                  "measuring time per contestant and cell (engine, each reference)")
+      ->check(CLI::Range(1, 3'600'000));
   cmd->add_option("--inline-bytes", args->inline_bytes, "engine inline_batch_bytes");
   cmd->add_option("--json", args->json_path, "write rows as JSON to this file ('-' = stdout)");
   cmd->add_option("--local-memory", args->local_memory,
@@ -806,12 +814,14 @@ void add_bench_engine_command(CLI::App& bench) {
                   "(registered anonymous memory, 4 KiB pages), host-thp (huge pages advised)")
       ->check(CLI::IsMember({"shared", "host", "host-thp"}));
   cmd->add_option("--rounds", args->rounds,
-                  "interleaved rounds: each contestant runs min-time-ms / rounds per round");
+                  "interleaved rounds: each contestant runs min-time-ms / rounds per round")
+      ->check(CLI::Range(1, 100000));
   cmd->add_option(
       "--iperf3", args->iperf3,
       "path of iperf3: tcp and ucx cells also race it in the same turns (single stream on "
       "loopback, default writes and -l 1M; figures from its own reports)");
-  cmd->add_option("--iperf3-port", args->iperf3_port, "port of the iperf3 server (--iperf3)");
+  cmd->add_option("--iperf3-port", args->iperf3_port, "port of the iperf3 server (--iperf3)")
+      ->check(CLI::Range(1u, 65535u));
   cmd->callback([args] {
     std::vector<Row> rows;
     Status s = run_grid(*args, rows);

@@ -822,7 +822,9 @@ void add_bench_kv_command(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand("kv", "one request's KV transfer per strategy vs memcpy");
   cmd->add_option("--preset", args->presets, "deepseek-v3, llama-3.1-8b, qwen3-235b")
       ->delimiter(',');
-  cmd->add_option("--tokens", args->tokens, "context lengths in tokens")->delimiter(',');
+  cmd->add_option("--tokens", args->tokens, "context lengths in tokens")
+      ->delimiter(',')
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 24));
   cmd->add_option("--page-size", args->page_size, "tokens per page");
   cmd->add_option("--pages", args->pages, "page placement: contiguous, runs:N, random");
   cmd->add_option("--strategy", args->strategies, "all_layers, per_layer, index_sharded")
@@ -838,12 +840,14 @@ void add_bench_kv_command(CLI::App& bench) {
   cmd->add_option("--cma-peer-memory", args->cma_peer_memory,
                   "the cma peer's pool: host (4 KiB pages) or host-thp (huge pages advised)")
       ->check(CLI::IsMember({"host", "host-thp"}));
-  cmd->add_option("--min-time-ms", args->min_time_ms, "measuring time per strategy");
+  cmd->add_option("--min-time-ms", args->min_time_ms, "measuring time per strategy")
+      ->check(CLI::Range(1, 3'600'000));
   cmd->add_option("--min-rounds", args->min_rounds, "calls per strategy at least")
       ->check(CLI::Range(size_t{1}, size_t{100000}));
   cmd->add_option("--pool-slack", args->pool_slack, "pool pages per request page (>= 1)");
   cmd->add_option("--max-memory-gib", args->max_memory_gib,
-                  "skip cells whose pools need more memory than this");
+                  "skip cells whose pools need more memory than this")
+      ->check(CLI::Range(0.01, 65536.0));
   cmd->add_option("--inline-bytes", args->inline_bytes,
                   "engine inline_batch_bytes: calls up to this size copy on the caller");
   cmd->add_option("--metrics", args->metrics,
