@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <deque>
+#include <initializer_list>
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -120,12 +122,27 @@ Status run_demo(const DemoArgs& args, DemoSummary& out) {
   KVF_RETURN_IF_ERROR(parse_pool_memory(args.worker.memory).status());
   KVF_ASSIGN_OR_RETURN(ModelPreset model, find_model(args.worker.model));
   const uint32_t page = args.worker.page_tokens;
-  if (args.requests <= 0 || page == 0 || args.min_tokens == 0 ||
-      args.min_tokens > args.max_tokens || args.decode_instances == 0) {
-    return InvalidArgument(
-        fmt::format("demo: need requests > 0, page tokens > 0, 0 < min-tokens <= max-tokens and "
-                    "decode-instances > 0 (got {}, {}, {}, {}, {})",
-                    args.requests, page, args.min_tokens, args.max_tokens, args.decode_instances));
+  // Each count in its range: with no prefill or no decode rank the other side would wait for
+  // it until --timeout-s, and every rank is a process of this machine.
+  struct Count {
+    const char* option;
+    int64_t value, most;
+  };
+  for (const Count& c :
+       std::initializer_list<Count>{{"--requests", args.requests, 1 << 20},
+                                    {"--page-tokens", page, 1 << 20},
+                                    {"--min-tokens", args.min_tokens, 1 << 24},
+                                    {"--prefill-tp", args.prefill_tp, 64},
+                                    {"--decode-tp", args.decode_tp, 64},
+                                    {"--decode-instances", args.decode_instances, 64},
+                                    {"--timeout-s", args.timeout_s, 86400}}) {
+    if (c.value < 1 || c.value > c.most) {
+      return InvalidArgument(fmt::format("demo: {} {} (valid: 1..{})", c.option, c.value, c.most));
+    }
+  }
+  if (args.min_tokens > args.max_tokens) {
+    return InvalidArgument(fmt::format("demo: --min-tokens {} is more than --max-tokens {}",
+                                       args.min_tokens, args.max_tokens));
   }
   const uint32_t max_pages = (args.max_tokens + page - 1) / page;
   if (max_pages > args.worker.pool_pages) {
