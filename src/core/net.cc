@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 #include <cerrno>
 #include <charconv>
@@ -30,6 +31,20 @@ Status wait_for(int fd, short events, Clock::time_point deadline, std::string_vi
     if (rc == 0) return Timeout(std::string(what) + " timed out");
     if (errno != EINTR) return ErrnoStatus(StatusCode::kInternal, "poll", errno);
   }
+}
+
+// sun_path[0] = '\0' marks the abstract namespace; the name follows, unterminated.
+Result<sockaddr_un> abstract_address(const std::string& name, socklen_t& length) {
+  sockaddr_un address{};
+  if (name.empty() || name.size() > sizeof(address.sun_path) - 1) {
+    return InvalidArgument("abstract socket name of " + std::to_string(name.size()) +
+                           " bytes is empty or longer than " +
+                           std::to_string(sizeof(address.sun_path) - 1));
+  }
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return address;
 }
 
 Result<sockaddr_in> resolve(const Endpoint& endpoint) {
@@ -191,6 +206,33 @@ Status recv_with_fd(int socket, std::span<std::byte> out, Fd& received,
     done += static_cast<size_t>(n);
   }
   return Status::Ok();
+}
+
+Result<Fd> listen_abstract(const std::string& name, int backlog) {
+  socklen_t length = 0;
+  KVF_ASSIGN_OR_RETURN(sockaddr_un address, abstract_address(name, length));
+  Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!listener.valid()) return ErrnoStatus(StatusCode::kInternal, "socket(AF_UNIX)", errno);
+  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+      ::listen(listener.get(), backlog) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "listen on @" + name, errno);
+  }
+  return listener;
+}
+
+Result<Fd> connect_abstract(const std::string& name, std::string_view what) {
+  socklen_t length = 0;
+  Result<sockaddr_un> address = abstract_address(name, length);
+  if (!address.ok()) return ProtocolError(std::string(what) + ": " + address.status().message());
+  Fd conn(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!conn.valid()) return ErrnoStatus(StatusCode::kInternal, "socket(AF_UNIX)", errno);
+  // A local connect either succeeds or fails at once (a full backlog blocks: not here).
+  if (::connect(conn.get(), reinterpret_cast<sockaddr*>(&*address), length) != 0) {
+    return PeerUnreachable(std::string("cannot reach ") + std::string(what) + " @" + name + ": " +
+                           std::strerror(errno) +
+                           " (another network namespace, or the peer is gone)");
+  }
+  return conn;
 }
 
 }  // namespace kvferry

@@ -79,6 +79,13 @@ struct FdMessage {
   msghdr msg{};
 };
 
+// Abstract Unix sockets (a name in the network namespace, no file): a listener bound to
+// "\0<name>" (non-blocking, close-on-exec), and a blocking connection to one. `what` names
+// the socket in errors. connect_abstract: PeerUnreachable when nothing listens there
+// (another network namespace, or the owner is gone).
+Result<Fd> listen_abstract(const std::string& name, int backlog);
+Result<Fd> connect_abstract(const std::string& name, std::string_view what);
+
 // Over a Unix socket: sends `bytes` with `fd` attached (SCM_RIGHTS), and receives exactly
 // `out`, keeping a descriptor that came attached to any of it in `received`. Timeout,
 // PeerDisconnected or an errno status.

@@ -316,10 +316,9 @@ Status EngineImpl::register_region_everywhere(RegionEntry& entry, size_t index) 
 }
 
 void EngineImpl::unregister_regions(std::span<const RegionEntry> entries) {
-  for (const RegionEntry& e : entries) {
-    for (const auto& t : transports_) {
-      if (t) t->unregister_region(e);
-    }
+  if (entries.empty()) return;
+  for (const auto& t : transports_) {
+    if (t) t->unregister_regions(entries);
   }
 }
 

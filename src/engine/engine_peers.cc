@@ -125,6 +125,10 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
   }
   if (reachable == nullptr) {
     const Route& host = peer->routes.get({MemoryKind::kHost, MemoryKind::kHost});
+    if (peer->identity_refused) {
+      return Unauthenticated(fmt::format("cannot reach peer {}: {}", name,
+                                         peer->identity_refused->message()));
+    }
     return NotSupported(fmt::format("cannot reach peer {}: {}", name, host.reason));
   }
   peer->segment.store(std::move(*segment));
@@ -156,6 +160,9 @@ void EngineImpl::connect_links(PeerState& peer, const SegmentDescriptor& d) {
       peer.links[i] = std::move(*link);
     } else {
       link_errors[i] = link.status().message();
+      if (link.status().code() == StatusCode::kUnauthenticated && !peer.identity_refused) {
+        peer.identity_refused = link.status();
+      }
     }
   }
   // What routes depend on (served transports, endpoints, host) is fixed per incarnation, so
@@ -228,7 +235,7 @@ Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
         if (d.shm_socket.empty()) {
           return NotSupported("the peer serves no shm socket to hand out its memfds");
         }
-        KVF_ASSIGN_OR_RETURN(Fd memfd, fetch_shm_fd(d.shm_socket, r.shm->inode, secret_,
+        KVF_ASSIGN_OR_RETURN(Fd memfd, fetch_shm_fd(d.shm_socket, d.pid, r.shm->inode, secret_,
                                                     Clock::now() + options_.handshake_timeout));
         KVF_ASSIGN_OR_RETURN(
             mapping,

@@ -80,6 +80,10 @@ struct PeerState {
   // Why this process may not map the peer's shared memory (it refused us, or its shm socket
   // is out of reach); set once at open, before the peer is published. Empty: it may.
   std::string shm_refused;
+  // A transport that found the peer is not who its descriptor says (cma: another pid or
+  // incarnation on its socket); set at open. When nothing else reaches the peer, opening it
+  // fails with this (Unauthenticated) rather than with NotSupported.
+  std::optional<Status> identity_refused;
 
   TransportLink* link(TransportKind kind) const { return links[static_cast<size_t>(kind)].get(); }
   bool is_disconnected() const { return liveness->is_disconnected(); }

@@ -37,6 +37,15 @@ std::string frame_string(HandshakeFrame type, std::string_view payload) {
 
 }  // namespace
 
+AuthProof descriptor_signature(std::string_view secret, std::span<const std::byte> client_nonce,
+                               std::string_view descriptor) {
+  std::string message = "kvferry handshake descriptor";
+  message.push_back('\0');
+  message.append(reinterpret_cast<const char*>(client_nonce.data()), client_nonce.size());
+  message.append(descriptor);
+  return auth_signature(secret, message);
+}
+
 void encode_handshake_header(const HandshakeHeader& h, std::byte* out) {
   encode_frame_header({h.magic, h.version, static_cast<uint16_t>(h.type), h.length},
                       std::span<std::byte, kFrameHeaderBytes>(out, kFrameHeaderBytes));
@@ -101,8 +110,10 @@ Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(const Endpoint& 
 std::string HandshakeServer::reply(std::span<const std::byte> request,
                                    const std::string& greeting) const {
   if (!secret_) return frame_string(HandshakeFrame::kDescriptor, source_());
-  // The request is GetDescriptor (framed above), then the Proof.
+  // The request is GetDescriptor (framed above; its payload the client's nonce), then the
+  // Proof.
   auto get = decode_handshake_header(request.data(), kMaxRequestPayload);
+  const auto client_nonce = request.subspan(kHandshakeHeaderBytes, get->length);
   const auto proof_frame = request.subspan(kHandshakeHeaderBytes + get->length);
   auto refuse = [](const std::string& why) {
     log().warn("handshake: refused the descriptor: {}", why);
@@ -121,13 +132,29 @@ std::string HandshakeServer::reply(std::span<const std::byte> request,
   if (!auth_proof_matches(expected, proof_frame.subspan(kHandshakeHeaderBytes))) {
     return refuse("wrong secret");
   }
-  return frame_string(HandshakeFrame::kDescriptor, source_());
+  const std::string descriptor = source_();
+  std::string out = frame_string(HandshakeFrame::kDescriptor, descriptor);
+  // This server proves the secret too, over the client's nonce and the descriptor itself:
+  // a client that holds the secret believes no descriptor without it.
+  const AuthProof signature = descriptor_signature(*secret_, client_nonce, descriptor);
+  out += frame_string(HandshakeFrame::kProof, {reinterpret_cast<const char*>(signature.data()),
+                                               signature.size()});
+  return out;
 }
 
 Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point deadline,
                                      const std::optional<std::string>& secret) {
   KVF_ASSIGN_OR_RETURN(Fd conn, connect_tcp(endpoint, deadline));
-  auto request = make_frame(HandshakeFrame::kGetDescriptor, {});
+  // With a secret, the request carries this side's nonce, which the server's proof covers.
+  AuthNonce client_nonce{};
+  if (secret) {
+    KVF_ASSIGN_OR_RETURN(client_nonce, make_auth_nonce());
+  }
+  auto request = make_frame(HandshakeFrame::kGetDescriptor,
+                            secret ? std::string_view(reinterpret_cast<const char*>(
+                                                          client_nonce.data()),
+                                                      client_nonce.size())
+                                   : std::string_view());
   auto unreachable = [&](const Status& s) {
     return Status(s.code() == StatusCode::kProtocolError ? s.code() : StatusCode::kPeerUnreachable,
                   "handshake with " + endpoint.to_string() + ": " + s.message());
@@ -160,6 +187,10 @@ Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point
     header = decode_handshake_header(header_bytes, kMaxDescriptorBytes);
     if (!header.ok()) return unreachable(header.status());
     proved = true;
+  } else if (secret) {
+    return Unauthenticated("peer " + endpoint.to_string() +
+                           " served its descriptor without asking for the secret, and this "
+                           "engine holds one: a peer that does not ask is not one of ours");
   }
   std::string payload(header->length, '\0');
   std::span<std::byte> payload_bytes(reinterpret_cast<std::byte*>(payload.data()), payload.size());
@@ -173,6 +204,21 @@ Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point
   }
   if (header->type != HandshakeFrame::kDescriptor) {
     return ProtocolError("handshake with " + endpoint.to_string() + ": unexpected frame type");
+  }
+  if (secret) {
+    AuthProof signature{};
+    if (Status s = recv_all(conn.get(), header_bytes, deadline); !s.ok()) return unreachable(s);
+    auto proof = decode_handshake_header(header_bytes, sizeof(AuthProof));
+    if (!proof.ok() || proof->type != HandshakeFrame::kProof ||
+        proof->length != sizeof(AuthProof)) {
+      return Unauthenticated("peer " + endpoint.to_string() +
+                             " sent its descriptor without proving the secret");
+    }
+    if (Status s = recv_all(conn.get(), signature, deadline); !s.ok()) return unreachable(s);
+    if (!auth_proof_matches(descriptor_signature(*secret, client_nonce, payload), signature)) {
+      return Unauthenticated("peer " + endpoint.to_string() +
+                             " proved another secret over its descriptor");
+    }
   }
   return payload;
 }

@@ -10,7 +10,11 @@
 // kChallenge (a 32-byte nonce, core/auth.h); the client, having sent GetDescriptor, answers
 // kProof (HMAC-SHA256(secret, nonce)); only then does the server send the descriptor. A
 // wrong or missing proof gets kError and nothing else; fetch_descriptor returns
-// Unauthenticated.
+// Unauthenticated. The server proves the secret back: the client's GetDescriptor carries a
+// 32-byte nonce of its own, and the kDescriptor reply is followed by a kProof frame,
+// descriptor_signature(secret, that nonce, the descriptor). A client that holds the secret
+// refuses a server that sends no challenge or no such proof (a fake handshake server that
+// serves a forged descriptor to anyone).
 //
 // The server is a RequestServer (core/request_server.h): one epoll thread serves every
 // connection at once, each bounded by ListenerLimits::hello_timeout and counted against the
@@ -20,6 +24,7 @@
 // concurrently on its own thread. fetch_descriptor is a free function.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -27,6 +32,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "core/net.h"
 #include "core/request_server.h"
@@ -54,6 +60,11 @@ struct HandshakeHeader {
 };
 
 void encode_handshake_header(const HandshakeHeader& header, std::byte* out);
+// The server's proof over a descriptor it serves: HMAC-SHA256(secret, context, the client's
+// nonce, the descriptor).
+std::array<std::byte, 32> descriptor_signature(std::string_view secret,
+                                               std::span<const std::byte> client_nonce,
+                                               std::string_view descriptor);
 // Checks magic, version, type and `length <= max_length`; the error names the bad field.
 Result<HandshakeHeader> decode_handshake_header(const std::byte* in, size_t max_length);
 

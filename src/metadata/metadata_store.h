@@ -29,8 +29,10 @@ namespace kvferry {
 struct MetadataStoreOptions {
   std::chrono::seconds record_ttl{10};
   std::chrono::milliseconds io_timeout = kDefaultHandshakeTimeout;
-  // p2p: proved to peers whose handshake asks for it (core/auth.h). etcd and Redis records
-  // are guarded by the store's own access control, not by this.
+  // p2p: proved to peers whose handshake asks for it, and required of them (core/auth.h).
+  // etcd and Redis: every record is signed with it (HMAC over key and descriptor), and a
+  // record without a valid signature is refused (Unauthenticated). Without a secret, anyone
+  // who can write to the store can publish a descriptor under any name.
   std::optional<std::string> secret;
 };
 

@@ -212,6 +212,7 @@ std::string serialize_segment_descriptor(const SegmentDescriptor& d) {
               {"transports", transports},     {"version", d.version}, {"regions", regions}};
   if (!d.tcp_endpoint.empty()) out["tcp_endpoint"] = d.tcp_endpoint;
   if (!d.shm_socket.empty()) out["shm_socket"] = d.shm_socket;
+  if (!d.cma_socket.empty()) out["cma_socket"] = d.cma_socket;
   if (!d.notify_endpoint.empty()) out["notify_endpoint"] = d.notify_endpoint;
   if (d.ucx) {
     out["ucx"] = {{"worker_address", bytes_to_hex(d.ucx->worker_address)},
@@ -243,9 +244,13 @@ Result<SegmentDescriptor> parse_segment_descriptor(std::string_view text) {
   KVF_RETURN_IF_ERROR(f.required("version", d.version));
   KVF_RETURN_IF_ERROR(f.optional("tcp_endpoint", d.tcp_endpoint));
   KVF_RETURN_IF_ERROR(f.optional("shm_socket", d.shm_socket));
-  if (d.shm_socket.size() > kMaxShmSocketNameBytes) {
-    return bad("shm_socket name of " + std::to_string(d.shm_socket.size()) +
-               " bytes exceeds the limit of " + std::to_string(kMaxShmSocketNameBytes));
+  KVF_RETURN_IF_ERROR(f.optional("cma_socket", d.cma_socket));
+  for (const std::string* name : {&d.shm_socket, &d.cma_socket}) {
+    if (name->size() > kMaxShmSocketNameBytes) {
+      return bad(std::string(name == &d.shm_socket ? "shm_socket" : "cma_socket") + " name of " +
+                 std::to_string(name->size()) + " bytes exceeds the limit of " +
+                 std::to_string(kMaxShmSocketNameBytes));
+    }
   }
   KVF_RETURN_IF_ERROR(f.optional("notify_endpoint", d.notify_endpoint));
   if (const json* ucx = f.optional_value("ucx")) {

@@ -85,6 +85,10 @@ struct SegmentDescriptor {
   // The abstract Unix socket that hands this engine's memfds to authorised same-host peers
   // (transport/shm_fd_server.h); empty when shm is not served.
   std::string shm_socket;
+  // The abstract Unix socket over which this engine proves who it is to same-host peers and
+  // declares the ranges they may reach with cma (transport/cma/cma_session.h); empty when
+  // cma is not served.
+  std::string cma_socket;
   uint64_t incarnation = 0;
   std::string host_id;  // see core/host_identity.h
   int64_t pid = 0;
@@ -100,7 +104,7 @@ bool advertises(const SegmentDescriptor& descriptor, MemoryKind kind);
 // Upper bounds a parser enforces.
 inline constexpr size_t kMaxDescriptorBytes = 16u << 20;
 inline constexpr size_t kMaxDescriptorRegions = 1u << 16;
-inline constexpr size_t kMaxShmSocketNameBytes = 100;  // below sun_path's 108 bytes
+inline constexpr size_t kMaxShmSocketNameBytes = 100;  // either socket; below sun_path's 108
 
 std::string serialize_segment_descriptor(const SegmentDescriptor& descriptor);
 Result<SegmentDescriptor> parse_segment_descriptor(std::string_view json);

@@ -25,15 +25,6 @@ constexpr uint32_t kMaxRequestBytes = sizeof(AuthProof) + sizeof(uint64_t);
 constexpr uint32_t kMaxReplyBytes = 4096;
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(50);
 
-sockaddr_un abstract_address(const std::string& name, socklen_t& length) {
-  sockaddr_un address{};
-  address.sun_family = AF_UNIX;
-  // sun_path[0] = '\0' marks the abstract namespace; the name follows, unterminated.
-  std::memcpy(address.sun_path + 1, name.data(), name.size());
-  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  return address;
-}
-
 std::vector<std::byte> frame(ShmFdFrame type, std::span<const std::byte> payload) {
   std::vector<std::byte> out(kFrameHeaderBytes + payload.size());
   encode_frame_header(make_frame_header(kShmFdFormat, static_cast<uint16_t>(type),
@@ -59,14 +50,7 @@ Result<std::unique_ptr<ShmFdServer>> ShmFdServer::start(uint64_t incarnation, Lo
                                                         std::optional<std::string> secret,
                                                         std::chrono::milliseconds io_timeout) {
   std::string name = fmt::format("kvferry-shm/{}/{:016x}", ::getpid(), incarnation);
-  Fd listener(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!listener.valid()) return ErrnoStatus(StatusCode::kInternal, "shm fd: socket", errno);
-  socklen_t length = 0;
-  sockaddr_un address = abstract_address(name, length);
-  if (::bind(listener.get(), reinterpret_cast<sockaddr*>(&address), length) != 0 ||
-      ::listen(listener.get(), 64) != 0) {
-    return ErrnoStatus(StatusCode::kInternal, "shm fd: listen on @" + name, errno);
-  }
+  KVF_ASSIGN_OR_RETURN(Fd listener, listen_abstract(name, 64));
   Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return ErrnoStatus(StatusCode::kInternal, "shm fd: eventfd", errno);
   std::unique_ptr<ShmFdServer> server(new ShmFdServer(std::move(listener), std::move(wake),
@@ -183,23 +167,30 @@ void ShmFdServer::serve(Fd connection, Clock::time_point deadline) {
   send_with_fd(connection.get(), reply_frame(Status::Ok()), memfd.get(), deadline).ignore();
 }
 
-Result<Fd> fetch_shm_fd(const std::string& name, uint64_t inode,
+Result<Fd> fetch_shm_fd(const std::string& name, int64_t expected_pid, uint64_t inode,
                         const std::optional<std::string>& secret, Clock::time_point deadline) {
   const std::string where = "shm socket @" + name;
-  if (name.empty() || name.size() > sizeof(sockaddr_un::sun_path) - 1) {
-    return ProtocolError("peer's shm socket name of " + std::to_string(name.size()) +
-                         " bytes is empty or too long");
+  Result<Fd> connected = connect_abstract(name, "the peer's shm socket");
+  if (!connected.ok()) {
+    // The caller takes the next route for NotSupported (transport/shm_fd_server.h).
+    const StatusCode code = connected.status().code() == StatusCode::kPeerUnreachable
+                                ? StatusCode::kNotSupported
+                                : connected.status().code();
+    return Status(code, connected.status().message());
   }
-  Fd conn(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!conn.valid()) return ErrnoStatus(StatusCode::kInternal, "shm fd: socket", errno);
-  socklen_t length = 0;
-  sockaddr_un address = abstract_address(name, length);
-  // A local connect either succeeds or fails at once (a full backlog blocks: not here).
-  if (::connect(conn.get(), reinterpret_cast<sockaddr*>(&address), length) != 0) {
-    return NotSupported(
-        fmt::format("cannot reach the peer's {}: {} (another network namespace, "
-                    "or the peer is gone)",
-                    where, std::strerror(errno)));
+  Fd conn = std::move(*connected);
+  // The memory is that of whoever listens there, as the kernel says: it must be the process
+  // the descriptor names.
+  ucred owner{};
+  socklen_t owner_length = sizeof(owner);
+  if (::getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &owner, &owner_length) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "SO_PEERCRED of " + where, errno);
+  }
+  if (owner.pid != expected_pid) {
+    return Unauthenticated(fmt::format(
+        "the peer's descriptor names pid {}, but the process listening on its {} is pid {} "
+        "(uid {}), as the kernel reports it",
+        expected_pid, where, owner.pid, owner.uid));
   }
   std::byte header_bytes[kFrameHeaderBytes];
   KVF_RETURN_IF_ERROR(recv_all(conn.get(), header_bytes, deadline));
@@ -208,6 +199,11 @@ Result<Fd> fetch_shm_fd(const std::string& name, uint64_t inode,
   if (challenge.type != static_cast<uint16_t>(ShmFdFrame::kChallenge) ||
       (challenge.payload_bytes != 0 && challenge.payload_bytes != sizeof(AuthNonce))) {
     return ProtocolError(where + ": expected a Challenge");
+  }
+  if (challenge.payload_bytes == 0 && secret) {
+    return Unauthenticated(where +
+                           " sent no challenge, and this engine holds a secret: a peer that "
+                           "does not ask for the secret is not one of ours");
   }
   std::vector<std::byte> request;
   if (challenge.payload_bytes != 0) {

@@ -86,12 +86,14 @@ class ShmFdServer {
   std::thread thread_;
 };
 
-// Asks the engine listening on abstract socket `name` for the memfd with `inode`, proving
-// `secret` when asked. Unauthenticated when the engine refuses this process (no or another
-// secret, another user), NotSupported when the socket cannot be reached (another network
+// Asks the engine listening on abstract socket `name`, which must be process `expected_pid`
+// as SO_PEERCRED reports it, for the memfd with `inode`, proving `secret` when asked.
+// Unauthenticated when the listener is another process, when the engine refuses this
+// process (no or another secret, another user), or when it sends no challenge while this
+// side holds a secret; NotSupported when the socket cannot be reached (another network
 // namespace, or the engine is gone), PeerDisconnected when it has no such memfd (freed),
 // ProtocolError for a malformed answer.
-Result<Fd> fetch_shm_fd(const std::string& name, uint64_t inode,
+Result<Fd> fetch_shm_fd(const std::string& name, int64_t expected_pid, uint64_t inode,
                         const std::optional<std::string>& secret, Clock::time_point deadline);
 
 }  // namespace kvferry

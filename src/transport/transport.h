@@ -144,6 +144,11 @@ class Transport {
   virtual Status register_region(RegionEntry& /*entry*/) { return Status::Ok(); }
   // The region is gone (unregistered, or its registration was refused): no batch uses it.
   virtual void unregister_region(const RegionEntry& /*entry*/) {}
+  // The same for several regions at once; returns once no peer can reach them through this
+  // transport any more (cma fences its same-host sessions: one round trip for all of them).
+  virtual void unregister_regions(std::span<const RegionEntry> entries) {
+    for (const RegionEntry& e : entries) unregister_region(e);
+  }
 
   // Why this transport cannot carry ops of `key` to this peer, or "" when it can. Whether
   // both engines serve it is the engine's check, not the transport's. `peer` is the peer's

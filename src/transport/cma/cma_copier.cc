@@ -108,8 +108,8 @@ Result<Fd> open_cma_pidfd(pid_t pid, const std::string& peer_name) {
 }
 
 Status CmaCopier::check_alive() const {
-  if (!pidfd_.valid()) return Status::Ok();
-  pollfd p{pidfd_.get(), POLLIN, 0};
+  if (pidfd() < 0) return Status::Ok();
+  pollfd p{pidfd(), POLLIN, 0};
   int rc = 0;
   do {
     rc = ::poll(&p, 1, 0);
@@ -162,14 +162,25 @@ Status CmaCopier::copy_chunk(std::span<const CopyPiece> pieces) const {
       append_range(local.data(), nl, p.span->local + p.offset, p.length);
       append_range(remote.data(), nr, reinterpret_cast<char*>(k->first), p.length);
     }
-    KVF_RETURN_IF_ERROR(check_alive());
-    Status moved = move_streams(pid_, peer_name_, kind, local.data(), nl, remote.data(), nr);
-    // Checked after the call too: a call that raced with the exit may have reached another
-    // process holding the pid by now, and what it read is not the peer's.
-    KVF_RETURN_IF_ERROR(check_alive());
-    KVF_RETURN_IF_ERROR(moved);
+    if (verified_) {
+      KVF_RETURN_IF_ERROR(verified_->copy_within(std::span<const iovec>(remote.data(), nr), [&] {
+        return move_chunk(kind, local.data(), nl, remote.data(), nr);
+      }));
+    } else {
+      KVF_RETURN_IF_ERROR(move_chunk(kind, local.data(), nl, remote.data(), nr));
+    }
   }
   return Status::Ok();
+}
+
+Status CmaCopier::move_chunk(OpKind kind, iovec* local, size_t nl, iovec* remote,
+                             size_t nr) const {
+  KVF_RETURN_IF_ERROR(check_alive());
+  Status moved = move_streams(pid_, peer_name_, kind, local, nl, remote, nr);
+  // Checked after the call too: a call that raced with the exit may have reached another
+  // process holding the pid by now, and what it read is not the peer's.
+  KVF_RETURN_IF_ERROR(check_alive());
+  return moved;
 }
 
 std::string probe_cma(pid_t pid, std::optional<uint64_t> probe_addr) {

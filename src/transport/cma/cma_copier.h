@@ -11,6 +11,11 @@
 // (docs/TRANSPORTS.md, cma trust model): the peer exiting, being reaped, and its pid being
 // handed to another process between the check and the call that follows it.
 //
+// Which ranges: a copier made from a CmaVerifiedPeer (the transport's) copies only into or
+// out of ranges the target declared over its verified session, and holds that set steady
+// while it copies (transport/cma/cma_session.h). One made from a bare pid (the mechanics
+// tests, copying to themselves or to a child) checks nothing.
+//
 // Thread-safety: copy_chunk may be called concurrently (it keeps no state between calls).
 #pragma once
 
@@ -21,6 +26,7 @@
 #include <string>
 
 #include "core/fd.h"
+#include "transport/cma/cma_session.h"
 #include "transport/local/copy_executor.h"
 
 namespace kvferry {
@@ -30,10 +36,13 @@ class CmaCopier final : public ChunkCopier {
   // `pidfd`: the peer's (open_cma_pidfd), checked around every call; invalid: no check (a
   // kernel without pidfd_open, or a test copying to itself).
   CmaCopier(pid_t pid, std::string peer_name, Fd pidfd = {})
-      : pid_(pid), peer_name_(std::move(peer_name)), pidfd_(std::move(pidfd)) {}
+      : pid_(pid), peer_name_(std::move(peer_name)), own_pidfd_(std::move(pidfd)) {}
+  // The transport's: the verified pid, its pidfd and its declared ranges.
+  explicit CmaCopier(std::shared_ptr<CmaVerifiedPeer> verified)
+      : pid_(verified->pid()), peer_name_(verified->peer_name()), verified_(std::move(verified)) {}
   // WRITE pieces go to the peer with process_vm_writev, READ pieces come back with
   // process_vm_readv. Errors: PeerDisconnected (the peer exited: its pidfd says so, or
-  // ESRCH), NotRegistered (the peer's range is not mapped there any more: EFAULT),
+  // ESRCH), NotRegistered (the peer's range is not declared, or not mapped there: EFAULT),
   // PeerUnreachable (the kernel refuses: EPERM), Internal (anything else), each naming the
   // peer, pid and address.
   Status copy_chunk(std::span<const CopyPiece> pieces) const override;
@@ -41,9 +50,13 @@ class CmaCopier final : public ChunkCopier {
   Status check_alive() const;
 
  private:
+  int pidfd() const { return verified_ ? verified_->pidfd() : own_pidfd_.get(); }
+  Status move_chunk(OpKind kind, iovec* local, size_t nl, iovec* remote, size_t nr) const;
+
   pid_t pid_;
   std::string peer_name_;
-  Fd pidfd_;
+  Fd own_pidfd_;
+  std::shared_ptr<CmaVerifiedPeer> verified_;
 };
 
 // pidfd_open(pid): the handle that tells whether *this* process (not a later one with the
