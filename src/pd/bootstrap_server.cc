@@ -12,6 +12,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 #include <tuple>
 
@@ -22,6 +24,7 @@
 #include "kvferry/pd/bootstrap.h"
 #include "pd/bootstrap_auth.h"
 #include "pd/bootstrap_json.h"
+#include "pd/control_auth.h"
 
 namespace kvferry::pd {
 
@@ -31,8 +34,9 @@ constexpr int kHttpOk = 200;
 constexpr int kHttpBadRequest = 400;
 constexpr int kHttpUnauthorized = 401;
 constexpr int kHttpConflict = 409;
-// How long the server tries to reach a registered rank's control listener before it lets a
-// new incarnation take the rank over (no secret).
+// How long the server waits for a registered rank's control listener to accept and greet
+// (with its incarnation) before it decides on a change to that rank's registration (no
+// secret).
 constexpr auto kRankProbeTimeout = std::chrono::milliseconds(300);
 constexpr int kHttpNotFound = 404;
 constexpr int kHttpUnavailable = 503;
@@ -46,6 +50,37 @@ constexpr int kHttpLengthRequired = 411;
 constexpr std::string_view kHeadEnd = "\r\n\r\n";
 
 using RankKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // dp, pp, cp, tp
+
+// A field a re-registration changes, with both values (JSON field names).
+struct FieldChange {
+  std::string field;
+  std::string registered;
+  std::string claimed;
+};
+
+// The first field of a rank's registration that `rank` changes; none for a heartbeat. The
+// parallel sizes are checked against the whole instance elsewhere.
+std::optional<FieldChange> first_change(const RankRegistration& current,
+                                        const RankRegistration& rank) {
+  auto number = [](uint64_t value) { return std::to_string(value); };
+  if (rank.incarnation != current.incarnation) {
+    return FieldChange{"incarnation", number(current.incarnation), number(rank.incarnation)};
+  }
+  if (rank.control_endpoint != current.control_endpoint) {
+    return FieldChange{"control_endpoint", current.control_endpoint, rank.control_endpoint};
+  }
+  if (rank.engine_endpoint != current.engine_endpoint) {
+    return FieldChange{"engine_endpoint", current.engine_endpoint, rank.engine_endpoint};
+  }
+  if (rank.page_size_tokens != current.page_size_tokens) {
+    return FieldChange{"page_size", number(current.page_size_tokens),
+                       number(rank.page_size_tokens)};
+  }
+  if (rank.dtype_bytes != current.dtype_bytes) {
+    return FieldChange{"dtype_bytes", number(current.dtype_bytes), number(rank.dtype_bytes)};
+  }
+  return std::nullopt;
+}
 
 void reply(httplib::Response& res, int code, const nlohmann::json& body) {
   res.status = code;
@@ -238,30 +273,45 @@ class BootstrapServer::Impl {
   }
 
   // Whether `rank` may replace `current` (same slot). A request signed with the secret may
-  // (the server has one), and so may one at the same control endpoint (a heartbeat, or a
-  // restart on that port); another endpoint only once the registered rank is stale or no
-  // longer listening, so an unauthenticated client cannot repoint a live rank. Called
-  // without mu_ held.
+  // (with a secret every request is signed), and so may one that changes nothing that
+  // matters (a heartbeat). A change to a live rank's registration (incarnation, endpoints,
+  // page size, dtype) is otherwise believed only from the rank itself: the server asks the
+  // registered control endpoint which incarnation listens there (its AuthChallenge greets
+  // with it), and accepts a new incarnation at the same endpoint when that is what the rank
+  // says (a restart on that port), or any change once the registered rank is stale or its
+  // control port refuses the connection (gone). So an unauthenticated client can neither
+  // repoint a live rank nor make decode believe it restarted. Called without mu_ held.
   Status may_replace(const Registered& current, const RankRegistration& rank) const {
     const RankRegistration& c = current.rank;
-    if (auth_ || c.control_endpoint == rank.control_endpoint) {
-      // Signed; or whoever now listens on the rank's control endpoint (a live rank holds its
-      // port, so only a restart on that port gets here).
-      return Status::Ok();
-    }
+    if (auth_) return Status::Ok();
+    const std::optional<FieldChange> change = first_change(c, rank);
+    if (!change) return Status::Ok();
     if (options_.rank_stale_after.count() > 0 &&
         Clock::now() - current.last_seen > options_.rank_stale_after) {
       return Status::Ok();
     }
-    Result<Endpoint> old_endpoint = parse_endpoint(c.control_endpoint);
-    if (!old_endpoint.ok() || !connect_tcp(*old_endpoint, Clock::now() + kRankProbeTimeout).ok()) {
-      return Status::Ok();  // the registered rank is gone: a restart
+    const auto deadline = Clock::now() + kRankProbeTimeout;
+    Result<Endpoint> registered = parse_endpoint(c.control_endpoint);
+    Result<Fd> connection =
+        registered.ok() ? connect_tcp(*registered, deadline) : Result<Fd>(registered.status());
+    if (!connection.ok()) return Status::Ok();  // the registered rank is gone: a restart
+    const std::string rank_name = "tp rank " + std::to_string(c.tp_rank);
+    Result<AuthChallengeMessage> greeting = read_control_challenge(
+        connection->get(), rank_name + " at " + c.control_endpoint, deadline);
+    if (greeting.ok() && rank.control_endpoint == c.control_endpoint &&
+        rank.incarnation != c.incarnation && greeting->incarnation == rank.incarnation) {
+      log().info("bootstrap: {} restarted at {}: incarnation {} -> {} (the rank says so)",
+                 rank_name, c.control_endpoint, c.incarnation, rank.incarnation);
+      return Status::Ok();
     }
-    return AlreadyExists("tp rank " + std::to_string(c.tp_rank) + " is registered by incarnation " +
-                         std::to_string(c.incarnation) + ", still listening at " +
-                         c.control_endpoint +
-                         "; another incarnation or endpoint takes it over only once it is stale "
-                         "or gone, or with the secret");
+    const std::string says =
+        greeting.ok() ? "reports incarnation " + std::to_string(greeting->incarnation)
+                      : "does not report its incarnation (" + greeting.status().message() + ")";
+    return AlreadyExists(rank_name + ": the registration changes " + change->field + " to " +
+                         change->claimed + ", registered " + change->registered +
+                         "; the live rank at " + c.control_endpoint + " " + says +
+                         ". A live rank's registration changes only with the secret, on a "
+                         "restart the rank itself confirms, or once it is stale or gone");
   }
 
   void install_routes() {

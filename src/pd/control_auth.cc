@@ -15,8 +15,10 @@ std::span<const std::byte> as_bytes(const std::string& s) {
 
 }  // namespace
 
-Result<AuthChallengeMessage> make_control_challenge(const std::optional<std::string>& secret) {
+Result<AuthChallengeMessage> make_control_challenge(const std::optional<std::string>& secret,
+                                                    uint64_t incarnation) {
   AuthChallengeMessage challenge;
+  challenge.incarnation = incarnation;
   if (!secret) return challenge;
   KVF_ASSIGN_OR_RETURN(AuthNonce nonce, make_auth_nonce());
   challenge.nonce.assign(reinterpret_cast<const char*>(nonce.data()), nonce.size());
@@ -29,14 +31,15 @@ bool control_proof_matches(const std::string& secret, const AuthChallengeMessage
          auth_proof_matches(auth_proof(secret, as_bytes(challenge.nonce)), as_bytes(proof.proof));
 }
 
-Status answer_control_challenge(int fd, const std::optional<std::string>& secret,
-                                const std::string& peer_name, Clock::time_point deadline) {
+Result<AuthChallengeMessage> read_control_challenge(int fd, const std::string& peer_name,
+                                                    Clock::time_point deadline) {
   std::byte header_bytes[kFrameHeaderBytes];
   KVF_RETURN_IF_ERROR(recv_all(fd, header_bytes, deadline));
   KVF_ASSIGN_OR_RETURN(FrameHeader header, decode_frame_header(header_bytes));
-  // The challenge is tiny: a larger claim is refused before anything is allocated for it.
+  // The challenge is tiny (nonce string, incarnation): a larger claim is refused before
+  // anything is allocated for it.
   if (header.type != MessageType::kAuthChallenge ||
-      header.payload_bytes > sizeof(uint32_t) + kMaxAuthBytes) {
+      header.payload_bytes > sizeof(uint32_t) + kMaxAuthBytes + sizeof(uint64_t)) {
     return ProtocolError(peer_name + " did not open with an AuthChallenge (got " +
                          std::string(message_type_name(header.type)) + ", " +
                          std::to_string(header.payload_bytes) + " bytes)");
@@ -44,7 +47,13 @@ Status answer_control_challenge(int fd, const std::optional<std::string>& secret
   std::vector<std::byte> payload(header.payload_bytes);
   KVF_RETURN_IF_ERROR(recv_all(fd, payload, deadline));
   KVF_ASSIGN_OR_RETURN(ControlMessage message, decode_control_payload(header.type, payload));
-  const auto& challenge = std::get<AuthChallengeMessage>(message);
+  return std::get<AuthChallengeMessage>(std::move(message));
+}
+
+Status answer_control_challenge(int fd, const std::optional<std::string>& secret,
+                                const std::string& peer_name, Clock::time_point deadline) {
+  KVF_ASSIGN_OR_RETURN(AuthChallengeMessage challenge,
+                       read_control_challenge(fd, peer_name, deadline));
   if (challenge.nonce.empty()) return Status::Ok();  // authentication off on that prefill
   if (!secret) {
     return Unauthenticated(peer_name +

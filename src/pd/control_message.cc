@@ -102,7 +102,10 @@ void encode(ByteWriter& w, const Heartbeat& m) {
   w.put(m.sequence);
   w.put(m.incarnation);
 }
-void encode(ByteWriter& w, const AuthChallengeMessage& m) { w.put_string(m.nonce); }
+void encode(ByteWriter& w, const AuthChallengeMessage& m) {
+  w.put_string(m.nonce);
+  w.put(m.incarnation);
+}
 void encode(ByteWriter& w, const AuthProofMessage& m) { w.put_string(m.proof); }
 
 Status malformed(MessageType type, std::string_view what) {
@@ -270,7 +273,9 @@ Result<ControlMessage> decode_payload(MessageType type, ByteReader& r) {
     }
     case MessageType::kAuthChallenge: {
       AuthChallengeMessage m;
-      if (!r.get_string(m.nonce, kMaxAuthBytes)) return malformed(type, "truncated or too long");
+      if (!(r.get_string(m.nonce, kMaxAuthBytes) && r.get(m.incarnation))) {
+        return malformed(type, "truncated or too long");
+      }
       return ControlMessage(std::move(m));
     }
     case MessageType::kAuthProof: {

@@ -195,15 +195,16 @@ void PrefillServerImpl::finish_if_drained(const std::shared_ptr<SenderState>& s)
     std::lock_guard lock(s->mu);
     if (s->inflight != 0 || !is_final(state)) return;
     acks.swap(s->ack_to);
-    if (!s->notified) {
-      const bool digests = options_.integrity.enabled && state == RequestState::kSuccess;
-      for (const Destination& d : s->dsts) {
-        std::optional<PageIntegrity> integrity;
-        if (digests && !d.request.dummy) integrity = d.digests.result();
-        tell.emplace_back(d.peer, std::move(integrity));
-      }
+    // Every destination attached so far is told now, each once; one that attaches after the
+    // report (a failed room that was still missing some) is told when it does.
+    const bool digests = options_.integrity.enabled && state == RequestState::kSuccess;
+    for (Destination& d : s->dsts) {
+      if (d.told) continue;
+      d.told = true;
+      std::optional<PageIntegrity> integrity;
+      if (digests && !d.request.dummy) integrity = d.digests.result();
+      tell.emplace_back(d.peer, std::move(integrity));
     }
-    // A destination that registers after the report still learns the outcome.
     s->notified = s->dsts.size() >= s->required && s->required > 0;
   }
   Status why = s->cell.failure();

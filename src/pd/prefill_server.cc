@@ -33,9 +33,12 @@ Status PrefillServerImpl::start() {
   for (int i = 0; i < options_.worker_shards; ++i) {
     shards_.push_back(std::make_unique<ThreadPool>(1));
   }
-  if (!options_.bootstrap_address.empty()) KVF_RETURN_IF_ERROR(register_with_bootstrap());
+  // Accepting before registering: the bootstrap server may ask this control listener for
+  // the incarnation it greets with before it lets a new incarnation take the rank over (a
+  // restart on the same port).
   acceptor_->start(
       [this](Fd fd, ConnectionSlot slot) { on_accepted(std::move(fd), std::move(slot)); });
+  if (!options_.bootstrap_address.empty()) KVF_RETURN_IF_ERROR(register_with_bootstrap());
   monitor_thread_ = std::thread([this] { monitor_loop(); });
   return Status::Ok();
 }
@@ -118,7 +121,8 @@ void PrefillServerImpl::on_accepted(Fd fd, ConnectionSlot slot) {
       });
   // The challenge goes first, before the heartbeat thread can send anything (a few bytes
   // into a fresh socket's buffer: this does not wait on the peer).
-  Result<AuthChallengeMessage> challenge = make_control_challenge(engine_.secret());
+  Result<AuthChallengeMessage> challenge =
+      make_control_challenge(engine_.secret(), engine_.incarnation());
   if (!challenge.ok() || !peer->channel->send(*challenge).ok()) {
     log().warn("prefill: cannot challenge {}: {}", peer->name(),
                challenge.ok() ? "send failed" : challenge.status().to_string());
@@ -198,6 +202,51 @@ void PrefillServerImpl::on_register(const std::shared_ptr<DecodePeer>& peer, Reg
   peer->channel->send(reply).ignore();
 }
 
+Status PrefillServerImpl::admit_destination(const SenderState& s, const DecodePeer& peer,
+                                            const TransferRequest& request) const {
+  const std::string room = "room " + std::to_string(s.room);
+  const RegisterLayout& reg = peer.registration;
+  for (const Destination& d : s.dsts) {
+    if (d.peer.get() == &peer) {
+      return AlreadyExists(room + ": " + peer.name() +
+                           " already sent its TransferRequest for it on this connection");
+    }
+  }
+  if (s.required != 0 && request.required_dst_ranks != s.required) {
+    return InvalidArgument(room + ": required_dst_ranks " +
+                           std::to_string(request.required_dst_ranks) + " differs from " +
+                           std::to_string(s.required) + " of its destinations");
+  }
+  if (s.required != 0 && s.dsts.size() >= s.required) {
+    return AlreadyExists(room + " already has all " + std::to_string(s.required) +
+                         " of its destinations: " + peer.name() + " is not a destination of it");
+  }
+  for (const Destination& d : s.dsts) {
+    const RegisterLayout& other = d.peer->registration;
+    if (other.tp_size != reg.tp_size) {
+      return InvalidArgument(room + ": " + peer.name() + " has decode tp size " +
+                             std::to_string(reg.tp_size) + ", its destinations have " +
+                             std::to_string(other.tp_size));
+    }
+    if (other.tp_rank == reg.tp_rank) {
+      return AlreadyExists(room + ": decode tp rank " + std::to_string(reg.tp_rank) +
+                           " is already its destination (over another connection)");
+    }
+  }
+  return Status::Ok();
+}
+
+void PrefillServerImpl::refuse_request(const std::shared_ptr<DecodePeer>& peer, uint64_t room,
+                                       const Status& why) {
+  // Refused for this sender only: the room belongs to the destinations that filled it, and a
+  // request that does not fit (another connection that learnt the room id, a repeat, a
+  // mismatching required_dst_ranks) must not fail it for them.
+  log().warn("prefill: refused the TransferRequest for room {} from {}: {}", room, peer->name(),
+             why.to_string());
+  send_status(peer, RequestStatusMessage{room, RequestState::kFailed, why.code(), why.message(),
+                                         std::nullopt});
+}
+
 void PrefillServerImpl::on_request(const std::shared_ptr<DecodePeer>& peer,
                                    TransferRequest&& request) {
   const uint64_t room = request.room;
@@ -207,6 +256,15 @@ void PrefillServerImpl::on_request(const std::shared_ptr<DecodePeer>& peer,
                                      "TransferRequest before RegisterLayout", std::nullopt});
     return;
   }
+  if (request.required_dst_ranks > peer->registration.tp_size) {
+    // Checked before the room is looked up, so that a request that cannot be right does not
+    // leave a room behind.
+    return refuse_request(
+        peer, room,
+        InvalidArgument("room " + std::to_string(room) + ": required_dst_ranks " +
+                        std::to_string(request.required_dst_ranks) + " exceeds the tp size " +
+                        std::to_string(peer->registration.tp_size) + " of " + peer->name()));
+  }
   std::shared_ptr<SenderState> s;
   {
     std::lock_guard lock(mu_);
@@ -214,27 +272,18 @@ void PrefillServerImpl::on_request(const std::shared_ptr<DecodePeer>& peer,
     if (!slot) slot = std::make_shared<SenderState>(room, this);
     s = slot;
   }
-  Status bad;
+  Status refused;
   bool complete = false;
   {
     std::lock_guard lock(s->mu);
-    if (s->required == 0) s->required = request.required_dst_ranks;
-    if (request.required_dst_ranks != s->required) {
-      bad = InvalidArgument("room " + std::to_string(room) + ": required_dst_ranks " +
-                            std::to_string(request.required_dst_ranks) + " differs from " +
-                            std::to_string(s->required));
-    } else if (s->dsts.size() >= s->required) {
-      bad = InvalidArgument("room " + std::to_string(room) + ": more destinations than " +
-                            std::to_string(s->required));
-    } else {
-      s->dsts.push_back(Destination{peer, std::move(request), false, {}});
+    refused = admit_destination(*s, *peer, request);
+    if (refused.ok()) {
+      s->required = request.required_dst_ranks;
+      s->dsts.push_back(Destination{peer, std::move(request), false, false, {}});
       complete = s->dsts.size() == s->required;
     }
   }
-  if (!bad.ok()) {
-    fail(s, bad);
-    return;
-  }
+  if (!refused.ok()) return refuse_request(peer, room, refused);
   if (s->cell.state() == RequestState::kFailed) {
     finish_if_drained(s);  // e.g. aborted earlier: tell this destination too
   } else if (complete) {

@@ -71,6 +71,7 @@ struct Destination {
   std::shared_ptr<DecodePeer> peer;
   TransferRequest request;
   bool last_done = false;
+  bool told = false;     // was sent the room's final state
   PageDigester digests;  // with integrity enabled: what this rank wrote to the peer's pages
 };
 
@@ -93,7 +94,7 @@ struct SenderState {
   // Metrics: when the request's first engine batch was submitted (0: not yet), since the
   // steady clock's epoch.
   std::atomic<int64_t> first_post_ns{0};
-  bool notified = false;                            // decode was told the final state
+  bool notified = false;  // every required destination was told the final state
   std::vector<std::shared_ptr<DecodePeer>> ack_to;  // abort acks owed once drained
 };
 
@@ -125,6 +126,13 @@ class PrefillServerImpl {
   void on_close(const std::shared_ptr<DecodePeer>& peer, const Status& reason);
   void on_register(const std::shared_ptr<DecodePeer>& peer, RegisterLayout&& reg);
   void on_request(const std::shared_ptr<DecodePeer>& peer, TransferRequest&& request);
+  // OK when `peer` may become a destination of room `s` (a distinct registered decode rank,
+  // while the room has fewer than its required destinations); why not otherwise. Called with
+  // s.mu held.
+  Status admit_destination(const SenderState& s, const DecodePeer& peer,
+                           const TransferRequest& request) const;
+  // Answers `peer` with RequestStatus Failed for `room`, leaving the room alone.
+  void refuse_request(const std::shared_ptr<DecodePeer>& peer, uint64_t room, const Status& why);
   void on_abort(const std::shared_ptr<DecodePeer>& peer, const AbortMessage& abort);
   Status register_with_bootstrap();
   Result<kv::TransferPlan> plan_chunk(const Destination& dst, std::span<const kv::PageIndex> pages,

@@ -4,16 +4,18 @@
 // itself (and re-registers every heartbeat interval, which is its liveness); decode asks for
 // the instance's parallel layout, then for the control endpoint of each rank it needs.
 //
-//   PUT /register   JSON RankRegistration            200 | 400 missing or bad field | 409 the
-//                                                    rank is held by another live incarnation
+//   PUT /register   JSON RankRegistration            200 | 400 missing or bad field | 409 a
+//                                                    change to a live rank it cannot confirm
 //   GET /layout                                      200 InstanceLayout | 503 not all ranks yet
 //   GET /rank?tp_rank=N[&pp_rank=&cp_rank=&dp_rank=] 200 RankRegistration | 400 | 404 | 503
 //   GET /health                                      200 | 503 (a rank missing or stale)
 //
 // With a secret (BootstrapServerOptions::secret or KVFERRY_SECRET) every route answers 401 to
-// a request that is not signed with it (pd/bootstrap_auth.h). Without one, a registered rank
-// is taken over by another incarnation or endpoint only once it is stale or its control
-// listener no longer accepts connections (409 otherwise).
+// a request that is not signed with it (pd/bootstrap_auth.h). Without one, a registration
+// that changes a registered rank (its incarnation, endpoints, page size or dtype) is taken
+// only when the rank itself confirms it — its control listener greets with the new
+// incarnation (a restart on the same port) — or once the rank is stale or its control
+// listener refuses connections (gone); 409 otherwise, naming the field and registered value.
 //
 // Ownership: the server owns its listener thread. BootstrapClient holds only an address.
 // Thread-safety: BootstrapServer's methods are thread-safe; a BootstrapClient may be used
@@ -104,8 +106,8 @@ class BootstrapClient {
                            const std::optional<std::string>& secret = {});
 
   // Errors: PeerUnreachable (no answer), InvalidArgument (400), Unauthenticated (401: no or
-  // another secret), OutOfRange (404, unknown rank), AlreadyExists (409: the rank is held by
-  // another live incarnation), FailedPrecondition (503, not every rank registered yet),
+  // another secret), OutOfRange (404, unknown rank), AlreadyExists (409: a change to a live
+  // rank that it does not confirm), FailedPrecondition (503, not every rank registered yet),
   // ProtocolError (bad body).
   Status register_rank(const RankRegistration& rank) const;
   Result<InstanceLayout> layout() const;

@@ -136,9 +136,12 @@ struct Heartbeat {
 
 // Authentication (a prefill with a secret): the challenge carries a 32-byte nonce, and
 // nothing but a matching proof (HMAC-SHA256(secret, nonce)) is accepted before it. An empty
-// nonce means authentication is off on that prefill.
+// nonce means authentication is off on that prefill. The challenge is also the rank's
+// greeting: it says which incarnation listens on the port, which is how the bootstrap server
+// checks a registration that claims a restart against the rank itself.
 struct AuthChallengeMessage {
-  std::string nonce;  // raw bytes; empty = no authentication
+  std::string nonce;         // raw bytes; empty = no authentication
+  uint64_t incarnation = 0;  // the prefill engine's incarnation
 };
 struct AuthProofMessage {
   std::string proof;  // raw bytes

@@ -15,7 +15,14 @@
 // Failure: a decode rank whose connection drops, goes silent past the heartbeat timeout, or
 // whose transfers fail has its requests Failed; other decode ranks are served on. A decode
 // that reconnects registers again and is accepted. Decode is told about a failure (and an
-// abort is acknowledged) only after the request's in-flight writes have drained.
+// abort is acknowledged) only after the request's in-flight writes have drained; then every
+// destination already attached is told at once, and one that attaches later when it does.
+//
+// Room ownership: a room's destinations are the first required_dst_ranks distinct decode
+// ranks (connections with distinct TP ranks) whose TransferRequests for it fit. Only they may
+// abort it. A request that does not fit (a surplus destination, a TP rank the room already
+// has, a second request on one connection, a mismatching required_dst_ranks) is answered
+// RequestStatus Failed on its own connection, and the room goes on for its destinations.
 //
 // Ownership: the server borrows the engine (it must outlive the server) and owns its
 // threads; a KvSender is a handle that keeps the request's state alive.

@@ -100,5 +100,33 @@ TEST(BootstrapAuth, WithoutASecretALiveRankCannotBeRepointed) {
   EXPECT_EQ(testing::must(client.rank(0)).incarnation, 2u);
 }
 
+// Registration spoofing without a secret: a PUT that keeps a live rank's control endpoint but
+// claims a restart is taken only when the rank listening there says it is the new
+// incarnation. One that accepts the connection but does not say (here: a bare listener) keeps
+// its registration; once nothing listens, the restart is taken.
+TEST(BootstrapAuth, WithoutASecretAClaimedRestartOfALiveRankIsRefused) {
+  auto server = testing::must(BootstrapServer::start({}));
+  BootstrapClient client(server->address());
+  Endpoint live;
+  Fd listener = testing::must(listen_tcp({"127.0.0.1", 0}, &live));
+  ASSERT_TRUE(client.register_rank(rank_at(live.to_string(), 1)).ok());
+  Status restart = client.register_rank(rank_at(live.to_string(), 2));
+  EXPECT_EQ(restart.code(), StatusCode::kAlreadyExists) << restart.to_string();
+  EXPECT_NE(restart.message().find("changes incarnation to 2, registered 1"), std::string::npos)
+      << restart.to_string();
+  RankRegistration moved = rank_at(live.to_string(), 1);
+  moved.engine_endpoint = "127.0.0.1:6999";
+  Status repoint = client.register_rank(moved);
+  EXPECT_EQ(repoint.code(), StatusCode::kAlreadyExists) << repoint.to_string();
+  EXPECT_NE(repoint.message().find("changes engine_endpoint to 127.0.0.1:6999, registered "
+                                   "127.0.0.1:6000"),
+            std::string::npos)
+      << repoint.to_string();
+  EXPECT_EQ(testing::must(client.rank(0)).incarnation, 1u);
+  listener = Fd();
+  ASSERT_TRUE(client.register_rank(rank_at(live.to_string(), 2)).ok());
+  EXPECT_EQ(testing::must(client.rank(0)).incarnation, 2u);
+}
+
 }  // namespace
 }  // namespace kvferry::pd

@@ -32,7 +32,7 @@ TEST(ControlMessage, EveryTypeRoundTrips) {
       AbortMessage{42, "user"},
       AbortAck{42},
       Heartbeat{7, 8},
-      AuthChallengeMessage{std::string(32, '\x5a')},
+      AuthChallengeMessage{std::string(32, '\x5a'), 0x1122334455667788},
       AuthProofMessage{std::string(32, '\x11')}};
   for (const ControlMessage& m : messages) {
     std::vector<std::byte> frame = encode_control_message(m);
@@ -46,6 +46,10 @@ TEST(ControlMessage, EveryTypeRoundTrips) {
   EXPECT_EQ(request.dst_pages, (std::vector<kv::PageIndex>{5, 6, 9}));
   EXPECT_TRUE(request.dummy);
   EXPECT_EQ(request.aux_row, 3u);
+  // The challenge is also the prefill rank's greeting: it says which incarnation listens.
+  auto challenge =
+      std::get<AuthChallengeMessage>(*decode_control_message(encode_control_message(messages[7])));
+  EXPECT_EQ(challenge.incarnation, 0x1122334455667788u);
 }
 
 TEST(ControlMessage, RejectsBadMagicVersionTypeAndLength) {

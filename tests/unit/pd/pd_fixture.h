@@ -62,15 +62,22 @@ inline PdTimeouts fast_timeouts() {
   return t;
 }
 
-inline std::unique_ptr<PrefillServer> make_prefill(TestRank& r, const std::string& bootstrap,
-                                                   bool metrics = false) {
+inline PrefillServerOptions prefill_options(TestRank& r, const std::string& bootstrap,
+                                            PdTimeouts timeouts = fast_timeouts()) {
   PrefillServerOptions o;
-  o.metrics = metrics;
   o.engine = r.engine.get();
   o.buffers = r.buffers;
   o.tp = r.tp;
   o.bootstrap_address = bootstrap;
-  o.timeouts = fast_timeouts();
+  o.timeouts = timeouts;
+  return o;
+}
+
+inline std::unique_ptr<PrefillServer> make_prefill(TestRank& r, const std::string& bootstrap,
+                                                   bool metrics = false,
+                                                   PdTimeouts timeouts = fast_timeouts()) {
+  PrefillServerOptions o = prefill_options(r, bootstrap, timeouts);
+  o.metrics = metrics;
   return must(PrefillServer::create(std::move(o)));
 }
 

@@ -1,12 +1,16 @@
-// The PD plane against a hostile client on its control port: with a secret nothing is
-// accepted before the proof; without one, an Abort from a connection that did not register
-// the room leaves the room alone. Legitimate requests alongside succeed, every page verified.
+// The PD plane against a hostile client on its control port and on the bootstrap server:
+// with a secret nothing is accepted before the proof; without one, a connection that is not a
+// room's destination can neither abort nor join (hijack) the room, and an unsigned
+// registration cannot change a live rank. Legitimate requests alongside succeed, every page
+// verified.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <vector>
 
 #include "core/auth.h"
 #include "core/net.h"
+#include "pd/bootstrap_json.h"
 #include "unit/pd/pd_fixture.h"
 
 namespace kvferry::pd {
@@ -42,19 +46,73 @@ class RawControlClient {
     }
     return Internal("only heartbeats");
   }
+  // Reads the challenge (no secret) and registers `rank`'s layout and engine, as a decode
+  // rank does; the RegisterReply's status.
+  Status register_as(const TestRank& rank) {
+    KVF_RETURN_IF_ERROR(read().status());  // the AuthChallenge
+    RegisterLayout reg;
+    reg.tp_rank = rank.tp.rank;
+    reg.tp_size = rank.tp.size;
+    reg.total_kv_heads = rank.tp.total_kv_heads;
+    reg.engine_endpoint = rank.engine->endpoint();
+    reg.incarnation = rank.engine->incarnation();
+    reg.info = rank.buffers.layout.info();
+    reg.entries.assign(rank.buffers.layout.entries().begin(), rank.buffers.layout.entries().end());
+    reg.aux = rank.buffers.aux;
+    reg.state = rank.buffers.state;
+    KVF_RETURN_IF_ERROR(send(reg));
+    KVF_ASSIGN_OR_RETURN(ControlMessage m, read_skipping_heartbeats());
+    const auto* reply = std::get_if<RegisterReply>(&m);
+    if (reply == nullptr) return ProtocolError("no RegisterReply");
+    return Status(reply->code, reply->reason);
+  }
+  // Returns once prefill handled everything sent before: it handles a connection's frames in
+  // order, and answers an Abort of a room nobody has with an AbortAck.
+  Status barrier() {
+    constexpr uint64_t kNoSuchRoom = ~uint64_t{0};
+    KVF_RETURN_IF_ERROR(send(AbortMessage{kNoSuchRoom, "barrier"}));
+    for (int i = 0; i < 100; ++i) {
+      KVF_ASSIGN_OR_RETURN(ControlMessage m, read_skipping_heartbeats());
+      if (const auto* ack = std::get_if<AbortAck>(&m); ack != nullptr && ack->room == kNoSuchRoom) {
+        return Status::Ok();
+      }
+    }
+    return Internal("no AbortAck for the barrier");
+  }
+  // The next RequestStatus.
+  Result<RequestStatusMessage> read_status() {
+    for (int i = 0; i < 100; ++i) {
+      KVF_ASSIGN_OR_RETURN(ControlMessage m, read_skipping_heartbeats());
+      if (auto* status = std::get_if<RequestStatusMessage>(&m)) return std::move(*status);
+    }
+    return Internal("no RequestStatus");
+  }
 
  private:
   static Clock::time_point deadline() { return Clock::now() + 5s; }
   Fd fd_;
 };
 
+// Raw clients send no heartbeats: a prefill for tests with them waits for their frames long
+// enough not to drop them as silent while a loaded machine runs the test.
+PdTimeouts patient_with_raw_clients() {
+  PdTimeouts t = testing::fast_timeouts();
+  t.heartbeat_timeout = 60s;
+  return t;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
 // Prefill and decode of one room; the room moves its pages once the sender sends.
 struct OneRoom {
-  OneRoom(const std::string& bootstrap, const std::optional<std::string>& secret, uint64_t room_id)
+  OneRoom(const std::string& bootstrap, const std::optional<std::string>& secret, uint64_t room_id,
+          bool decode_metrics = false)
       : p(testing::make_rank("prefill", m, 1, 0, secret)),
         d(testing::make_rank("decode", m, 1, 0, secret)),
-        prefill(testing::make_prefill(p, bootstrap)),
-        decode(testing::make_decode(d)),
+        prefill(testing::make_prefill(p, bootstrap, false, patient_with_raw_clients())),
+        decode(testing::make_decode(d, testing::fast_timeouts(), decode_metrics)),
         room(room_id) {
     fill_request_pages(p.buffers.layout, src, tokens, room, p.heads);
   }
@@ -172,6 +230,258 @@ TEST(PdSecurity, ADecodeWithoutTheSecretIsRefusedUnauthenticated) {
         << receiver.failure().to_string();
   }
   EXPECT_EQ(prefill->stats().decode_connections, 0u);
+}
+
+// Room hijack: a second registered decode that learnt a room id asks for the room's pages.
+// It is refused, alone, whatever it claims; the room goes on for its owner and succeeds.
+TEST(PdSecurity, RoomHijackByAnotherRegisteredDecodeIsRefusedAndTheOwnerSucceeds) {
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  OneRoom r(bootstrap->address(), std::nullopt, 7);
+  KvReceiver receiver = testing::must(r.decode->create_receiver(bootstrap->address(), r.room));
+  ASSERT_TRUE(receiver.init(r.dst).ok());
+  KvSender sender = testing::must(r.prefill->create_sender(r.room));
+  ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s),
+            RequestState::kWaitingForInput);  // the owner's request filled the room
+
+  // A decode rank of its own (tp 1 of 2, so that it may claim two destinations), registered
+  // like any other.
+  TestRank intruder = testing::make_rank("intruder", r.m, 2, 1);
+  RawControlClient hostile(r.prefill->control_endpoint());
+  ASSERT_TRUE(hostile.register_as(intruder).ok());
+  struct Attempt {
+    uint32_t required_dst_ranks;
+    StatusCode code;
+    const char* why;
+  };
+  for (const Attempt& a : {Attempt{1, StatusCode::kAlreadyExists, "not a destination of it"},
+                           Attempt{2, StatusCode::kInvalidArgument, "differs from 1"},
+                           Attempt{1, StatusCode::kAlreadyExists, "not a destination of it"}}) {
+    ASSERT_TRUE(hostile.send(TransferRequest{r.room, a.required_dst_ranks, false, r.dst}).ok());
+    auto status = hostile.read_status();
+    ASSERT_TRUE(status.ok()) << status.status().to_string();
+    EXPECT_EQ(status->room, r.room);
+    EXPECT_EQ(status->state, RequestState::kFailed);
+    EXPECT_EQ(status->code, a.code) << status->reason;
+    EXPECT_TRUE(contains(status->reason, "room 7")) << status->reason;
+    EXPECT_TRUE(contains(status->reason, a.why)) << status->reason;
+  }
+  EXPECT_EQ(sender.poll(), RequestState::kWaitingForInput);
+  EXPECT_EQ(receiver.poll(), RequestState::kTransferring);
+  r.transfer_and_verify(sender, receiver);
+}
+
+// Room hijack while a room fills: with two decode TP ranks per prefill rank, the room waits
+// for two destinations. A connection claiming a decode rank the room already has, and a
+// destination asking a second time, are refused; the real second rank completes the room,
+// and both real ranks get every page.
+TEST(PdSecurity, RoomHijackByADuplicateTpRankWhileTheRoomFillsIsRefused) {
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  ModelShape m;
+  TestRank p = testing::make_rank("prefill", m, 1, 0);
+  TestRank d0 = testing::make_rank("decode0", m, 2, 0);
+  TestRank d1 = testing::make_rank("decode1", m, 2, 1);
+  TestRank intruder = testing::make_rank("intruder", m, 2, 0);
+  auto prefill = testing::make_prefill(p, bootstrap->address(), false, patient_with_raw_clients());
+  auto decode1 = testing::make_decode(d1);
+  const uint64_t room = 21, tokens = 5 * m.page_tokens;
+  const auto src = testing::pages_from(1, 5);
+  const auto dst = testing::pages_from(9, 5);
+  fill_request_pages(p.buffers.layout, src, tokens, room, p.heads);
+  KvSender sender = testing::must(prefill->create_sender(room));
+
+  // Decode rank 0, speaking the protocol by hand so that the test knows when prefill has
+  // its request.
+  RawControlClient rank0(prefill->control_endpoint());
+  ASSERT_TRUE(rank0.register_as(d0).ok());
+  const TransferRequest request{room, 2, false, dst};
+  ASSERT_TRUE(rank0.send(request).ok());
+  ASSERT_TRUE(rank0.barrier().ok());
+
+  RawControlClient hostile(prefill->control_endpoint());
+  ASSERT_TRUE(hostile.register_as(intruder).ok());
+  ASSERT_TRUE(hostile.send(request).ok());
+  auto refused = hostile.read_status();
+  ASSERT_TRUE(refused.ok()) << refused.status().to_string();
+  EXPECT_EQ(refused->state, RequestState::kFailed);
+  EXPECT_EQ(refused->code, StatusCode::kAlreadyExists) << refused->reason;
+  EXPECT_TRUE(contains(refused->reason, "room 21: decode tp rank 0 is already its destination"))
+      << refused->reason;
+
+  ASSERT_TRUE(rank0.send(request).ok());  // the owner itself, again: refused, room kept
+  auto repeated = rank0.read_status();
+  ASSERT_TRUE(repeated.ok()) << repeated.status().to_string();
+  EXPECT_EQ(repeated->state, RequestState::kFailed);
+  EXPECT_EQ(repeated->code, StatusCode::kAlreadyExists) << repeated->reason;
+  EXPECT_TRUE(contains(repeated->reason, "already sent its TransferRequest")) << repeated->reason;
+  EXPECT_EQ(sender.poll(), RequestState::kBootstrapping);
+
+  KvReceiver receiver1 = testing::must(decode1->create_receiver(bootstrap->address(), room));
+  ASSERT_TRUE(receiver1.init(dst).ok());
+  ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s),
+            RequestState::kWaitingForInput);
+  LastChunkExtras none;
+  ASSERT_TRUE(sender.send(src, &none).ok());
+  EXPECT_EQ(sender.wait_final(5s), RequestState::kSuccess) << sender.failure().to_string();
+  ASSERT_EQ(receiver1.wait_final(5s), RequestState::kSuccess) << receiver1.failure().to_string();
+  auto done = rank0.read_status();
+  ASSERT_TRUE(done.ok()) << done.status().to_string();
+  EXPECT_EQ(done->state, RequestState::kSuccess) << done->reason;
+  EXPECT_EQ(count_corrupt_pages(d0.buffers.layout, dst, tokens, room, d0.heads), 0u);
+  EXPECT_EQ(count_corrupt_pages(d1.buffers.layout, dst, tokens, room, d1.heads), 0u);
+}
+
+// A room that fails tells every destination at once, each with the reason: the decode ranks
+// that are still waiting fail with the room's code, not later with their own Timeout.
+TEST(PdSecurity, ARoomThatFailsTellsEveryDestinationAtOnce) {
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  ModelShape m;
+  TestRank p = testing::make_rank("prefill", m, 1, 0);
+  TestRank d0 = testing::make_rank("decode0", m, 2, 0);
+  TestRank d1 = testing::make_rank("decode1", m, 2, 1);
+  auto prefill = testing::make_prefill(p, bootstrap->address());
+  auto decode0 = testing::make_decode(d0);
+  auto decode1 = testing::make_decode(d1);
+  const auto dst = testing::pages_from(4, 3);
+
+  // Both destinations attached; one of them aborts: the other is told.
+  {
+    const uint64_t room = 31;
+    KvReceiver receiver0 = testing::must(decode0->create_receiver(bootstrap->address(), room));
+    KvReceiver receiver1 = testing::must(decode1->create_receiver(bootstrap->address(), room));
+    ASSERT_TRUE(receiver0.init(dst).ok());
+    ASSERT_TRUE(receiver1.init(dst).ok());
+    KvSender sender = testing::must(prefill->create_sender(room));
+    ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s),
+              RequestState::kWaitingForInput);
+    receiver0.abort("the request was cancelled");
+    ASSERT_EQ(receiver1.wait_final(30s), RequestState::kFailed);
+    EXPECT_EQ(receiver1.failure().code(), StatusCode::kCancelled)
+        << receiver1.failure().to_string();
+    EXPECT_TRUE(contains(receiver1.failure().message(), "room 31 aborted by decode tp 0/2"))
+        << receiver1.failure().to_string();
+    EXPECT_EQ(sender.wait_final(5s), RequestState::kFailed);
+  }
+  // Prefill gives a room up with one destination of two attached: that one is told now, the
+  // other when it attaches.
+  {
+    const uint64_t room = 32;
+    KvSender sender = testing::must(prefill->create_sender(room));
+    KvReceiver receiver0 = testing::must(decode0->create_receiver(bootstrap->address(), room));
+    ASSERT_TRUE(receiver0.init(dst).ok());
+    ASSERT_EQ(receiver0.wait_at_least(RequestState::kTransferring, 5s),
+              RequestState::kTransferring);
+    sender.abort("prefill gave the request up");
+    ASSERT_EQ(receiver0.wait_final(30s), RequestState::kFailed);
+    EXPECT_EQ(receiver0.failure().code(), StatusCode::kCancelled)
+        << receiver0.failure().to_string();
+    EXPECT_TRUE(contains(receiver0.failure().message(), "prefill gave the request up"))
+        << receiver0.failure().to_string();
+    KvReceiver receiver1 = testing::must(decode1->create_receiver(bootstrap->address(), room));
+    ASSERT_TRUE(receiver1.init(dst).ok());
+    ASSERT_EQ(receiver1.wait_final(30s), RequestState::kFailed);
+    EXPECT_EQ(receiver1.failure().code(), StatusCode::kCancelled)
+        << receiver1.failure().to_string();
+  }
+}
+
+// Registration spoofing: an unsigned PUT /register that keeps a live prefill rank's control
+// endpoint but claims a restart (a new incarnation), or repoints its engine or control
+// endpoint, is refused with 409 naming the field and the registered value. Decode, which
+// keeps polling /health meanwhile, sees no restart: its request in flight succeeds.
+TEST(PdSecurity, RegistrationSpoofOfALivePrefillRankIsRefusedAndItsRequestSucceeds) {
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  OneRoom r(bootstrap->address(), std::nullopt, 11, /*decode_metrics=*/true);
+  KvReceiver receiver = testing::must(r.decode->create_receiver(bootstrap->address(), r.room));
+  ASSERT_TRUE(receiver.init(r.dst).ok());
+  KvSender sender = testing::must(r.prefill->create_sender(r.room));
+  ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s),
+            RequestState::kWaitingForInput);
+  std::span<const kv::PageIndex> src(r.src);
+  ASSERT_TRUE(sender.send(src.subspan(0, 3)).ok());  // in flight from here on
+
+  BootstrapClient client(bootstrap->address());
+  const RankRegistration live = testing::must(client.rank(0));
+  Endpoint e = testing::must(parse_endpoint(bootstrap->address()));
+  httplib::Client http(e.host, e.port);
+  struct Spoof {
+    const char* field;
+    std::string registered;
+    RankRegistration claim;
+  };
+  std::vector<Spoof> spoofs;
+  spoofs.push_back({"incarnation", std::to_string(live.incarnation), live});
+  spoofs.back().claim.incarnation = live.incarnation + 1;
+  spoofs.push_back({"engine_endpoint", live.engine_endpoint, live});
+  spoofs.back().claim.engine_endpoint = "127.0.0.1:9";
+  spoofs.push_back({"incarnation", std::to_string(live.incarnation), live});  // and both
+  spoofs.back().claim.incarnation = live.incarnation + 2;
+  spoofs.back().claim.engine_endpoint = "127.0.0.1:9";
+  spoofs.push_back({"control_endpoint", live.control_endpoint, live});
+  spoofs.back().claim.control_endpoint = "127.0.0.1:9";
+  for (const Spoof& spoof : spoofs) {
+    auto put = http.Put("/register", to_json(spoof.claim).dump(), "application/json");
+    ASSERT_TRUE(put);
+    EXPECT_EQ(put->status, 409) << put->body;
+    EXPECT_TRUE(contains(put->body, std::string("changes ") + spoof.field)) << put->body;
+    EXPECT_TRUE(contains(put->body, "registered " + spoof.registered)) << put->body;
+  }
+  const RankRegistration after = testing::must(client.rank(0));
+  EXPECT_EQ(after.incarnation, live.incarnation);
+  EXPECT_EQ(after.engine_endpoint, live.engine_endpoint);
+  EXPECT_EQ(after.control_endpoint, live.control_endpoint);
+
+  // Two more /health polls by decode: it would have failed the request had it seen a restart.
+  auto polls = [&] {
+    return r.decode->metrics().value("kvferry_pd_bootstrap_checks_total", {{"result", "ok"}});
+  };
+  const double before = polls();
+  for (int i = 0; i < 500 && polls() < before + 2; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_GE(polls(), before + 2);
+  EXPECT_EQ(receiver.poll(), RequestState::kTransferring) << receiver.failure().to_string();
+  LastChunkExtras none;
+  ASSERT_TRUE(sender.send(src.subspan(3), &none).ok());
+  ASSERT_EQ(receiver.wait_final(5s), RequestState::kSuccess) << receiver.failure().to_string();
+  EXPECT_EQ(sender.wait_final(5s), RequestState::kSuccess) << sender.failure().to_string();
+  EXPECT_EQ(count_corrupt_pages(r.d.buffers.layout, r.dst, r.tokens, r.room, r.d.heads), 0u);
+}
+
+// A real restart on the same control port is still taken: the new process answers on that
+// port with the incarnation it registers, which is what the bootstrap server checks.
+TEST(PdSecurity, APrefillRestartedOnItsControlPortTakesItsRankOver) {
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  ModelShape m;
+  std::string control;
+  uint64_t first_incarnation = 0;
+  {
+    TestRank first = testing::make_rank("prefill", m, 1, 0);
+    auto prefill = testing::make_prefill(first, bootstrap->address());
+    control = prefill->control_endpoint();
+    first_incarnation = first.engine->incarnation();
+  }
+  TestRank p = testing::make_rank("prefill", m, 1, 0);
+  ASSERT_NE(p.engine->incarnation(), first_incarnation);
+  PrefillServerOptions o = testing::prefill_options(p, bootstrap->address());
+  o.control_listen = control;
+  auto restarted = PrefillServer::create(std::move(o));
+  ASSERT_TRUE(restarted.ok()) << restarted.status().to_string();
+  EXPECT_EQ((*restarted)->control_endpoint(), control);
+  BootstrapClient client(bootstrap->address());
+  EXPECT_EQ(testing::must(client.rank(0)).incarnation, p.engine->incarnation());
+
+  TestRank d = testing::make_rank("decode", m, 1, 0);
+  auto decode = testing::make_decode(d);
+  const uint64_t room = 41, tokens = 4 * m.page_tokens;
+  const auto src = testing::pages_from(0, 4), dst = testing::pages_from(8, 4);
+  fill_request_pages(p.buffers.layout, src, tokens, room, p.heads);
+  KvReceiver receiver = testing::must(decode->create_receiver(bootstrap->address(), room));
+  ASSERT_TRUE(receiver.init(dst).ok());
+  KvSender sender = testing::must((*restarted)->create_sender(room));
+  ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s),
+            RequestState::kWaitingForInput);
+  LastChunkExtras none;
+  ASSERT_TRUE(sender.send(src, &none).ok());
+  ASSERT_EQ(receiver.wait_final(5s), RequestState::kSuccess) << receiver.failure().to_string();
+  EXPECT_EQ(count_corrupt_pages(d.buffers.layout, dst, tokens, room, d.heads), 0u);
 }
 
 }  // namespace
