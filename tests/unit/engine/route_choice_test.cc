@@ -32,6 +32,7 @@ SegmentDescriptor peer(TransportSet serves = kAll) {
   d.tcp_endpoint = "127.0.0.1:9001";
   d.host_id = "other-boot";
   d.pid = 4242;
+  d.cma_socket = "kvferry-cma/4242/0000000000000001";
   d.transports = serves;
   return d;
 }
@@ -149,6 +150,12 @@ TEST(RouteChoice, CmaCarriesHostMemoryOnOneHostOnly) {
   expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost), TransportKind::kTcp);
   expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost, TransportKind::kCma), std::nullopt,
                "the peer advertises no usable pid (0)");
+  // A peer with no socket to prove who it is over: never cma (its pid would be taken on trust).
+  d.pid = 4242;
+  d.cma_socket.clear();
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost), TransportKind::kTcp);
+  expect_route(e.route(kHostToHost, d, PeerPlace::kSameHost, TransportKind::kCma), std::nullopt,
+               "the peer serves no cma socket to prove who it is");
   // A peer that does not serve cma: tcp.
   const SegmentDescriptor old = peer(TransportSet{TransportKind::kShm, TransportKind::kTcp});
   expect_route(e.route(kHostToHost, old, PeerPlace::kSameHost), TransportKind::kTcp);
