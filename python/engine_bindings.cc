@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "binding_support.h"
+#include "core/own_memory.h"
 #include "kvferry/kv/plan_executor.h"
 #include "kvferry/kv/transfer_plan.h"
 #include "kvferry/metrics_server.h"
@@ -81,6 +82,30 @@ MemoryLocation parse_location(const std::string& location) {
   if (location.empty() || location == "*" || location.rfind("cpu", 0) == 0) return {};
   throw StatusError(
       InvalidArgument("memory location '" + location + "' (valid: '*', 'cpu[:N]', 'cuda:N')"));
+}
+
+// Refuses (NotRegistered, naming the call and the range) a range that is not inside one
+// registered region of the engine, or lies in device memory, before anything touches it.
+void check_host_range(const TransferEngine& engine, uint64_t addr, uint64_t length,
+                      const char* what) {
+  Result<MemoryLocation> where = engine.registered_location(reinterpret_cast<void*>(addr), length);
+  if (!where.ok()) {
+    throw StatusError(Status(where.status().code(),
+                             std::string(what) + ": " + std::string(where.status().message())));
+  }
+  if (where->kind != MemoryLocation::Kind::kHost) {
+    throw StatusError(InvalidArgument(std::string(what) + ": [" + std::to_string(addr) + ", +" +
+                                      std::to_string(length) +
+                                      ") is registered device memory, not host memory"));
+  }
+}
+
+// A copy that faulted inside registered memory: the application unmapped it while it was
+// registered, which callers see as NotRegistered.
+Status as_not_registered(Status copied, const char* what) {
+  if (copied.code() != StatusCode::kInvalidArgument) return copied;
+  return NotRegistered(std::string(what) + ": registered memory " + copied.message() +
+                       " (unmapped while registered)");
 }
 
 struct PyBatch {
@@ -219,6 +244,32 @@ void bind_engine(py::module_& m) {
           },
           py::arg("bytes"),
           "A numpy uint8 array over freshly allocated shared memory (see allocate_shared).")
+      .def(
+          "write_bytes",
+          [](PyEngine& e, uint64_t dest, const py::bytes& data) {
+            const std::string_view view = data;
+            check_host_range(e.engine(), dest, view.size(), "write_bytes");
+            const iovec target{reinterpret_cast<void*>(dest), view.size()};
+            throw_if_error(as_not_registered(
+                copy_to_own_memory({&target, 1}, view.data(), view.size()), "write_bytes"));
+          },
+          py::arg("dest"), py::arg("data"),
+          "Copies `data` to dest, which must lie inside one registered host region of this "
+          "engine: NotRegistered otherwise, and for memory unmapped while registered (never a "
+          "crash).")
+      .def(
+          "read_bytes",
+          [](PyEngine& e, uint64_t source, uint64_t length) {
+            check_host_range(e.engine(), source, length, "read_bytes");
+            std::string out(length, '\0');
+            throw_if_error(as_not_registered(
+                copy_from_own_memory(out.data(), reinterpret_cast<const void*>(source), length),
+                "read_bytes"));
+            return py::bytes(out);
+          },
+          py::arg("source"), py::arg("length"),
+          "The `length` bytes at source, which must lie inside one registered host region of "
+          "this engine: NotRegistered otherwise, and for memory unmapped while registered.")
       .def(
           "open_peer",
           [](PyEngine& e, const std::string& name) {
@@ -377,19 +428,6 @@ void bind_engine(py::module_& m) {
       },
       "Whether this build has ucx and UCX here reports a hardware RMA transport (rc, dc, ud, "
       "verbs): where both peers have one, the engine routes cross-host ops over ucx.");
-  m.def(
-      "copy_bytes_in",
-      [](uint64_t dest, const py::bytes& data) {
-        const std::string_view view = data;
-        std::memcpy(reinterpret_cast<void*>(dest), view.data(), view.size());
-      },
-      py::arg("dest"), py::arg("data"));
-  m.def(
-      "copy_bytes_out",
-      [](uint64_t source, uint64_t length) {
-        return py::bytes(reinterpret_cast<const char*>(source), length);
-      },
-      py::arg("source"), py::arg("length"));
 }
 
 }  // namespace kvferry::python

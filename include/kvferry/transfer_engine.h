@@ -222,9 +222,13 @@ class TransferEngine {
   // bootstrap client) prove the same one. Thread-safe (fixed at creation).
   const std::optional<std::string>& secret() const;
 
-  // Registers a region. Errors: InvalidArgument (null or zero length), AlreadyExists
-  // (overlaps a registered region). The batch form registers all or none and publishes
-  // the descriptor once.
+  // Registers a region. Errors: InvalidArgument (null, zero length, or host memory not
+  // mapped readable in this process: every region of a call is checked against one read of
+  // /proc/self/maps), AlreadyExists (overlaps a registered region). The batch form
+  // registers all or none and publishes the descriptor once. Memory must stay mapped until
+  // it is unregistered; a tcp write a peer sends into registered memory that was unmapped
+  // anyway fails with NotRegistered (the receiver survives), as does a copy into it through
+  // the Python API's byte helpers.
   Status register_memory(void* addr, size_t length, MemoryLocation location = {});
   Status register_memory(std::span<const MemoryRegion> regions);
   // Errors: NotRegistered (no region starts at addr), FailedPrecondition (a batch in
@@ -233,6 +237,13 @@ class TransferEngine {
   // with NotRegistered and write nothing (the allocation's guard word, docs/TRANSPORTS.md).
   Status unregister_memory(void* addr);
   Status unregister_memory(std::span<void* const> addrs);
+
+  // The location of the registered region that holds all of [addr, addr + length), for
+  // callers that take an address from elsewhere and must touch only memory this engine was
+  // given (the Python API's byte helpers). NotRegistered, naming the range, when no single
+  // region holds it. Lock-free (a lookup in the current registration snapshot); another
+  // thread may unregister the region right after it returns.
+  Result<MemoryLocation> registered_location(const void* addr, size_t length) const;
 
   // Allocates `bytes` (rounded up to the page size) of shared memory, registered, that
   // same-host peers reach through shm. Freed when the engine is destroyed or by

@@ -31,13 +31,24 @@ Differences from Mooncake, on purpose:
   underlying ``kvferry.Engine``.
 * The transfer timeout is MC_TRANSFER_TIMEOUT seconds when set (Mooncake's variable, minimum
   5), else 30 s; ``TransferEngine(transfer_timeout_ms=...)`` overrides it.
+* Bad arguments are errors, never exceptions or crashes: an address or length that is not an
+  integer in 0..2**64-1 (a negative length, a float, None), a session that is not a string, an
+  unknown opcode or batch id returns -1 (InvalidArgument) naming the argument.
+  ``write_bytes_to_buffer`` and ``read_bytes_from_buffer`` touch only memory registered (or
+  allocated) through this engine, host memory only: any other range returns -2
+  (NotRegistered) without being touched, and so does registered memory the application
+  unmapped. ``read_bytes_from_buffer`` returns the bytes, or that negative number.
+  ``register_memory`` of memory not mapped in this process returns -1.
 """
 
 import enum
 import itertools
 import logging
+import operator
 import os
 import threading
+
+import numpy as np
 
 from . import _kvferry
 from .errors import KvferryError, StatusCode
@@ -67,6 +78,56 @@ class TransferOpcode(enum.IntEnum):
 
 def _code(error):
     return -int(error.code)
+
+
+_U64_LIMIT = 1 << 64
+
+
+def _invalid(message):
+    from .errors import InvalidArgumentError
+
+    return InvalidArgumentError(StatusCode.InvalidArgument, message)
+
+
+def _u64(value, what):
+    """`value` as an int in 0..2**64-1 (Python or numpy integer), else InvalidArgumentError
+    naming `what` and the value."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise _invalid(f"{what} must be an integer, got {type(value).__name__} {value!r}") \
+            from None
+    if not 0 <= number < _U64_LIMIT:
+        raise _invalid(f"{what} {number} out of range 0..{_U64_LIMIT - 1}")
+    return number
+
+
+def _u64_array(values, what):
+    """A 1-D uint64 array of the integers in `values` (list, tuple or integer array), else
+    InvalidArgumentError naming `what`, the index and the value. One numpy conversion in the
+    usual case (what the extension would do anyway)."""
+    try:
+        array = np.asarray(values)
+    except (TypeError, ValueError, OverflowError):
+        array = None
+    if array is not None and array.ndim == 1 and array.dtype.kind in "iu":
+        if array.dtype.kind == "i" and array.size and array.min() < 0:
+            index = int(np.argmax(array < 0))
+            raise _invalid(f"{what}[{index}] {int(array[index])} out of range "
+                           f"0..{_U64_LIMIT - 1}")
+        return array.astype(np.uint64, copy=False)
+    if array is not None and array.ndim == 1 and array.size == 0:
+        return np.zeros(0, dtype=np.uint64)
+    # Anything else is checked element by element, so the error names the one that is wrong.
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise _invalid(f"{what} must be a list of integers, got {type(values).__name__}")
+    return np.array([_u64(v, f"{what}[{i}]") for i, v in enumerate(values)], dtype=np.uint64)
+
+
+def _text(value, what):
+    if not isinstance(value, str):
+        raise _invalid(f"{what} must be a string, got {type(value).__name__} {value!r}")
+    return value
 
 
 def _split_host_port(local_hostname):
@@ -156,6 +217,15 @@ class TransferEngine:
         from .errors import InvalidArgumentError
 
         del device_name  # no NIC selection in this build
+        for value, what in ((local_hostname, "local_hostname"),
+                            (metadata_server, "metadata_server")):
+            if not isinstance(value, str):
+                return self._fail(_invalid(f"{what} must be a string, got "
+                                           f"{type(value).__name__} {value!r}"), "initialize")
+        for value, what in ((protocol, "protocol"), (metadata_type, "metadata_type")):
+            if value is not None and not isinstance(value, str):
+                return self._fail(_invalid(f"{what} must be a string, got "
+                                           f"{type(value).__name__} {value!r}"), "initialize")
         if self._engine is not None:
             return self._fail(InvalidArgumentError(
                 StatusCode.InvalidArgument, "initialize called twice"), "initialize")
@@ -198,8 +268,8 @@ class TransferEngine:
     def send_probe(self, target_hostname):
         """0 when the peer answers a fresh handshake within PROBE_TIMEOUT_MS, else the negative
         code (-7 PeerUnreachable for a dead peer). sglang un-blacklists a session on 0."""
-        return self._call("send_probe",
-                          lambda: self._engine.probe(target_hostname, PROBE_TIMEOUT_MS))
+        return self._call("send_probe", lambda: self._engine.probe(
+            _text(target_hostname, "target_hostname"), PROBE_TIMEOUT_MS))
 
     def get_rpc_port(self):
         if self._engine is None:
@@ -219,86 +289,124 @@ class TransferEngine:
             fn(*args)
         except KvferryError as error:
             return self._fail(error, what)
+        except (TypeError, ValueError, OverflowError) as error:
+            # An argument the checks above let through and the extension refused: still a code.
+            return self._fail(_invalid(f"{what}: {error}"), what)
         return 0
 
     def register_memory(self, buffer_addr, capacity, location="*"):
         return self._call("register_memory", lambda: self._engine.register_memory(
-            buffer_addr, capacity, location))
+            _u64(buffer_addr, "buffer_addr"), _u64(capacity, "capacity"),
+            _text(location, "location")))
 
     def unregister_memory(self, buffer_addr):
-        return self._call("unregister_memory",
-                          lambda: self._engine.unregister_memory(buffer_addr))
+        return self._call("unregister_memory", lambda: self._engine.unregister_memory(
+            _u64(buffer_addr, "buffer_addr")))
 
     def batch_register_memory(self, buffer_addresses, capacities, location="*"):
         return self._call("batch_register_memory", lambda: self._engine.register_memory_batch(
-            list(buffer_addresses), list(capacities), location))
+            _u64_array(buffer_addresses, "buffer_addresses"), _u64_array(capacities, "capacities"),
+            _text(location, "location")))
 
     def batch_unregister_memory(self, buffer_addresses):
-        return self._call("batch_unregister_memory",
-                          lambda: self._engine.unregister_memory_batch(list(buffer_addresses)))
+        return self._call("batch_unregister_memory", lambda: self._engine.unregister_memory_batch(
+            _u64_array(buffer_addresses, "buffer_addresses")))
 
     def allocate_managed_buffer(self, length):
         """Registered shared memory (reachable through shm too); its address, 0 on failure."""
-        if self._engine is None:
-            self._not_initialized("allocate_managed_buffer")
-            return 0
-        try:
-            return self._engine.allocate_shared(length)
-        except KvferryError as error:
-            self._fail(error, "allocate_managed_buffer")
-            return 0
+        address = []
+        self._call("allocate_managed_buffer", lambda: address.append(
+            self._engine.allocate_shared(_u64(length, "length"))))
+        return address[0] if address else 0
 
     def free_managed_buffer(self, buffer_addr, length):
         del length
-        return self._call("free_managed_buffer", lambda: self._engine.free_shared(buffer_addr))
+        return self._call("free_managed_buffer", lambda: self._engine.free_shared(
+            _u64(buffer_addr, "buffer_addr")))
 
     def write_bytes_to_buffer(self, dest_address, src_ptr, length):
-        _kvferry.copy_bytes_in(dest_address, bytes(src_ptr[:length]))
-        return 0
+        """Copies the first `length` bytes of src_ptr (bytes-like) to dest_address, which must
+        lie inside memory registered or allocated through this engine: -2 (NotRegistered)
+        otherwise, nothing touched."""
+
+        def write():
+            count = _u64(length, "length")
+            source = src_ptr.encode() if isinstance(src_ptr, str) else src_ptr
+            try:
+                data = bytes(memoryview(source)[:count])
+            except TypeError:
+                raise _invalid(f"src_ptr must be bytes-like, got {type(src_ptr).__name__}") \
+                    from None
+            if len(data) < count:
+                raise _invalid(f"length {count} exceeds the {len(data)} bytes of src_ptr")
+            self._engine.write_bytes(_u64(dest_address, "dest_address"), data)
+
+        return self._call("write_bytes_to_buffer", write)
 
     def read_bytes_from_buffer(self, source_address, length):
-        return _kvferry.copy_bytes_out(source_address, length)
+        """The `length` bytes at source_address, which must lie inside memory registered or
+        allocated through this engine; the negative code instead (-2 NotRegistered) for any
+        other range, nothing touched."""
+        data = []
+        code = self._call("read_bytes_from_buffer", lambda: data.append(self._engine.read_bytes(
+            _u64(source_address, "source_address"), _u64(length, "length"))))
+        return data[0] if code == 0 else code
 
     # ---- synchronous transfers -----------------------------------------------------------
 
+    def _transfer_one(self, what, target_hostname, kind, buffer, peer_buffer_address, length):
+        return self._call(what, lambda: self._engine.transfer_one(
+            _text(target_hostname, "target_hostname"), kind, _u64(buffer, "buffer"),
+            _u64(peer_buffer_address, "peer_buffer_address"), _u64(length, "length")))
+
+    def _transfer(self, what, target_hostname, kind, buffers, peer_buffer_addresses, lengths):
+        return self._call(what, lambda: self._engine.transfer(
+            _text(target_hostname, "target_hostname"), kind, _u64_array(buffers, "buffers"),
+            _u64_array(peer_buffer_addresses, "peer_buffer_addresses"),
+            _u64_array(lengths, "lengths")))
+
     def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length,
                             transport_hint=""):
-        return self._call("transfer_sync_write", lambda: self._engine.transfer_one(
-            target_hostname, _kvferry.OpKind.WRITE, buffer, peer_buffer_address, length))
+        return self._transfer_one("transfer_sync_write", target_hostname, _kvferry.OpKind.WRITE,
+                                  buffer, peer_buffer_address, length)
 
     def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length,
                            transport_hint=""):
-        return self._call("transfer_sync_read", lambda: self._engine.transfer_one(
-            target_hostname, _kvferry.OpKind.READ, buffer, peer_buffer_address, length))
+        return self._transfer_one("transfer_sync_read", target_hostname, _kvferry.OpKind.READ,
+                                  buffer, peer_buffer_address, length)
 
     def transfer_sync(self, target_hostname, buffer, peer_buffer_address, length, opcode,
                       notify=None, transport_hint=""):
+        try:
+            opcode = TransferOpcode(opcode)
+        except ValueError:
+            return self._fail(_invalid(f"opcode {opcode!r} is neither Read (0) nor Write (1)"),
+                              "transfer_sync")
         kind = _kvferry.OpKind.WRITE if opcode == TransferOpcode.Write else _kvferry.OpKind.READ
-        return self._call("transfer_sync", lambda: self._engine.transfer_one(
-            target_hostname, kind, buffer, peer_buffer_address, length))
+        return self._transfer_one("transfer_sync", target_hostname, kind, buffer,
+                                  peer_buffer_address, length)
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                                   transport_hint=""):
-        return self._call("batch_transfer_sync_write", lambda: self._engine.transfer(
-            target_hostname, _kvferry.OpKind.WRITE, buffers, peer_buffer_addresses, lengths))
+        return self._transfer("batch_transfer_sync_write", target_hostname,
+                              _kvferry.OpKind.WRITE, buffers, peer_buffer_addresses, lengths)
 
     def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths,
                                  transport_hint=""):
-        return self._call("batch_transfer_sync_read", lambda: self._engine.transfer(
-            target_hostname, _kvferry.OpKind.READ, buffers, peer_buffer_addresses, lengths))
+        return self._transfer("batch_transfer_sync_read", target_hostname, _kvferry.OpKind.READ,
+                              buffers, peer_buffer_addresses, lengths)
 
     # ---- asynchronous transfers ----------------------------------------------------------
 
     def _submit(self, what, target_hostname, kind, buffers, peer_buffer_addresses, lengths):
-        if self._engine is None:
-            self._not_initialized(what)
+        submitted = []
+        self._call(what, lambda: submitted.append(self._engine.submit(
+            _text(target_hostname, "target_hostname"), kind, _u64_array(buffers, "buffers"),
+            _u64_array(peer_buffer_addresses, "peer_buffer_addresses"),
+            _u64_array(lengths, "lengths"))))
+        if not submitted:
             return 0
-        try:
-            batch = self._engine.submit(target_hostname, kind, buffers, peer_buffer_addresses,
-                                        lengths)
-        except KvferryError as error:
-            self._fail(error, what)
-            return 0
+        batch = submitted[0]
         batch_id = next(self._batch_ids)
         with self._lock:
             self._batches[batch_id] = batch
@@ -319,9 +427,18 @@ class TransferEngine:
         return self._submit("transfer_submit_write", target_hostname, _kvferry.OpKind.WRITE,
                             [buffer], [peer_buffer_address], [length])
 
+    @staticmethod
+    def _batch_key(batch_id):
+        """The batch id as an int, or None for anything that cannot be one."""
+        try:
+            return operator.index(batch_id)
+        except TypeError:
+            return None
+
     def _take(self, batch_id):
+        key = self._batch_key(batch_id)
         with self._lock:
-            return self._batches.pop(batch_id, None)
+            return self._batches.pop(key, None) if key is not None else None
 
     def _unknown_batch(self, batch_id, what):
         from .errors import InvalidArgumentError
@@ -332,6 +449,14 @@ class TransferEngine:
     def get_batch_transfer_status(self, batch_ids):
         """Waits until every listed batch ended (and forgets them): 0 when all completed, else
         the negative code of the first failure in list order."""
+        if self._engine is None:
+            return self._not_initialized("get_batch_transfer_status")
+        try:
+            batch_ids = list(batch_ids)
+        except TypeError:
+            return self._fail(_invalid(f"batch_ids must be a list of batch ids, got "
+                                       f"{type(batch_ids).__name__}"),
+                              "get_batch_transfer_status")
         result = 0
         for batch_id in batch_ids:
             batch = self._take(batch_id)
@@ -352,8 +477,9 @@ class TransferEngine:
     def transfer_check_status(self, batch_id):
         """Mooncake's poll: 1 completed, 0 pending, -1 failed, -2 timed out. A batch that ended
         is forgotten."""
+        key = self._batch_key(batch_id)
         with self._lock:
-            batch = self._batches.get(batch_id)
+            batch = self._batches.get(key) if key is not None else None
         if batch is None:
             self._unknown_batch(batch_id, "transfer_check_status")
             return _CHECK_FAILED

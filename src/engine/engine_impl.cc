@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <random>
 
 #include "core/auth.h"
 #include "core/host_identity.h"
 #include "core/logging.h"
 #include "core/net.h"
+#include "core/own_memory.h"
 
 namespace kvferry::detail {
 namespace {
@@ -197,9 +199,10 @@ void EngineImpl::release_shm_backings_locked(std::span<const RegionEntry> entrie
   }
 }
 
-Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
-  auto current = local_regions_.load();
-  std::vector<RegionEntry> entries(current->entries().begin(), current->entries().end());
+Status EngineImpl::check_regions(std::span<const MemoryRegion> regions) {
+  // Read once per call (not per region): a batch of many regions costs one read of
+  // /proc/self/maps.
+  std::optional<MemoryMap> mapped;
   for (size_t i = 0; i < regions.size(); ++i) {
     const MemoryRegion& r = regions[i];
     auto addr = reinterpret_cast<uint64_t>(r.addr);
@@ -209,6 +212,27 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
       return InvalidArgument(
           fmt::format("region {} at {:#x}: length {} wraps around", i, addr, r.length));
     }
+    // Device memory is checked by the transports that prepare it (prepare_device_region).
+    if (r.location.kind == MemoryLocation::Kind::kCuda) continue;
+    if (!mapped) mapped = MemoryMap::of_this_process();
+    if (!mapped->readable(addr, r.length)) {
+      return InvalidArgument(
+          fmt::format("region {} [{:#x}, +{}) is not mapped in this process (every byte must be "
+                      "mapped readable)",
+                      i, addr, r.length));
+    }
+  }
+  return Status::Ok();
+}
+
+Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
+  // Every region is checked before any is handed to a transport.
+  KVF_RETURN_IF_ERROR(check_regions(regions));
+  auto current = local_regions_.load();
+  std::vector<RegionEntry> entries(current->entries().begin(), current->entries().end());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const MemoryRegion& r = regions[i];
+    auto addr = reinterpret_cast<uint64_t>(r.addr);
     const std::span<const RegionEntry> added_so_far(
         entries.begin() + static_cast<ptrdiff_t>(current->entries().size()), entries.end());
     // Overlap against everything registered so far, including earlier entries of this call.
@@ -332,6 +356,16 @@ Status EngineImpl::register_memory(std::span<const MemoryRegion> regions) {
   if (regions.empty()) return InvalidArgument("register_memory: no regions given");
   std::lock_guard lock(registry_mu_);
   return add_regions_locked(regions);
+}
+
+Result<MemoryLocation> EngineImpl::registered_location(uint64_t addr, uint64_t length) const {
+  size_t hint = 0;
+  const RegionEntry* r = local_regions_.load()->find(addr, length, hint);
+  if (r == nullptr) {
+    return NotRegistered(
+        fmt::format("[{:#x}, +{}) is not inside one registered region", addr, length));
+  }
+  return r->location;
 }
 
 Status EngineImpl::unregister_memory(std::span<void* const> addrs) {

@@ -47,6 +47,7 @@ class EngineImpl {
 
   Status register_memory(std::span<const MemoryRegion> regions);
   Status unregister_memory(std::span<void* const> addrs);
+  Result<MemoryLocation> registered_location(uint64_t addr, uint64_t length) const;
   Result<SharedBuffer> allocate_shared(size_t bytes);
   Status free_shared(void* addr);
 
@@ -81,6 +82,9 @@ class EngineImpl {
   // A duplicate of the memfd of the shared allocation with this inode (invalid: none), for
   // the shm fd server. Takes registry_mu_.
   Fd dup_shared_fd(uint64_t inode) const;
+  // InvalidArgument naming the first region that is null, empty, wraps around the address
+  // space, or (host memory) is not mapped readable in this process.
+  static Status check_regions(std::span<const MemoryRegion> regions);
   // Registration helpers; registry_mu_ held.
   Status add_regions_locked(std::span<const MemoryRegion> regions);
   Status unregister_locked(std::span<void* const> addrs);

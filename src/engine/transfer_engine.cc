@@ -39,6 +39,9 @@ Status TransferEngine::unregister_memory(void* addr) {
 Status TransferEngine::unregister_memory(std::span<void* const> addrs) {
   return impl_->unregister_memory(addrs);
 }
+Result<MemoryLocation> TransferEngine::registered_location(const void* addr, size_t length) const {
+  return impl_->registered_location(reinterpret_cast<uint64_t>(addr), length);
+}
 Result<SharedBuffer> TransferEngine::allocate_shared(size_t bytes) {
   return impl_->allocate_shared(bytes);
 }

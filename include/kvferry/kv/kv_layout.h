@@ -27,6 +27,16 @@ namespace kvferry::kv {
 // Index of a page inside a KV pool.
 using PageIndex = uint32_t;
 
+// Bounds on what a layout may describe. A layout allocates per entry (never per page or per
+// byte) and does its byte arithmetic in 64 bits, so a wrong value (a negative number read as
+// unsigned, a byte count passed as a page count) is an InvalidArgument naming it instead of
+// an allocation of its size or an overflow. Each is far beyond any model's.
+inline constexpr uint64_t kMaxLayoutEntries = uint64_t{1} << 20;  // entries of one layout
+inline constexpr uint32_t kMaxLayers = 1u << 16;                  // layers of an MHA/MLA shape
+inline constexpr uint32_t kMaxPageSizeTokens = 1u << 20;          // tokens of one page
+inline constexpr uint64_t kMaxShapePages = uint64_t{1} << 32;     // pages of a shape (PageIndex)
+inline constexpr uint64_t kMaxItemBytes = uint64_t{1} << 40;      // one page of one entry
+
 enum class KvRole : uint8_t {
   kKey = 0,  // MHA/GQA key cache of one layer
   kValue,    // MHA/GQA value cache of one layer
@@ -97,16 +107,21 @@ class KvLayout {
   KvLayout() = default;
 
   // Validates every entry. Errors (InvalidArgument, naming the entry and the value): no
-  // entries, page_size_tokens 0, item_len 0, page_stride < item_len, bytes < item_len,
-  // base + bytes past the end of the address space.
+  // entries or more than kMaxLayoutEntries, page_size_tokens 0 or above kMaxPageSizeTokens,
+  // item_len 0 or above kMaxItemBytes, page_stride < item_len, bytes < item_len, base + bytes
+  // past the end of the address space.
   static Result<KvLayout> create(KvLayoutInfo info, std::vector<KvEntry> entries);
 
   // Lays an MHA/GQA pool out in one region starting at region_base: K of layers 0..L-1, then
   // V of layers 0..L-1. Layer-major: each entry's pages back to back, entries one after the
-  // other. Page-major: page p holds [K0 .. K(L-1), V0 .. V(L-1)] of that page.
+  // other. Page-major: page p holds [K0 .. K(L-1), V0 .. V(L-1)] of that page. Errors
+  // (InvalidArgument, naming the value): a zero field, num_layers above kMaxLayers,
+  // page_size_tokens above kMaxPageSizeTokens, num_pages above kMaxShapePages, a page of one
+  // entry above kMaxItemBytes, a region whose size overflows 64 bits or runs past the end of
+  // the address space.
   static Result<KvLayout> mha(const MhaShape& shape, uint64_t region_base,
                               PageOrder order = PageOrder::kLayerMajor);
-  // MLA pool: one latent entry per layer, laid out like mha().
+  // MLA pool: one latent entry per layer, laid out (and checked) like mha().
   static Result<KvLayout> mla(const MlaShape& shape, uint64_t region_base,
                               PageOrder order = PageOrder::kLayerMajor);
   // Bytes of the region mha()/mla() lay out (the same for both page orders).

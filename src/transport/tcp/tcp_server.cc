@@ -1,6 +1,7 @@
 #include "transport/tcp/tcp_server.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
@@ -9,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -22,6 +24,7 @@
 #include "core/auth.h"
 #include "core/byte_codec.h"
 #include "core/logging.h"
+#include "core/own_memory.h"
 #include "transport/tcp/tcp_device_lander.h"
 #include "transport/tcp/tcp_device_reader.h"
 #include "transport/tcp/tcp_wire.h"
@@ -33,8 +36,10 @@ namespace {
 constexpr int64_t kRefusedDrainNs = 1'000'000'000;
 // Input is received into a per-connection buffer of this size, so one recv() brings in many
 // small frames (headers, acks, small payloads) at once; payload bytes found there are copied
-// to their target. A payload with at least kDirectReceiveBytes still to come is received
-// straight into its target instead, together with whatever follows it into the buffer.
+// to their target (through the kernel, one system call per copy, so registered memory the
+// application unmapped is an error, not a crash: core/own_memory.h). A payload with at least
+// kDirectReceiveBytes still to come is received straight into its target instead, together
+// with whatever follows it into the buffer.
 constexpr size_t kInputBufferBytes = size_t{64} << 10;
 constexpr uint64_t kDirectReceiveBytes = uint64_t{16} << 10;
 // Output pieces gathered into one sendmsg(); acknowledgements are flushed once at least this
@@ -429,6 +434,59 @@ struct TcpServer::IoThread {
     c.in = InState::kDrain;
   }
 
+  // Whether the current frame's payload lands in host memory of this process.
+  static bool lands_in_host_memory(const Conn& c) {
+    return (c.in == InState::kPayload && c.lander == nullptr) || c.in == InState::kVecPayload;
+  }
+
+  // The current write's target is not mapped writable in this process (the application
+  // unmapped registered memory without unregistering it): nothing more of the request lands,
+  // the rest of its payload is drained, and it is refused with NotRegistered. The connection
+  // goes on serving.
+  static void refuse_unmapped_target(Conn& c, const Status& fault) {
+    const uint64_t addr =
+        c.in == InState::kVecPayload ? c.entries[c.vec_index].addr : c.current.addr;
+    log().warn("tcp: refused a write of {} bytes at {:#x}: registered memory {}", c.current.length,
+               addr, fault.message());
+    if (c.in == InState::kVecPayload) c.refused_addr = addr;
+    c.target.release();
+    release_all(c.pins);
+    c.lander = nullptr;
+    c.verdict = NotRegistered(fmt::format(
+        "registered memory at {:#x} is not mapped in the receiver (unmapped while registered)",
+        addr));
+    c.in = InState::kDrain;
+  }
+
+  // Copies up to `buffered` input bytes to the current host payload's targets (a vector
+  // frame's next entries too) in one system call; returns how many bytes it consumed. A
+  // target that faults refuses the request (refuse_unmapped_target): the bytes count as
+  // drained.
+  static size_t land_buffered(Conn& c, size_t buffered) {
+    // Filled up to the count passed: not zeroed per copy.
+    // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
+    std::array<iovec, kMaxReceiveEntries> targets;
+    size_t count = 0;
+    size_t bytes = 0;
+    if (c.in == InState::kPayload) {
+      bytes = std::min<uint64_t>({buffered, c.remaining, kTcpReceivePieceBytes});
+      targets[count++] = {c.target.ptr + (c.current.length - c.remaining), bytes};
+    } else {
+      const uint64_t most = std::min<uint64_t>(buffered, c.remaining);
+      uint64_t offset = c.vec_offset;
+      for (size_t i = c.vec_index;
+           i < c.entries.size() && count < kMaxReceiveEntries && bytes < most; ++i) {
+        const uint64_t n = std::min(c.entries[i].length - offset, most - bytes);
+        targets[count++] = {c.targets[i] + offset, n};
+        bytes += n;
+        offset = 0;
+      }
+    }
+    Status landed = copy_to_own_memory({targets.data(), count}, c.input.get() + c.in_pos, bytes);
+    if (!landed.ok()) refuse_unmapped_target(c, landed);
+    return bytes;
+  }
+
   // This thread's lander for `device`, created on first need.
   Result<TcpDeviceLander*> lander_for(int device) {
     if (auto it = landers_.find(device); it != landers_.end()) return it->second.get();
@@ -533,8 +591,12 @@ struct TcpServer::IoThread {
       }
       // Bytes already buffered first.
       if (c.in_pos < c.in_end) {
-        const size_t n = std::min<size_t>(want, c.in_end - c.in_pos);
-        if (c.in != InState::kDrain) std::memcpy(into, c.input.get() + c.in_pos, n);
+        size_t n = std::min<size_t>(want, c.in_end - c.in_pos);
+        if (lands_in_host_memory(c)) {
+          n = land_buffered(c, c.in_end - c.in_pos);
+        } else if (c.in != InState::kDrain) {
+          std::memcpy(into, c.input.get() + c.in_pos, n);  // this connection's own buffers
+        }
         c.in_pos += n;
         if (!advance(c, n)) return false;
         if (c.out.size() >= kAckFlushPieces && !flush(c)) return false;
@@ -561,8 +623,7 @@ struct TcpServer::IoThread {
       // frame whose deadline passed mid-send with zeros sent after its deadline (never
       // earlier than ours), and those must be drained, never landed. Buffered bytes are
       // safe as they are: the deadline is checked after they arrived, before they are copied.
-      const bool host_target =
-          (c.in == InState::kPayload && c.lander == nullptr) || c.in == InState::kVecPayload;
+      const bool host_target = lands_in_host_memory(c);
       uint64_t landable = std::numeric_limits<uint64_t>::max();
       if (host_target && c.current.deadline_ns != 0 &&
           std::min(want, c.remaining) >= kDirectReceiveBytes) {
@@ -605,6 +666,10 @@ struct TcpServer::IoThread {
           return flush(c);
         }
         if (errno == EINTR) continue;
+        if (errno == EFAULT && direct) {  // nothing was received: the payload is drained
+          refuse_unmapped_target(c, InvalidArgument("is not mapped writable in this process"));
+          continue;
+        }
         return false;
       }
       c.last_in_ns = monotonic_ns();
@@ -953,6 +1018,12 @@ struct TcpServer::IoThread {
         if (n < 0) {
           if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
           if (errno == EINTR) continue;
+          if (errno == EFAULT) {
+            // A READ's header may be out already: its payload cannot be replaced by an error.
+            log().warn(
+                "tcp: closing a connection: the registered memory a read was answered from is "
+                "not mapped in this process (unmapped while registered)");
+          }
           return false;
         }
       }

@@ -1,5 +1,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <vector>
 
@@ -80,6 +82,99 @@ TEST(Registration, SharedAllocationIsRegisteredAndFreed) {
   EXPECT_TRUE(engine->free_shared(shared.addr).ok());
   EXPECT_EQ(engine->free_shared(shared.addr).code(), StatusCode::kNotRegistered);
   EXPECT_EQ(engine->allocate_shared(0).status().code(), StatusCode::kInvalidArgument);
+}
+
+const size_t kPage = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+
+// Anonymous pages a test may unmap or protect.
+struct Pages {
+  explicit Pages(size_t count)
+      : base(static_cast<char*>(::mmap(nullptr, count * kPage, PROT_READ | PROT_WRITE,
+                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))),
+        mapped(count, true) {}
+  ~Pages() {  // only what is still ours: another mapping may have filled a hole since
+    for (size_t i = 0; i < mapped.size(); ++i) {
+      if (mapped[i]) ::munmap(page(i), kPage);
+    }
+  }
+  Pages(const Pages&) = delete;
+  Pages& operator=(const Pages&) = delete;
+  char* page(size_t i) const { return base + i * kPage; }
+  void unmap(size_t i) {
+    ASSERT_EQ(::munmap(page(i), kPage), 0);
+    mapped[i] = false;
+  }
+
+  char* base;
+  std::vector<bool> mapped;
+};
+
+TEST(Registration, UnmappedMemoryIsRefusedNamingTheRangeNotAcceptedToCrashLater) {
+  auto engine = make_engine("reg");
+  Status s = engine->register_memory(reinterpret_cast<void*>(0x1000), 4096);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), "[0x1000, +4096)")) << s.message();
+  EXPECT_TRUE(contains(s.message(), "not mapped in this process")) << s.message();
+}
+
+TEST(Registration, ARangeRunningPastItsMappingIsRefused) {
+  auto engine = make_engine("reg");
+  Pages pages(2);
+  pages.unmap(1);
+  Status s = engine->register_memory(pages.page(0), 2 * kPage);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), fmt::format("{:#x}", reinterpret_cast<uint64_t>(pages.base))))
+      << s.message();
+  EXPECT_TRUE(engine->register_memory(pages.page(0), kPage).ok());
+}
+
+TEST(Registration, UnreadableMemoryIsRefusedAndReadOnlyMemoryAccepted) {
+  auto engine = make_engine("reg");
+  Pages pages(2);
+  ASSERT_EQ(::mprotect(pages.page(0), kPage, PROT_NONE), 0);
+  ASSERT_EQ(::mprotect(pages.page(1), kPage, PROT_READ), 0);
+  EXPECT_EQ(engine->register_memory(pages.page(0), kPage).code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(engine->register_memory(pages.page(1), kPage).ok());  // a source may be read-only
+}
+
+TEST(Registration, ABatchWithOneUnmappedRegionRegistersNothingAndNamesIt) {
+  auto engine = make_engine("reg");
+  std::vector<char> buf(8192);
+  MemoryRegion regions[] = {{buf.data(), 4096, {}}, {reinterpret_cast<void*>(0x2000), 64, {}}};
+  Status s = engine->register_memory(regions);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(s.message(), "region 1 [0x2000, +64)")) << s.message();
+  EXPECT_EQ(engine->registered_location(buf.data(), 1).status().code(), StatusCode::kNotRegistered);
+  EXPECT_TRUE(engine->register_memory(buf.data(), 4096).ok());
+}
+
+TEST(Registration, TenThousandRegionsRegisterInOneCall) {
+  auto engine = make_engine("reg");
+  constexpr size_t kRegions = 10'000, kBytes = 64;
+  std::vector<char> buf(kRegions * kBytes);
+  std::vector<MemoryRegion> regions;
+  for (size_t i = 0; i < kRegions; ++i) regions.push_back({buf.data() + i * kBytes, kBytes, {}});
+  ASSERT_TRUE(engine->register_memory(regions).ok());
+  EXPECT_TRUE(engine->registered_location(buf.data() + 9'999 * kBytes, kBytes).ok());
+}
+
+TEST(Registration, RegisteredLocationAnswersOnlyForRangesInsideOneRegion) {
+  auto engine = make_engine("reg");
+  std::vector<char> buf(8192);
+  ASSERT_TRUE(engine->register_memory(buf.data(), 4096).ok());
+  ASSERT_TRUE(engine->register_memory(buf.data() + 4096, 4096).ok());
+  Result<MemoryLocation> inside = engine->registered_location(buf.data() + 100, 3996);
+  ASSERT_TRUE(inside.ok()) << inside.status().to_string();
+  EXPECT_EQ(inside->kind, MemoryLocation::Kind::kHost);
+  // Across two regions, past the end, and far away.
+  Result<MemoryLocation> across = engine->registered_location(buf.data() + 4000, 200);
+  EXPECT_EQ(across.status().code(), StatusCode::kNotRegistered);
+  EXPECT_TRUE(contains(across.status().message(),
+                       fmt::format("{:#x}", reinterpret_cast<uint64_t>(buf.data() + 4000))));
+  EXPECT_EQ(engine->registered_location(buf.data() + 8000, 193).status().code(),
+            StatusCode::kNotRegistered);
+  EXPECT_EQ(engine->registered_location(reinterpret_cast<void*>(0x1000), 1).status().code(),
+            StatusCode::kNotRegistered);
 }
 
 TEST(EngineOptions, BadValuesAreErrorsNamingThem) {

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 namespace kvferry::kv {
 namespace {
 
@@ -132,6 +135,68 @@ TEST(KvLayoutValidation, RegionThatOverflowsIsRejected) {
   Result<KvLayout> layout = KvLayout::mla(shape, 0);
   ASSERT_FALSE(layout.ok());
   EXPECT_NE(layout.status().message().find("overflows"), std::string::npos);
+}
+
+// A wrong count (a negative number read as unsigned, bytes passed as pages) must be an error
+// naming it, not an allocation of its size: mla(2^31 layers) would be 16 GiB of entries.
+TEST(KvLayoutValidation, CountsAndSizesPastTheirLimitsAreRefusedNamingTheValue) {
+  struct Case {
+    Result<KvLayout> layout;
+    std::string expected;
+  };
+  MlaShape mla{.num_layers = 61, .page_size_tokens = 64, .bytes_per_token = 1152, .num_pages = 8};
+  MhaShape mha = llama_like();
+  std::vector<Case> cases;
+  MlaShape s = mla;
+  s.num_layers = 1u << 31;
+  cases.push_back({KvLayout::mla(s, 0), "num_layers 2147483648 out of range 1..65536"});
+  s = mla;
+  s.num_pages = uint64_t{1} << 33;
+  cases.push_back({KvLayout::mla(s, 0), "num_pages 8589934592 out of range 1..4294967296"});
+  s = mla;
+  s.page_size_tokens = (1u << 20) + 1;
+  cases.push_back({KvLayout::mla(s, 0), "page_size_tokens 1048577 out of range 1..1048576"});
+  s = mla;
+  s.page_size_tokens = 1u << 20;
+  s.bytes_per_token = 1u << 21;
+  cases.push_back({KvLayout::mla(s, 0),
+                   "a latent page (page_size_tokens 1048576 x "
+                   "bytes_per_token 2097152) exceeds 1099511627776"});
+  MhaShape m = mha;
+  m.num_layers = 1u << 17;
+  cases.push_back({KvLayout::mha(m, 0), "num_layers 131072"});
+  m = mha;
+  m.kv_heads = 1u << 30;
+  m.k_head_dim = 1u << 30;
+  m.dtype_bytes = 1u << 30;  // 2^92 bytes per page: an overflow, not a wrapped small number
+  cases.push_back({KvLayout::mha(m, 0), "a K page"});
+  KvEntry big = contiguous_entry(0, (uint64_t{1} << 40) + 1, 1);
+  cases.push_back({KvLayout::create(KvLayoutInfo{}, {big}), "item_len 1099511627777"});
+  KvLayoutInfo info;
+  info.page_size_tokens = 1u << 21;
+  cases.push_back(
+      {KvLayout::create(info, {contiguous_entry(0, 64, 1)}), "page_size_tokens 2097152"});
+  for (const Case& c : cases) {
+    ASSERT_FALSE(c.layout.ok()) << c.expected;
+    EXPECT_EQ(c.layout.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(c.layout.status().message().find(c.expected), std::string::npos)
+        << c.layout.status().message();
+  }
+  m = mha;
+  m.num_layers = 1u << 31;
+  EXPECT_EQ(KvLayout::region_bytes(m).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(KvLayoutValidation, ShapesAtTheirLimitsStillBuild) {
+  MlaShape mla{.num_layers = kMaxLayers,
+               .page_size_tokens = 1,
+               .bytes_per_token = 64,
+               .num_pages = kMaxShapePages};
+  Result<KvLayout> layout = KvLayout::mla(mla, 0);
+  ASSERT_TRUE(layout.ok()) << layout.status().to_string();
+  EXPECT_EQ(layout->num_entries(), kMaxLayers);
+  EXPECT_EQ(layout->num_pages(), kMaxShapePages);
+  EXPECT_EQ(*KvLayout::region_bytes(mla), uint64_t{kMaxLayers} * 64 * kMaxShapePages);
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // otherwise be chosen. Cross-process and failure cases are in tests/integration.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <random>
@@ -10,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/own_memory.h"
 #include "core/pattern.h"
 #include "test_support.h"
 
@@ -311,6 +314,116 @@ TEST(TcpTransfer, AWritePastItsDeadlineIsDoneWithItsSourceWhenWaitReturns) {
 
 TEST(TcpTransfer, AReadPastItsDeadlineIsDoneWithItsTargetWhenWaitReturns) {
   reuse_memory_as_each_batch_ends(OpKind::kRead, EarlyEnd::kDeadline);
+}
+
+// Anonymous memory whose tail a test unmaps while it is registered, as an application that
+// frees memory without unregistering it does. Unmaps what is still its own when destroyed.
+class Mapping {
+ public:
+  explicit Mapping(size_t bytes)
+      : bytes_(bytes),
+        base_(static_cast<std::byte*>(
+            ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))),
+        mapped_bytes_(bytes) {}
+  ~Mapping() {
+    if (mapped_bytes_ != 0) ::munmap(base_, mapped_bytes_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  std::byte* data() const { return base_; }
+  size_t size() const { return bytes_; }
+  // Unmaps [offset, size()); offset is a multiple of the page size.
+  void unmap_from(size_t offset) {
+    ASSERT_EQ(::munmap(base_ + offset, bytes_ - offset), 0);
+    mapped_bytes_ = offset;
+  }
+
+ private:
+  size_t bytes_;
+  std::byte* base_;
+  size_t mapped_bytes_;
+};
+
+// A peer's tcp WRITE into registered memory the target unmapped without unregistering it:
+// the write fails with NotRegistered, the target does not crash, and it keeps serving: the
+// same ops into memory still mapped then arrive, every byte checked. `ops` ops of `op_bytes`,
+// each followed by a gap of its size (so they are not merged; several small ones travel as
+// one vector frame), into memory unmapped from `unmapped_from` on.
+void write_into_unmapped_memory_then_into_mapped(size_t op_bytes, size_t ops,
+                                                 size_t unmapped_from) {
+  const auto page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t span = (2 * op_bytes * ops + page - 1) / page * page;
+  std::vector<std::byte> src(op_bytes * ops), kept(span, std::byte{0});
+  fill_pattern(src, 21);
+  Mapping gone(span);
+  auto prefill = engine_with("prefill");
+  auto decode = engine_with("decode");
+  ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
+  ASSERT_TRUE(decode->register_memory(gone.data(), gone.size()).ok());
+  ASSERT_TRUE(decode->register_memory(kept.data(), kept.size()).ok());
+  PeerHandle peer = open_tcp(*prefill, *decode);
+  gone.unmap_from(unmapped_from);
+  auto ops_into = [&](std::byte* target) {
+    std::vector<TransferOp> out;
+    for (size_t i = 0; i < ops; ++i) {
+      out.push_back({OpKind::kWrite, addr_of(src.data() + i * op_bytes),
+                     addr_of(target + 2 * i * op_bytes), op_bytes});
+    }
+    return out;
+  };
+  Status refused = prefill->transfer_sync(peer, ops_into(gone.data()));
+  EXPECT_EQ(refused.code(), StatusCode::kNotRegistered) << refused.to_string();
+  // The test's premise: nothing else was mapped into the hole meanwhile.
+  ASSERT_FALSE(MemoryMap::of_this_process().readable(addr_of(gone.data() + unmapped_from),
+                                                     span - unmapped_from));
+  ASSERT_TRUE(prefill->transfer_sync(peer, ops_into(kept.data())).ok());
+  for (size_t i = 0; i < ops; ++i) {
+    std::span<const std::byte> landed{kept.data() + 2 * i * op_bytes, op_bytes};
+    EXPECT_FALSE(find_pattern_mismatch(landed, 21, i * op_bytes)) << "op " << i;
+    EXPECT_EQ(
+        std::count(landed.end(), landed.end() + static_cast<ptrdiff_t>(op_bytes), std::byte{0}),
+        static_cast<ptrdiff_t>(op_bytes))
+        << "the gap after op " << i;
+  }
+}
+
+TEST(TcpTransfer, ASmallWriteIntoMemoryTheTargetUnmappedIsAnErrorNotACrash) {
+  write_into_unmapped_memory_then_into_mapped(4096, 1, 0);  // copied from the receive buffer
+}
+
+TEST(TcpTransfer, ALargeWriteIntoMemoryTheTargetUnmappedIsAnErrorNotACrash) {
+  // Striped over the lanes in chunks of at least 1 MiB: the last chunk's first half lands,
+  // then the receive straight into its target meets the unmapped part.
+  write_into_unmapped_memory_then_into_mapped(4u << 20, 1, (7u << 20) / 2);
+}
+
+TEST(TcpTransfer, AVectorWriteIntoMemoryTheTargetUnmappedIsAnErrorNotACrash) {
+  write_into_unmapped_memory_then_into_mapped(256, 16, 0);
+  write_into_unmapped_memory_then_into_mapped(4096, 64, 64u << 10);
+}
+
+TEST(TcpTransfer, AReadOfMemoryTheTargetUnmappedIsAnErrorNotACrash) {
+  std::vector<std::byte> local(8192, std::byte{0}), kept(8192);
+  fill_pattern(kept, 22);
+  Mapping gone(8192);
+  auto prefill = engine_with("prefill");
+  auto decode = engine_with("decode");
+  ASSERT_TRUE(prefill->register_memory(local.data(), local.size()).ok());
+  ASSERT_TRUE(decode->register_memory(gone.data(), gone.size()).ok());
+  ASSERT_TRUE(decode->register_memory(kept.data(), kept.size()).ok());
+  PeerHandle peer = open_tcp(*prefill, *decode);
+  gone.unmap_from(0);
+  TransferOp op{OpKind::kRead, addr_of(local.data()), addr_of(gone.data()), 8192};
+  Status failed = prefill->transfer_sync(peer, {&op, 1});
+  EXPECT_FALSE(failed.ok());
+  // The receiver closed that connection (its answer's header may have been sent already) and
+  // serves the next one.
+  prefill->close_peer(peer);
+  peer = open_tcp(*prefill, *decode);
+  op.remote_addr = addr_of(kept.data());
+  ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
+  EXPECT_FALSE(find_pattern_mismatch(local, 22));
 }
 
 TEST(TcpAuthentication, MatchingSecretsMoveBytes) {
