@@ -126,8 +126,8 @@ Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& n
   if (reachable == nullptr) {
     const Route& host = peer->routes.get({MemoryKind::kHost, MemoryKind::kHost});
     if (peer->identity_refused) {
-      return Unauthenticated(fmt::format("cannot reach peer {}: {}", name,
-                                         peer->identity_refused->message()));
+      return Unauthenticated(
+          fmt::format("cannot reach peer {}: {}", name, peer->identity_refused->message()));
     }
     return NotSupported(fmt::format("cannot reach peer {}: {}", name, host.reason));
   }

@@ -137,8 +137,8 @@ std::string HandshakeServer::reply(std::span<const std::byte> request,
   // This server proves the secret too, over the client's nonce and the descriptor itself:
   // a client that holds the secret believes no descriptor without it.
   const AuthProof signature = descriptor_signature(*secret_, client_nonce, descriptor);
-  out += frame_string(HandshakeFrame::kProof, {reinterpret_cast<const char*>(signature.data()),
-                                               signature.size()});
+  out += frame_string(HandshakeFrame::kProof,
+                      {reinterpret_cast<const char*>(signature.data()), signature.size()});
   return out;
 }
 
@@ -150,11 +150,11 @@ Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point
   if (secret) {
     KVF_ASSIGN_OR_RETURN(client_nonce, make_auth_nonce());
   }
-  auto request = make_frame(HandshakeFrame::kGetDescriptor,
-                            secret ? std::string_view(reinterpret_cast<const char*>(
-                                                          client_nonce.data()),
-                                                      client_nonce.size())
-                                   : std::string_view());
+  auto request =
+      make_frame(HandshakeFrame::kGetDescriptor,
+                 secret ? std::string_view(reinterpret_cast<const char*>(client_nonce.data()),
+                                           client_nonce.size())
+                        : std::string_view());
   auto unreachable = [&](const Status& s) {
     return Status(s.code() == StatusCode::kProtocolError ? s.code() : StatusCode::kPeerUnreachable,
                   "handshake with " + endpoint.to_string() + ": " + s.message());

@@ -1,8 +1,8 @@
 #include "metadata/metadata_store.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include <nlohmann/json.hpp>
 #include <span>
 #include <vector>
 
@@ -58,25 +58,25 @@ class SignedStore final : public MetadataStore {
   const std::string& uri() const override { return store_->uri(); }
   Status publish(const std::string& key, const std::string& json) override {
     const AuthProof signature = record_signature(secret_, key, json);
-    nlohmann::json record = {{"format", kSignedRecordFormat},
-                             {"hmac", to_hex(signature)},
-                             {"descriptor", json}};
+    nlohmann::json record = {
+        {"format", kSignedRecordFormat}, {"hmac", to_hex(signature)}, {"descriptor", json}};
     return store_->publish(key, record.dump());
   }
   Result<std::string> fetch(const std::string& key, Clock::time_point deadline) override {
     KVF_ASSIGN_OR_RETURN(std::string value, store_->fetch(key, deadline));
     auto refuse = [&](std::string_view why) {
-      std::string message = fmt::format("the record of {} in {} is {}: refused (every engine "
-                                        "with the secret signs its record)",
-                                        key, store_->uri(), why);
+      std::string message = fmt::format(
+          "the record of {} in {} is {}: refused (every engine "
+          "with the secret signs its record)",
+          key, store_->uri(), why);
       log().warn("{}", message);
       return Unauthenticated(std::move(message));
     };
     nlohmann::json record = nlohmann::json::parse(value, nullptr, /*allow_exceptions=*/false);
     if (!record.is_object() || !record.contains("format") || !record["format"].is_string() ||
-        record["format"].get<std::string>() != kSignedRecordFormat ||
-        !record.contains("hmac") || !record["hmac"].is_string() ||
-        !record.contains("descriptor") || !record["descriptor"].is_string()) {
+        record["format"].get<std::string>() != kSignedRecordFormat || !record.contains("hmac") ||
+        !record["hmac"].is_string() || !record.contains("descriptor") ||
+        !record["descriptor"].is_string()) {
       return refuse("not signed");
     }
     std::optional<std::string> hmac = from_hex(record["hmac"].get<std::string>());

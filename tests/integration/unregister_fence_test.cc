@@ -65,9 +65,9 @@ TEST_P(UnregisterFence, AWriteAfterUnregisterReturnedFailsAndLandsNothing) {
       EXPECT_FALSE(done.status.ok());
     }
   }
-  EXPECT_TRUE(std::all_of(target.bytes, target.bytes + kBytes,
-                          [](std::byte b) { return b == std::byte{0xEE}; }))
-      << "bytes landed in memory whose registration had ended";
+  EXPECT_TRUE(std::all_of(target.bytes, target.bytes + kBytes, [](std::byte b) {
+    return b == std::byte{0xEE};
+  })) << "bytes landed in memory whose registration had ended";
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryHostTransport, UnregisterFence,

@@ -173,8 +173,7 @@ Status CmaCopier::copy_chunk(std::span<const CopyPiece> pieces) const {
   return Status::Ok();
 }
 
-Status CmaCopier::move_chunk(OpKind kind, iovec* local, size_t nl, iovec* remote,
-                             size_t nr) const {
+Status CmaCopier::move_chunk(OpKind kind, iovec* local, size_t nl, iovec* remote, size_t nr) const {
   KVF_RETURN_IF_ERROR(check_alive());
   Status moved = move_streams(pid_, peer_name_, kind, local, nl, remote, nr);
   // Checked after the call too: a call that raced with the exit may have reached another

@@ -24,88 +24,11 @@
 namespace kvferry {
 namespace {
 
-constexpr FrameFormat kCmaFormat{"cma session", kCmaSessionMagic, kCmaSessionVersion,
-                                 static_cast<uint16_t>(CmaSessionFrame::kAck)};
-constexpr size_t kRangeBytes = 2 * sizeof(uint64_t);
 constexpr size_t kAckFrameBytes = kFrameHeaderBytes + sizeof(uint64_t);
 // What an unauthenticated connection may send: one Open frame with a proof.
 constexpr size_t kMaxOpenBytes = kFrameHeaderBytes + sizeof(AuthProof);
 // An initiator sends nothing but Acks once its session is open.
 constexpr size_t kMaxTargetInbox = 64 * kAckFrameBytes;
-
-std::vector<std::byte> make_frame(CmaSessionFrame type, std::span<const std::byte> payload) {
-  std::vector<std::byte> out(kFrameHeaderBytes + payload.size());
-  encode_frame_header(make_frame_header(kCmaFormat, static_cast<uint16_t>(type),
-                                        static_cast<uint32_t>(payload.size())),
-                      std::span<std::byte, kFrameHeaderBytes>(out.data(), kFrameHeaderBytes));
-  if (!payload.empty()) std::memcpy(out.data() + kFrameHeaderBytes, payload.data(), payload.size());
-  return out;
-}
-
-void put_ranges(ByteWriter& w, std::span<const CmaRange> ranges) {
-  w.put(static_cast<uint32_t>(ranges.size()));
-  for (const CmaRange& r : ranges) {
-    w.put(r.addr);
-    w.put(r.length);
-  }
-}
-
-bool get_ranges(ByteReader& r, std::vector<CmaRange>& out) {
-  uint32_t n = 0;
-  if (!r.get_count(n, kRangeBytes)) return false;
-  out.resize(n);
-  for (CmaRange& range : out) {
-    if (!r.get(range.addr) || !r.get(range.length)) return false;
-    if (range.length == 0 || range.addr + range.length < range.addr) return false;
-  }
-  return true;
-}
-
-std::vector<std::byte> declare_frame(const Status& status, uint64_t incarnation,
-                                     std::span<const CmaRange> ranges) {
-  ByteWriter w;
-  w.put(static_cast<uint8_t>(status.code()));
-  if (status.ok()) {
-    w.put(incarnation);
-    put_ranges(w, ranges);
-  } else {
-    w.put_string(status.message().substr(0, 1024));
-  }
-  return make_frame(CmaSessionFrame::kDeclare, w.bytes());
-}
-
-// Sends a whole small frame without blocking; false when it did not all go at once.
-bool send_now(int fd, std::span<const std::byte> frame) {
-  for (;;) {
-    const ssize_t n = ::send(fd, frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    return n == static_cast<ssize_t>(frame.size());
-  }
-}
-
-// Reads what is there without blocking. False at end of stream or on an error.
-bool receive_available(int fd, std::vector<std::byte>& inbox, size_t limit, std::string& why) {
-  std::byte buffer[4096];
-  for (;;) {
-    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
-    if (n > 0) {
-      inbox.insert(inbox.end(), buffer, buffer + n);
-      if (inbox.size() > limit) {
-        why = fmt::format("sent {} bytes more than its frames may hold", inbox.size() - limit);
-        return false;
-      }
-      continue;
-    }
-    if (n == 0) {
-      why = "the other side closed the session";
-      return false;
-    }
-    if (errno == EINTR) continue;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-    why = std::strerror(errno);
-    return false;
-  }
-}
 
 std::vector<CmaRange> to_ranges(const std::map<uint64_t, uint64_t>& set) {
   std::vector<CmaRange> out;
@@ -115,142 +38,6 @@ std::vector<CmaRange> to_ranges(const std::map<uint64_t, uint64_t>& set) {
 }
 
 }  // namespace
-
-WriterPreferringLock::WriterPreferringLock() {
-  pthread_rwlockattr_t attributes;
-  ::pthread_rwlockattr_init(&attributes);
-  ::pthread_rwlockattr_setkind_np(&attributes, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-  ::pthread_rwlock_init(&lock_, &attributes);
-  ::pthread_rwlockattr_destroy(&attributes);
-}
-
-WriterPreferringLock::~WriterPreferringLock() { ::pthread_rwlock_destroy(&lock_); }
-
-// ---- initiator side ----
-
-CmaVerifiedPeer::CmaVerifiedPeer(Fd connection, pid_t pid, Fd pidfd, std::string peer_name,
-                                 std::vector<CmaRange> declared)
-    : connection_(std::move(connection)),
-      pid_(pid),
-      pidfd_(std::move(pidfd)),
-      peer_name_(std::move(peer_name)) {
-  for (const CmaRange& r : declared) declared_[r.addr] = r.length;
-}
-
-bool CmaVerifiedPeer::covered_locked(uint64_t addr, uint64_t length) const {
-  auto it = declared_.upper_bound(addr);
-  if (it == declared_.begin()) return false;
-  --it;
-  const uint64_t end = addr + length;
-  uint64_t at = addr;
-  // Adjacent declared ranges cover a range that crosses from one into the next.
-  while (it != declared_.end() && it->first <= at) {
-    const uint64_t range_end = it->first + it->second;
-    if (range_end >= end) return true;
-    if (range_end <= at) return false;
-    at = range_end;
-    ++it;
-  }
-  return false;
-}
-
-Status CmaVerifiedPeer::admit_locked(std::span<const iovec> remote) const {
-  if (!closed_why_.empty()) {
-    return PeerDisconnected(fmt::format("cma: the session with peer {} (pid {}) is closed: {}",
-                                        peer_name_, pid_, closed_why_));
-  }
-  for (const iovec& v : remote) {
-    const auto addr = reinterpret_cast<uint64_t>(v.iov_base);
-    if (!covered_locked(addr, v.iov_len)) {
-      return NotRegistered(fmt::format(
-          "cma: [{:#x}, +{}) of peer {} (pid {}) is not among the ranges it declared over its "
-          "cma session (never registered there, or unregistered)",
-          addr, v.iov_len, peer_name_, pid_));
-    }
-  }
-  return Status::Ok();
-}
-
-bool CmaVerifiedPeer::declares(uint64_t addr, uint64_t length) const {
-  std::shared_lock lock(lock_);
-  return covered_locked(addr, length);
-}
-
-std::optional<uint64_t> CmaVerifiedPeer::first_address() const {
-  std::shared_lock lock(lock_);
-  if (declared_.empty()) return std::nullopt;
-  return declared_.begin()->first;
-}
-
-bool CmaVerifiedPeer::closed() const {
-  std::shared_lock lock(lock_);
-  return !closed_why_.empty();
-}
-
-void CmaVerifiedPeer::close(const std::string& why) {
-  std::unique_lock lock(lock_);
-  close_locked(why);
-}
-
-void CmaVerifiedPeer::close_locked(const std::string& why) {
-  if (!closed_why_.empty()) return;
-  closed_why_ = why;
-  ::shutdown(connection_.get(), SHUT_RDWR);
-  inbox_.clear();
-}
-
-void CmaVerifiedPeer::drain() {
-  // Exclusive: waits for the copies in flight, so that a Revoke applied here is one no copy
-  // can still be writing into when the Ack goes out.
-  std::unique_lock lock(lock_);
-  if (!closed_why_.empty()) return;
-  std::string why;
-  const bool open = receive_available(connection_.get(), inbox_,
-                                      kFrameHeaderBytes + kMaxCmaFrameBytes + 4096, why);
-  size_t at = 0;
-  while (inbox_.size() - at >= kFrameHeaderBytes) {
-    auto header = decode_frame_header(
-        kCmaFormat, std::span<const std::byte>(inbox_).subspan(at, kFrameHeaderBytes),
-        kMaxCmaFrameBytes);
-    if (!header.ok()) return close_locked(header.status().message());
-    if (inbox_.size() - at - kFrameHeaderBytes < header->payload_bytes) break;
-    ByteReader r(std::span<const std::byte>(inbox_).subspan(at + kFrameHeaderBytes,
-                                                           header->payload_bytes));
-    at += kFrameHeaderBytes + header->payload_bytes;
-    std::vector<CmaRange> ranges;
-    const auto type = static_cast<CmaSessionFrame>(header->type);
-    if (type == CmaSessionFrame::kAdd) {
-      if (!get_ranges(r, ranges)) return close_locked("a malformed Add frame");
-      for (const CmaRange& range : ranges) declared_[range.addr] = range.length;
-    } else if (type == CmaSessionFrame::kRevoke) {
-      uint64_t sequence = 0;
-      if (!r.get(sequence) || !get_ranges(r, ranges)) {
-        return close_locked("a malformed Revoke frame");
-      }
-      for (const CmaRange& range : ranges) {
-        // Whatever overlaps the revoked range goes (an exact match in a well-formed stream).
-        auto it = declared_.lower_bound(range.addr);
-        if (it != declared_.begin() && std::prev(it)->first + std::prev(it)->second > range.addr) {
-          --it;
-        }
-        while (it != declared_.end() && it->first < range.addr + range.length) {
-          it = declared_.erase(it);
-        }
-      }
-      ByteWriter ack;
-      ack.put(sequence);
-      if (!send_now(connection_.get(), make_frame(CmaSessionFrame::kAck, ack.bytes()))) {
-        return close_locked("an Ack could not be sent at once");
-      }
-    } else {
-      return close_locked(fmt::format("unexpected frame type {}", header->type));
-    }
-  }
-  inbox_.erase(inbox_.begin(), inbox_.begin() + static_cast<std::ptrdiff_t>(at));
-  if (!open) close_locked(why);
-}
-
-// ---- the hub: target side, and the thread ----
 
 struct CmaSessionHub::Connection {
   Fd fd;
@@ -300,9 +87,8 @@ void CmaSessionHub::wake() const {
 
 size_t CmaSessionHub::sessions() const {
   std::lock_guard lock(mu_);
-  return static_cast<size_t>(std::count_if(targets_.begin(), targets_.end(), [](const auto& c) {
-    return c->session && !c->closed;
-  }));
+  return static_cast<size_t>(std::count_if(targets_.begin(), targets_.end(),
+                                           [](const auto& c) { return c->session && !c->closed; }));
 }
 
 void CmaSessionHub::loop() {
@@ -374,8 +160,8 @@ void CmaSessionHub::accept_ready() {
     if (::getsockopt(c->fd.get(), SOL_SOCKET, SO_PEERCRED, &c->peer, &length) != 0) continue;
     {
       std::lock_guard lock(mu_);
-      const auto pending =
-          std::count_if(targets_.begin(), targets_.end(), [](const auto& t) { return !t->session; });
+      const auto pending = std::count_if(targets_.begin(), targets_.end(),
+                                         [](const auto& t) { return !t->session; });
       if (static_cast<size_t>(pending) >= kMaxPendingOpens || targets_.size() >= kMaxConnections) {
         log().debug("cma session: closed a connection from pid {}: {} are waiting to open",
                     c->peer.pid, pending);
@@ -390,7 +176,7 @@ void CmaSessionHub::accept_ready() {
       c->challenged = true;
       challenge = c->nonce;
     }
-    if (!send_now(c->fd.get(), make_frame(CmaSessionFrame::kChallenge, challenge))) continue;
+    if (!send_now(c->fd.get(), make_cma_frame(CmaSessionFrame::kChallenge, challenge))) continue;
     c->open_deadline = Clock::now() + options_.io_timeout;
     std::lock_guard lock(mu_);
     targets_.push_back(std::move(c));
@@ -411,23 +197,23 @@ void CmaSessionHub::read_connection(const std::shared_ptr<Connection>& c) {
   uint64_t acked = 0;
   while (open && c->inbox.size() - at >= kFrameHeaderBytes) {
     auto header = decode_frame_header(
-        kCmaFormat, std::span<const std::byte>(c->inbox).subspan(at, kFrameHeaderBytes),
+        kCmaSessionFormat, std::span<const std::byte>(c->inbox).subspan(at, kFrameHeaderBytes),
         sizeof(AuthProof));
     if (!header.ok()) {
       why = header.status().message();
       break;
     }
     if (c->inbox.size() - at - kFrameHeaderBytes < header->payload_bytes) break;
-    const auto payload = std::span<const std::byte>(c->inbox).subspan(at + kFrameHeaderBytes,
-                                                                     header->payload_bytes);
+    const auto payload =
+        std::span<const std::byte>(c->inbox).subspan(at + kFrameHeaderBytes, header->payload_bytes);
     at += kFrameHeaderBytes + header->payload_bytes;
     const auto type = static_cast<CmaSessionFrame>(header->type);
     if (!session && type == CmaSessionFrame::kOpen) {
       const size_t expected = c->challenged ? sizeof(AuthProof) : 0;
       Status refused;
       if (payload.size() != expected) {
-        refused = ProtocolError(fmt::format("an Open of {} bytes (expected {})", payload.size(),
-                                            expected));
+        refused = ProtocolError(
+            fmt::format("an Open of {} bytes (expected {})", payload.size(), expected));
       } else if (c->challenged) {
         if (!auth_proof_matches(auth_proof(*options_.secret, c->nonce), payload)) {
           refused = Unauthenticated("wrong secret");
@@ -440,7 +226,7 @@ void CmaSessionHub::read_connection(const std::shared_ptr<Connection>& c) {
       }
       if (!refused.ok()) {
         log().warn("cma session: refused pid {}: {}", c->peer.pid, refused.message());
-        send_now(c->fd.get(), declare_frame(refused, 0, {}));
+        send_now(c->fd.get(), cma_declare_frame(refused, 0, {}));
         why = refused.message();
         break;
       }
@@ -473,7 +259,7 @@ void CmaSessionHub::finish_open(const std::shared_ptr<Connection>& c) {
     ranges = to_ranges(declared_);
     c->session = true;
   }
-  Status sent = send_all(c->fd.get(), declare_frame(Status::Ok(), options_.incarnation, ranges),
+  Status sent = send_all(c->fd.get(), cma_declare_frame(Status::Ok(), options_.incarnation, ranges),
                          Clock::now() + options_.io_timeout);
   if (!sent.ok()) {
     std::lock_guard lock(mu_);
@@ -493,8 +279,8 @@ void CmaSessionHub::declare(CmaRange range) {
   }
   if (sessions.empty()) return;
   ByteWriter w;
-  put_ranges(w, {&range, 1});
-  const std::vector<std::byte> frame = make_frame(CmaSessionFrame::kAdd, w.bytes());
+  put_cma_ranges(w, {&range, 1});
+  const std::vector<std::byte> frame = make_cma_frame(CmaSessionFrame::kAdd, w.bytes());
   for (const auto& c : sessions) {
     std::lock_guard send_lock(c->send_mu);
     if (!send_all(c->fd.get(), frame, Clock::now() + options_.io_timeout).ok()) {
@@ -521,13 +307,13 @@ size_t CmaSessionHub::revoke(std::span<const CmaRange> ranges) {
   const auto deadline = Clock::now() + options_.io_timeout;
   // One frame per bounded slice of ranges; the last slice's Ack covers them all (frames are
   // applied in order).
-  constexpr size_t kRangesPerFrame = (kMaxCmaFrameBytes - 16) / kRangeBytes;
+  constexpr size_t kRangesPerFrame = (kMaxCmaFrameBytes - 16) / kCmaRangeBytes;
   std::vector<std::vector<std::byte>> frames;
   for (size_t at = 0; at < ranges.size(); at += kRangesPerFrame) {
     ByteWriter w;
     w.put(sequence);
-    put_ranges(w, ranges.subspan(at, std::min(kRangesPerFrame, ranges.size() - at)));
-    frames.push_back(make_frame(CmaSessionFrame::kRevoke, w.bytes()));
+    put_cma_ranges(w, ranges.subspan(at, std::min(kRangesPerFrame, ranges.size() - at)));
+    frames.push_back(make_cma_frame(CmaSessionFrame::kRevoke, w.bytes()));
   }
   for (const auto& c : sessions) {
     std::lock_guard send_lock(c->send_mu);
@@ -567,8 +353,8 @@ Result<std::shared_ptr<CmaVerifiedPeer>> CmaSessionHub::open(const std::string& 
                                                              int64_t claimed_pid,
                                                              uint64_t claimed_incarnation) {
   const std::string where = fmt::format("peer {}'s cma socket @{}", peer_name, socket_name);
-  KVF_ASSIGN_OR_RETURN(Fd conn, connect_abstract(socket_name, fmt::format("peer {}'s cma socket",
-                                                                          peer_name)));
+  KVF_ASSIGN_OR_RETURN(
+      Fd conn, connect_abstract(socket_name, fmt::format("peer {}'s cma socket", peer_name)));
   // Who listens there, as the kernel says: not what the descriptor claims.
   ucred peer{};
   socklen_t length = sizeof(peer);
@@ -591,14 +377,14 @@ Result<std::shared_ptr<CmaVerifiedPeer>> CmaSessionHub::open(const std::string& 
   }
   const auto deadline = Clock::now() + options_.io_timeout;
   auto failed = [&](const Status& s) {
-    return Status(s.code() == StatusCode::kTimeout ? StatusCode::kTimeout
-                                                   : StatusCode::kPeerUnreachable,
-                  where + ": " + s.message());
+    return Status(
+        s.code() == StatusCode::kTimeout ? StatusCode::kTimeout : StatusCode::kPeerUnreachable,
+        where + ": " + s.message());
   };
   std::byte header_bytes[kFrameHeaderBytes];
   if (Status s = recv_all(conn.get(), header_bytes, deadline); !s.ok()) return failed(s);
   KVF_ASSIGN_OR_RETURN(FrameHeader challenge,
-                       decode_frame_header(kCmaFormat, header_bytes, sizeof(AuthNonce)));
+                       decode_frame_header(kCmaSessionFormat, header_bytes, sizeof(AuthNonce)));
   if (challenge.type != static_cast<uint16_t>(CmaSessionFrame::kChallenge) ||
       (challenge.payload_bytes != 0 && challenge.payload_bytes != sizeof(AuthNonce))) {
     return ProtocolError(where + ": expected a Challenge");
@@ -606,8 +392,9 @@ Result<std::shared_ptr<CmaVerifiedPeer>> CmaSessionHub::open(const std::string& 
   std::vector<std::byte> proof;
   if (challenge.payload_bytes == 0 && options_.secret) {
     return Unauthenticated(
-        where + " sent no challenge, and this engine holds a secret: a peer that does not ask "
-                "for the secret is not one of ours");
+        where +
+        " sent no challenge, and this engine holds a secret: a peer that does not ask "
+        "for the secret is not one of ours");
   }
   if (challenge.payload_bytes != 0) {
     AuthNonce nonce{};
@@ -620,13 +407,13 @@ Result<std::shared_ptr<CmaVerifiedPeer>> CmaSessionHub::open(const std::string& 
     AuthProof p = auth_proof(*options_.secret, nonce);
     proof.assign(p.begin(), p.end());
   }
-  if (Status s = send_all(conn.get(), make_frame(CmaSessionFrame::kOpen, proof), deadline);
+  if (Status s = send_all(conn.get(), make_cma_frame(CmaSessionFrame::kOpen, proof), deadline);
       !s.ok()) {
     return failed(s);
   }
   if (Status s = recv_all(conn.get(), header_bytes, deadline); !s.ok()) return failed(s);
   KVF_ASSIGN_OR_RETURN(FrameHeader declare,
-                       decode_frame_header(kCmaFormat, header_bytes, kMaxCmaFrameBytes));
+                       decode_frame_header(kCmaSessionFormat, header_bytes, kMaxCmaFrameBytes));
   if (declare.type != static_cast<uint16_t>(CmaSessionFrame::kDeclare) ||
       declare.payload_bytes == 0) {
     return ProtocolError(where + ": expected a Declare");
@@ -646,7 +433,7 @@ Result<std::shared_ptr<CmaVerifiedPeer>> CmaSessionHub::open(const std::string& 
   }
   uint64_t incarnation = 0;
   std::vector<CmaRange> ranges;
-  if (!r.get(incarnation) || !get_ranges(r, ranges) || r.remaining() != 0) {
+  if (!r.get(incarnation) || !get_cma_ranges(r, ranges) || r.remaining() != 0) {
     return ProtocolError(where + ": a malformed Declare");
   }
   if (incarnation != claimed_incarnation) {

@@ -39,9 +39,7 @@
 // Thread-safety: every public method may be called from any thread.
 #pragma once
 
-#include <pthread.h>
 #include <sys/types.h>
-#include <sys/uio.h>
 
 #include <atomic>
 #include <chrono>
@@ -51,7 +49,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -60,100 +57,10 @@
 #include "core/fd.h"
 #include "core/net.h"
 #include "kvferry/status.h"
+#include "transport/cma/cma_session_wire.h"
+#include "transport/cma/cma_verified_peer.h"
 
 namespace kvferry {
-
-inline constexpr uint32_t kCmaSessionMagic = 0x4346564B;  // "KVFC" as little-endian bytes
-inline constexpr uint16_t kCmaSessionVersion = 1;
-enum class CmaSessionFrame : uint16_t {
-  kChallenge = 1,  // target -> initiator: 32-byte nonce, or empty without a secret
-  kOpen = 2,       // initiator -> target: [32-byte proof when challenged]
-  kDeclare = 3,    // target -> initiator: u8 StatusCode; OK: u64 incarnation + ranges; else text
-  kAdd = 4,        // target -> initiator: ranges now registered
-  kRevoke = 5,     // target -> initiator: u64 sequence + ranges no longer registered
-  kAck = 6,        // initiator -> target: u64 sequence of the Revoke it applied
-};
-// Ranges on the wire: u32 count, then count x (u64 addr, u64 length).
-inline constexpr uint32_t kMaxCmaFrameBytes = 2u << 20;
-
-struct CmaRange {
-  uint64_t addr = 0;
-  uint64_t length = 0;
-};
-
-// A writer-preferring reader-writer lock (glibc's default prefers readers, and copies on
-// several threads would then keep a Revoke waiting for as long as they keep coming).
-class WriterPreferringLock {
- public:
-  WriterPreferringLock();
-  ~WriterPreferringLock();
-  WriterPreferringLock(const WriterPreferringLock&) = delete;
-  WriterPreferringLock& operator=(const WriterPreferringLock&) = delete;
-  void lock() { ::pthread_rwlock_wrlock(&lock_); }
-  void unlock() { ::pthread_rwlock_unlock(&lock_); }
-  void lock_shared() { ::pthread_rwlock_rdlock(&lock_); }
-  void unlock_shared() { ::pthread_rwlock_unlock(&lock_); }
-
- private:
-  pthread_rwlock_t lock_;
-};
-
-// The initiator's side of one session: the target's verified pid and pidfd, and the ranges
-// it declared.
-class CmaVerifiedPeer {
- public:
-  CmaVerifiedPeer(Fd connection, pid_t pid, Fd pidfd, std::string peer_name,
-                  std::vector<CmaRange> declared);
-  pid_t pid() const { return pid_; }
-  // The verified pidfd (owned here); invalid where the kernel has none.
-  int pidfd() const { return pidfd_.get(); }
-  const std::string& peer_name() const { return peer_name_; }
-
-  // Runs `copy` while every range in `remote` lies inside the declared set, which stays as
-  // it is until `copy` returns (a Revoke waits). Frames that arrived are applied first when
-  // a range is not covered (a registration the descriptor already shows may not have been
-  // read yet). NotRegistered naming the range when it is still not covered, PeerDisconnected
-  // once the session has closed.
-  template <typename Copy>
-  Status copy_within(std::span<const iovec> remote, Copy&& copy) {
-    {
-      std::shared_lock lock(lock_);
-      Status admitted = admit_locked(remote);
-      if (admitted.ok()) return copy();
-      if (admitted.code() != StatusCode::kNotRegistered) return admitted;
-    }
-    drain();
-    std::shared_lock lock(lock_);
-    KVF_RETURN_IF_ERROR(admit_locked(remote));
-    return copy();
-  }
-
-  // Reads and applies what the target sent (Add, Revoke: acknowledged once applied), without
-  // blocking. Called by the hub when the connection is readable.
-  void drain();
-  // Shuts the connection down: every later copy fails.
-  void close(const std::string& why);
-  bool closed() const;
-  int fd() const { return connection_.get(); }
-  // Whether [addr, addr + length) lies inside the declared set (tests).
-  bool declares(uint64_t addr, uint64_t length) const;
-  // The first declared range, to probe the kernel's permission with.
-  std::optional<uint64_t> first_address() const;
-
- private:
-  Status admit_locked(std::span<const iovec> remote) const;
-  bool covered_locked(uint64_t addr, uint64_t length) const;
-  void close_locked(const std::string& why);
-
-  Fd connection_;
-  const pid_t pid_;
-  Fd pidfd_;
-  const std::string peer_name_;
-  mutable WriterPreferringLock lock_;
-  std::map<uint64_t, uint64_t> declared_;  // addr -> length; guarded by lock_
-  std::vector<std::byte> inbox_;           // a frame received in part; guarded by lock_
-  std::string closed_why_;                 // non-empty once closed; guarded by lock_
-};
 
 class CmaSessionHub {
  public:

@@ -15,7 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/frame_header.h"
 #include "core/net.h"
 #include "test_support.h"
 
@@ -46,15 +45,6 @@ bool eventually(Done done) {
     std::this_thread::yield();
   }
   return true;
-}
-
-std::vector<std::byte> frame(CmaSessionFrame type) {
-  constexpr FrameFormat format{"cma session", kCmaSessionMagic, kCmaSessionVersion,
-                               static_cast<uint16_t>(CmaSessionFrame::kAck)};
-  std::vector<std::byte> out(kFrameHeaderBytes);
-  encode_frame_header(make_frame_header(format, static_cast<uint16_t>(type), 0),
-                      std::span<std::byte, kFrameHeaderBytes>(out.data(), kFrameHeaderBytes));
-  return out;
 }
 
 // True once the other side closed `fd` (whatever it sent first is read and dropped).
@@ -206,7 +196,8 @@ TEST(CmaSession, AnInitiatorThatNeverAcknowledgesIsCutOff) {
   std::byte header[kFrameHeaderBytes];
   ASSERT_TRUE(recv_all(raw.get(), header, Clock::now() + kStateTimeout).ok());  // Challenge
   ASSERT_TRUE(
-      send_all(raw.get(), frame(CmaSessionFrame::kOpen), Clock::now() + kStateTimeout).ok());
+      send_all(raw.get(), make_cma_frame(CmaSessionFrame::kOpen, {}), Clock::now() + kStateTimeout)
+          .ok());
   ASSERT_TRUE(eventually([&] { return target->sessions() == 1; }));
   EXPECT_EQ(target->revoke(std::vector<CmaRange>{{0x10000, 0x1000}}), 1u);
   EXPECT_TRUE(closed_by_other_side(raw.get()));

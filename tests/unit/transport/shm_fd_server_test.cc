@@ -105,16 +105,16 @@ TEST(ShmFdServer, AnIdleCrowdIsBoundedAndItsPlacesFreeUpAtTheDeadline) {
   for (const Fd& fd : crowd) {
     EXPECT_TRUE(closed_by_server(fd.get(), std::chrono::milliseconds(6000)));
   }
-  auto fd =
-      fetch_shm_fd(s.server->name(), ::getpid(), s.allocation->inode(), std::nullopt, Clock::now() + kTimeout);
+  auto fd = fetch_shm_fd(s.server->name(), ::getpid(), s.allocation->inode(), std::nullopt,
+                         Clock::now() + kTimeout);
   ASSERT_TRUE(fd.ok()) << fd.status().to_string();
   EXPECT_TRUE(s.maps_the_same_bytes(std::move(*fd)));
 }
 
 TEST(ShmFdServer, WithoutASecretTheSameUserGetsTheMemfd) {
   Served s(std::nullopt);
-  auto fd =
-      fetch_shm_fd(s.server->name(), ::getpid(), s.allocation->inode(), std::nullopt, Clock::now() + kTimeout);
+  auto fd = fetch_shm_fd(s.server->name(), ::getpid(), s.allocation->inode(), std::nullopt,
+                         Clock::now() + kTimeout);
   ASSERT_TRUE(fd.ok()) << fd.status().to_string();
   EXPECT_TRUE(s.maps_the_same_bytes(std::move(*fd)));
   auto unknown = fetch_shm_fd(s.server->name(), ::getpid(), s.allocation->inode() + 1, std::nullopt,
@@ -126,20 +126,21 @@ TEST(ShmFdServer, WithASecretOnlyAProvenPeerGetsTheMemfd) {
   Served s(std::string("shm-secret"));
   for (std::optional<std::string> secret :
        {std::optional<std::string>(), std::optional<std::string>("another-secret")}) {
-    auto refused =
-        fetch_shm_fd(s.server->name(), ::getpid(), s.allocation->inode(), secret, Clock::now() + kTimeout);
+    auto refused = fetch_shm_fd(s.server->name(), ::getpid(), s.allocation->inode(), secret,
+                                Clock::now() + kTimeout);
     ASSERT_FALSE(refused.ok());
     EXPECT_EQ(refused.status().code(), StatusCode::kUnauthenticated)
         << refused.status().to_string();
   }
-  auto fd = fetch_shm_fd(s.server->name(), ::getpid(), s.allocation->inode(), std::string("shm-secret"),
-                         Clock::now() + kTimeout);
+  auto fd = fetch_shm_fd(s.server->name(), ::getpid(), s.allocation->inode(),
+                         std::string("shm-secret"), Clock::now() + kTimeout);
   ASSERT_TRUE(fd.ok()) << fd.status().to_string();
   EXPECT_TRUE(s.maps_the_same_bytes(std::move(*fd)));
 }
 
 TEST(ShmFdServer, AnUnreachableSocketIsNotSupported) {
-  auto fd = fetch_shm_fd("kvferry-shm/no-such-engine", ::getpid(), 1, std::nullopt, Clock::now() + kTimeout);
+  auto fd = fetch_shm_fd("kvferry-shm/no-such-engine", ::getpid(), 1, std::nullopt,
+                         Clock::now() + kTimeout);
   EXPECT_EQ(fd.status().code(), StatusCode::kNotSupported) << fd.status().to_string();
 }
 
