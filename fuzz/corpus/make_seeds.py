@@ -45,11 +45,12 @@ write("tcp_wire", "read_v_2", tcp_vector(9, [(0x7F0000000000, 4096), (0x7F000000
                                          request_id=12))
 
 # segment_descriptor: what an engine publishes (serialize_segment_descriptor)
-base = {"format": 2, "name": "prefill-0", "endpoint": "10.0.0.1:41000", "incarnation": 99,
+base = {"format": 3, "name": "prefill-0", "endpoint": "10.0.0.1:41000", "incarnation": 99,
         "host_id": "1b4e28ba-2fa1-11d2-883f-0016d3cca427/4026531836", "pid": 4242,
         "transports": ["shm", "tcp"], "version": 3, "regions": []}
 write("segment_descriptor", "no_regions", json.dumps(base))
-with_regions = dict(base, tcp_endpoint="10.0.0.1:41001", regions=[
+with_regions = dict(base, tcp_endpoint="10.0.0.1:41001", shm_socket="kvferry-shm/4242/63",
+                    cma_socket="kvferry-cma/4242/63", regions=[
     {"addr": 140000000000, "length": 1 << 20, "device": -1,
      "shm": {"fd": 17, "offset": 0, "file_bytes": 1 << 21, "inode": 991,
              "guard_offset": 1 << 20, "guard_slot": 0, "generation": 1}},
@@ -96,3 +97,6 @@ write("control_message", "request_status_integrity",
 write("control_message", "abort", control(5, struct.pack("<Q", 1234) + string("cancelled")))
 write("control_message", "abort_ack", control(6, struct.pack("<Q", 1234)))
 write("control_message", "heartbeat", control(7, struct.pack("<QQ", 8, 6)))
+write("control_message", "auth_challenge",
+      control(8, string("\x11" * 32) + struct.pack("<Q", 0x0123456789ABCDEF)))
+write("control_message", "auth_challenge_open", control(8, string("") + struct.pack("<Q", 7)))

@@ -10,7 +10,7 @@ namespace kvferry {
 namespace {
 
 // 2: shm backings carry a guard word (guard_offset, guard_slot, generation).
-constexpr int kDescriptorFormat = 2;
+constexpr int kDescriptorFormat = 3;  // 3: cma_socket
 using json = nlohmann::json;
 
 Status bad(std::string_view what) {

@@ -56,7 +56,7 @@ TEST(SegmentDescriptor, RejectsMalformedInputNamingTheProblem) {
   std::vector<Case> cases = {
       {"", "not valid JSON"},
       {"[]", "not an object"},
-      {replace("\"format\":2", "\"format\":1"), "format 1"},
+      {replace("\"format\":3", "\"format\":2"), "format 2"},
       {replace("\"pid\":4242", "\"pid\":\"x\""), "'pid'"},
       {replace("\"length\":64", "\"length\":0"), "length 0"},
       {replace("\"length\":64", "\"length\":-5"), "'length'"},
