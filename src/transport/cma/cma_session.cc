@@ -29,6 +29,7 @@ constexpr size_t kAckFrameBytes = kFrameHeaderBytes + sizeof(uint64_t);
 constexpr size_t kMaxOpenBytes = kFrameHeaderBytes + sizeof(AuthProof);
 // An initiator sends nothing but Acks once its session is open.
 constexpr size_t kMaxTargetInbox = 64 * kAckFrameBytes;
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(50);
 
 std::vector<CmaRange> to_ranges(const std::map<uint64_t, uint64_t>& set) {
   std::vector<CmaRange> out;
@@ -112,9 +113,16 @@ void CmaSessionHub::loop() {
         timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
       }
     }
+    const auto resume_accepting =
+        std::chrono::ceil<std::chrono::milliseconds>(accept_paused_until_ - Clock::now());
+    const bool accepting = resume_accepting.count() <= 0;
+    if (!accepting) {
+      const int ms = static_cast<int>(resume_accepting.count());
+      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    }
     fds.clear();
     fds.push_back({wake_.get(), POLLIN, 0});
-    fds.push_back({listener_.get(), POLLIN, 0});
+    fds.push_back({accepting ? listener_.get() : -1, POLLIN, 0});  // poll skips a negative fd
     for (const auto& c : targets) fds.push_back({c->fd.get(), POLLIN, 0});
     for (const auto& p : initiators) fds.push_back({p->fd(), POLLIN, 0});
     if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
@@ -153,7 +161,14 @@ void CmaSessionHub::erase_closed() {
 void CmaSessionHub::accept_ready() {
   for (;;) {
     Fd conn(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!conn.valid()) return;  // EAGAIN, or out of descriptors: the next turn tries again
+    if (!conn.valid()) {
+      // Out of descriptors or memory: the listener stays readable, so it is left out of the
+      // poll set for a while instead of spinning on it.
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        accept_paused_until_ = Clock::now() + kAcceptBackoff;
+      }
+      return;
+    }
     auto c = std::make_shared<Connection>();
     c->fd = std::move(conn);
     socklen_t length = sizeof(c->peer);
@@ -293,6 +308,13 @@ void CmaSessionHub::declare(CmaRange range) {
 
 size_t CmaSessionHub::revoke(std::span<const CmaRange> ranges) {
   if (ranges.empty()) return 0;
+  // One revocation at a time: an Ack covers every Revoke frame up to its sequence only if the
+  // frames went out in sequence order on every connection.
+  std::lock_guard one_at_a_time(revoke_mu_);
+  // One frame per bounded slice of ranges, each with its own sequence; the last one's Ack
+  // covers them all (an initiator applies frames in order).
+  constexpr size_t kRangesPerFrame = (kMaxCmaFrameBytes - 16) / kCmaRangeBytes;
+  const size_t frame_count = (ranges.size() + kRangesPerFrame - 1) / kRangesPerFrame;
   std::vector<std::shared_ptr<Connection>> sessions;
   uint64_t sequence = 0;
   {
@@ -302,16 +324,14 @@ size_t CmaSessionHub::revoke(std::span<const CmaRange> ranges) {
       if (c->session && !c->closed) sessions.push_back(c);
     }
     if (sessions.empty()) return 0;
-    sequence = ++revoke_sequence_;
+    sequence = revoke_sequence_;
+    revoke_sequence_ += frame_count;
   }
   const auto deadline = Clock::now() + options_.io_timeout;
-  // One frame per bounded slice of ranges; the last slice's Ack covers them all (frames are
-  // applied in order).
-  constexpr size_t kRangesPerFrame = (kMaxCmaFrameBytes - 16) / kCmaRangeBytes;
   std::vector<std::vector<std::byte>> frames;
   for (size_t at = 0; at < ranges.size(); at += kRangesPerFrame) {
     ByteWriter w;
-    w.put(sequence);
+    w.put(++sequence);
     put_cma_ranges(w, ranges.subspan(at, std::min(kRangesPerFrame, ranges.size() - at)));
     frames.push_back(make_cma_frame(CmaSessionFrame::kRevoke, w.bytes()));
   }
@@ -334,8 +354,8 @@ size_t CmaSessionHub::revoke(std::span<const CmaRange> ranges) {
   size_t cut = 0;
   for (const auto& c : sessions) {
     if (c->closed || c->acked >= sequence) continue;
-    // It did not answer in time: cut off, so that it cannot copy any more (its copier sees
-    // the session closed before its next copy).
+    // It did not answer in time: cut off. An honest initiator fails every copy once its hub
+    // reads the shutdown; one whose process is stopped cannot copy meanwhile either.
     c->closed = true;
     ::shutdown(c->fd.get(), SHUT_RDWR);
     ++cut;

@@ -114,6 +114,7 @@ class CmaSessionHub {
   std::string name_;
   Options options_;
 
+  std::mutex revoke_mu_;  // held through a whole revoke
   mutable std::mutex mu_;
   std::condition_variable acked_;
   std::map<uint64_t, uint64_t> declared_;             // guarded by mu_
@@ -121,6 +122,7 @@ class CmaSessionHub {
   uint64_t revoke_sequence_ = 0;                      // guarded by mu_
   // Initiator side, with the incarnation they were opened for; guarded by mu_.
   std::vector<std::pair<uint64_t, std::shared_ptr<CmaVerifiedPeer>>> initiators_;
+  Clock::time_point accept_paused_until_{};  // hub thread only
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

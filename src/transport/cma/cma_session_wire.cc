@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -37,7 +38,7 @@ bool get_cma_ranges(ByteReader& r, std::vector<CmaRange>& out) {
 }
 
 std::vector<std::byte> cma_declare_frame(const Status& status, uint64_t incarnation,
-                                     std::span<const CmaRange> ranges) {
+                                         std::span<const CmaRange> ranges) {
   ByteWriter w;
   w.put(static_cast<uint8_t>(status.code()));
   if (status.ok()) {
@@ -59,14 +60,11 @@ bool send_now(int fd, std::span<const std::byte> frame) {
 
 bool receive_available(int fd, std::vector<std::byte>& inbox, size_t limit, std::string& why) {
   std::byte buffer[4096];
-  for (;;) {
-    const ssize_t n = ::recv(fd, buffer, sizeof(buffer), MSG_DONTWAIT);
+  while (inbox.size() < limit) {
+    const size_t room = std::min(sizeof(buffer), limit - inbox.size());
+    const ssize_t n = ::recv(fd, buffer, room, MSG_DONTWAIT);
     if (n > 0) {
       inbox.insert(inbox.end(), buffer, buffer + n);
-      if (inbox.size() > limit) {
-        why = fmt::format("sent {} bytes more than its frames may hold", inbox.size() - limit);
-        return false;
-      }
       continue;
     }
     if (n == 0) {
@@ -78,6 +76,7 @@ bool receive_available(int fd, std::vector<std::byte>& inbox, size_t limit, std:
     why = std::strerror(errno);
     return false;
   }
+  return true;
 }
 
 }  // namespace kvferry

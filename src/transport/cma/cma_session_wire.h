@@ -26,11 +26,10 @@ enum class CmaSessionFrame : uint16_t {
   kRevoke = 5,     // target -> initiator: u64 sequence + ranges no longer registered
   kAck = 6,        // initiator -> target: u64 sequence of the Revoke it applied
 };
-inline constexpr FrameFormat kCmaSessionFormat{"cma session", kCmaSessionMagic,
-                                               kCmaSessionVersion,
+inline constexpr FrameFormat kCmaSessionFormat{"cma session", kCmaSessionMagic, kCmaSessionVersion,
                                                static_cast<uint16_t>(CmaSessionFrame::kAck)};
 // Ranges on the wire: u32 count, then count x (u64 addr, u64 length).
-inline constexpr uint32_t kMaxCmaFrameBytes = 2u << 20;
+inline constexpr uint32_t kMaxCmaFrameBytes = 16u << 20;  // about a million ranges
 inline constexpr size_t kCmaRangeBytes = 2 * sizeof(uint64_t);
 
 struct CmaRange {
@@ -47,8 +46,9 @@ std::vector<std::byte> cma_declare_frame(const Status& status, uint64_t incarnat
 
 // Sends a whole small frame without blocking; false when it did not all go at once.
 bool send_now(int fd, std::span<const std::byte> frame);
-// Appends what `fd` has to `inbox` without blocking. False at end of stream, on an error, or
-// once `inbox` holds more than `limit` bytes, with `why` said.
+// Appends what `fd` has to `inbox` without blocking, until `inbox` holds `limit` bytes (the
+// rest stays in the socket for the next call). False at end of stream or on an error, with
+// `why` said.
 bool receive_available(int fd, std::vector<std::byte>& inbox, size_t limit, std::string& why);
 
 }  // namespace kvferry

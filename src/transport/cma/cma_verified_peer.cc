@@ -92,19 +92,29 @@ void CmaVerifiedPeer::drain() {
   // Exclusive: waits for the copies in flight, so that a Revoke applied here is one no copy
   // can still be writing into when the Ack goes out.
   std::unique_lock lock(lock_);
-  if (!closed_why_.empty()) return;
-  std::string why;
-  const bool open = receive_available(connection_.get(), inbox_,
-                                      kFrameHeaderBytes + kMaxCmaFrameBytes + 4096, why);
+  for (;;) {
+    if (!closed_why_.empty()) return;
+    const size_t before = inbox_.size();
+    std::string why;
+    const bool open =
+        receive_available(connection_.get(), inbox_, kFrameHeaderBytes + kMaxCmaFrameBytes, why);
+    const bool received = inbox_.size() > before;
+    apply_frames_locked();
+    if (!open) return close_locked(why);
+    if (!received) return;
+  }
+}
+
+void CmaVerifiedPeer::apply_frames_locked() {
   size_t at = 0;
-  while (inbox_.size() - at >= kFrameHeaderBytes) {
+  while (closed_why_.empty() && inbox_.size() - at >= kFrameHeaderBytes) {
     auto header = decode_frame_header(
         kCmaSessionFormat, std::span<const std::byte>(inbox_).subspan(at, kFrameHeaderBytes),
         kMaxCmaFrameBytes);
     if (!header.ok()) return close_locked(header.status().message());
     if (inbox_.size() - at - kFrameHeaderBytes < header->payload_bytes) break;
-    ByteReader r(std::span<const std::byte>(inbox_).subspan(at + kFrameHeaderBytes,
-                                                           header->payload_bytes));
+    ByteReader r(
+        std::span<const std::byte>(inbox_).subspan(at + kFrameHeaderBytes, header->payload_bytes));
     at += kFrameHeaderBytes + header->payload_bytes;
     std::vector<CmaRange> ranges;
     const auto type = static_cast<CmaSessionFrame>(header->type);
@@ -135,8 +145,9 @@ void CmaVerifiedPeer::drain() {
       return close_locked(fmt::format("unexpected frame type {}", header->type));
     }
   }
-  inbox_.erase(inbox_.begin(), inbox_.begin() + static_cast<std::ptrdiff_t>(at));
-  if (!open) close_locked(why);
+  if (closed_why_.empty()) {
+    inbox_.erase(inbox_.begin(), inbox_.begin() + static_cast<std::ptrdiff_t>(at));
+  }
 }
 
 }  // namespace kvferry

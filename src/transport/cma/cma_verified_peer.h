@@ -88,6 +88,8 @@ class CmaVerifiedPeer {
   Status admit_locked(std::span<const iovec> remote) const;
   bool covered_locked(uint64_t addr, uint64_t length) const;
   void close_locked(const std::string& why);
+  // Applies the whole frames in inbox_ (Add, Revoke with its Ack) and drops them.
+  void apply_frames_locked();
 
   Fd connection_;
   const pid_t pid_;
