@@ -37,8 +37,8 @@ inline constexpr size_t kPages = 2;  // one plain host region, one claiming to b
 // Pages this test can see and another process owns: MAP_SHARED before fork.
 struct SharedPages {
   SharedPages() {
-    void* p = ::mmap(nullptr, kPages * kPage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                     -1, 0);
+    void* p =
+        ::mmap(nullptr, kPages * kPage, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::runtime_error("mmap failed");
     bytes = static_cast<std::byte*>(p);
     fill_pattern({bytes, kPages * kPage}, 0xC0FFEE);
@@ -73,7 +73,7 @@ struct Victim {
 // The forged descriptor: a same-host engine that serves cma and shm, whose pid is `pid`,
 // and whose two regions are the given pages (the second one claims an shm backing).
 inline SegmentDescriptor forged_descriptor(const std::string& endpoint, int64_t pid, uint64_t page0,
-                                    uint64_t page1, const std::string& sockets) {
+                                           uint64_t page1, const std::string& sockets) {
   SegmentDescriptor d;
   d.name = "forged";
   d.endpoint = endpoint;
@@ -154,7 +154,8 @@ class FakeHandshakeServer {
           declare.put(r.addr);
           declare.put(r.length);
         }
-        send_all(conn.get(), make_cma_frame(CmaSessionFrame::kDeclare, declare.bytes()), deadline).ignore();
+        send_all(conn.get(), make_cma_frame(CmaSessionFrame::kDeclare, declare.bytes()), deadline)
+            .ignore();
         sessions_.push_back(std::move(conn));  // held open, as a real engine's would be
         continue;
       }
