@@ -17,11 +17,13 @@
 #include "core/net.h"
 #include "forged_peer.h"
 #include "unit/pd/pd_fixture.h"
+#include "unit/pd/raw_control_client.h"
 
 namespace kvferry::pd {
 namespace {
 
 using namespace std::chrono_literals;
+using kvferry::testing::contains;
 using kvferry::testing::FakeHandshakeServer;
 using kvferry::testing::forged_descriptor;
 using kvferry::testing::kPage;
@@ -29,49 +31,6 @@ using kvferry::testing::SharedPages;
 using kvferry::testing::Victim;
 using testing::ModelShape;
 using testing::TestRank;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
-// A raw TCP client speaking control frames to a prefill's control listener, as an attacker
-// would: no kvferry decode client, just the wire protocol.
-class RawControlClient {
- public:
-  explicit RawControlClient(const std::string& endpoint)
-      : fd_(testing::must(connect_tcp(testing::must(parse_endpoint(endpoint)), deadline()))) {}
-  Status send(const ControlMessage& m) {
-    return send_all(fd_.get(), encode_control_message(m), deadline());
-  }
-  Result<ControlMessage> read() {
-    std::byte header[kFrameHeaderBytes];
-    KVF_RETURN_IF_ERROR(recv_all(fd_.get(), header, deadline()));
-    KVF_ASSIGN_OR_RETURN(FrameHeader h, decode_frame_header(header));
-    std::vector<std::byte> payload(h.payload_bytes);
-    KVF_RETURN_IF_ERROR(recv_all(fd_.get(), payload, deadline()));
-    return decode_control_payload(h.type, payload);
-  }
-  // The next frame that is not a Heartbeat.
-  Result<ControlMessage> read_skipping_heartbeats() {
-    for (int i = 0; i < 100; ++i) {
-      KVF_ASSIGN_OR_RETURN(ControlMessage m, read());
-      if (!std::holds_alternative<Heartbeat>(m)) return m;
-    }
-    return Internal("only heartbeats");
-  }
-  // The next RequestStatus.
-  Result<RequestStatusMessage> read_status() {
-    for (int i = 0; i < 100; ++i) {
-      KVF_ASSIGN_OR_RETURN(ControlMessage m, read_skipping_heartbeats());
-      if (auto* status = std::get_if<RequestStatusMessage>(&m)) return std::move(*status);
-    }
-    return Internal("no RequestStatus");
-  }
-
- private:
-  static Clock::time_point deadline() { return Clock::now() + 10s; }
-  Fd fd_;
-};
 
 // The prefill rank's shape (pd_fixture's ModelShape: 3 layers, K and V, 256 bytes per page of
 // an entry), laid out over the two target pages: the six KV entries, two pages each, in page
