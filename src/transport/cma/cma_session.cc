@@ -368,10 +368,9 @@ size_t CmaSessionHub::revoke(std::span<const CmaRange> ranges) {
   return cut;
 }
 
-Result<std::shared_ptr<CmaVerifiedPeer>> CmaSessionHub::open(const std::string& socket_name,
-                                                             const std::string& peer_name,
-                                                             int64_t claimed_pid,
-                                                             uint64_t claimed_incarnation) {
+Result<std::shared_ptr<CmaVerifiedPeer>> CmaSessionHub::open(
+    const std::string& socket_name, const std::string& peer_name, int64_t claimed_pid,
+    uint64_t claimed_incarnation, std::shared_ptr<PeerLiveness> liveness) {
   const std::string where = fmt::format("peer {}'s cma socket @{}", peer_name, socket_name);
   KVF_ASSIGN_OR_RETURN(
       Fd conn, connect_abstract(socket_name, fmt::format("peer {}'s cma socket", peer_name)));
@@ -465,8 +464,9 @@ Result<std::shared_ptr<CmaVerifiedPeer>> CmaSessionHub::open(const std::string& 
   if (::fcntl(conn.get(), F_SETFL, ::fcntl(conn.get(), F_GETFL) | O_NONBLOCK) != 0) {
     return ErrnoStatus(StatusCode::kInternal, "O_NONBLOCK on " + where, errno);
   }
-  auto verified = std::make_shared<CmaVerifiedPeer>(std::move(conn), peer.pid, std::move(pidfd),
-                                                    peer_name, std::move(ranges));
+  auto verified =
+      std::make_shared<CmaVerifiedPeer>(std::move(conn), peer.pid, std::move(pidfd), peer_name,
+                                        std::move(ranges), std::move(liveness));
   {
     std::lock_guard lock(mu_);
     initiators_.emplace_back(claimed_incarnation, verified);

@@ -92,7 +92,8 @@ class CmaSessionHub {
   // nothing listens there.
   Result<std::shared_ptr<CmaVerifiedPeer>> open(const std::string& socket_name,
                                                 const std::string& peer_name, int64_t claimed_pid,
-                                                uint64_t claimed_incarnation);
+                                                uint64_t claimed_incarnation,
+                                                std::shared_ptr<PeerLiveness> liveness = {});
   // Closes the initiator-side sessions opened to this incarnation (the peer is gone).
   void forget(uint64_t incarnation);
 

@@ -72,8 +72,9 @@ class CmaTransport final : public Transport {
     }
     // The pid, its pidfd and the ranges come from the target's engine over a socket the
     // kernel names the owner of; the descriptor's claims are only checked against them.
-    Result<std::shared_ptr<CmaVerifiedPeer>> verified = hub_->open(
-        peer.descriptor.cma_socket, peer.name, peer.descriptor.pid, peer.descriptor.incarnation);
+    Result<std::shared_ptr<CmaVerifiedPeer>> verified =
+        hub_->open(peer.descriptor.cma_socket, peer.name, peer.descriptor.pid,
+                   peer.descriptor.incarnation, peer.liveness);
     if (!verified.ok()) {
       log().warn("peer {}: cma refused: {}; its host memory takes the next route", peer.name,
                  verified.status().message());
@@ -85,7 +86,7 @@ class CmaTransport final : public Transport {
     if (std::string why = probe_cma((*verified)->pid(), (*verified)->first_address());
         !why.empty()) {
       log().warn("peer {}: cma refused: {}; its host memory takes the next route", peer.name, why);
-      (*verified)->close("the kernel refused cross-memory attach");
+      (*verified)->close("the kernel refused cross-memory attach", /*tell_peer=*/false);
       return PeerUnreachable("cma probe refused: " + why);
     }
     auto copier = std::make_shared<const CmaCopier>(std::move(*verified));

@@ -18,11 +18,13 @@ WriterPreferringLock::WriterPreferringLock() {
 WriterPreferringLock::~WriterPreferringLock() { ::pthread_rwlock_destroy(&lock_); }
 
 CmaVerifiedPeer::CmaVerifiedPeer(Fd connection, pid_t pid, Fd pidfd, std::string peer_name,
-                                 std::vector<CmaRange> declared)
+                                 std::vector<CmaRange> declared,
+                                 std::shared_ptr<PeerLiveness> liveness)
     : connection_(std::move(connection)),
       pid_(pid),
       pidfd_(std::move(pidfd)),
-      peer_name_(std::move(peer_name)) {
+      peer_name_(std::move(peer_name)),
+      liveness_(std::move(liveness)) {
   for (const CmaRange& r : declared) declared_[r.addr] = r.length;
 }
 
@@ -76,16 +78,17 @@ bool CmaVerifiedPeer::closed() const {
   return !closed_why_.empty();
 }
 
-void CmaVerifiedPeer::close(const std::string& why) {
+void CmaVerifiedPeer::close(const std::string& why, bool tell_peer) {
   std::unique_lock lock(lock_);
-  close_locked(why);
+  close_locked(why, tell_peer);
 }
 
-void CmaVerifiedPeer::close_locked(const std::string& why) {
+void CmaVerifiedPeer::close_locked(const std::string& why, bool tell_peer) {
   if (!closed_why_.empty()) return;
   closed_why_ = why;
   ::shutdown(connection_.get(), SHUT_RDWR);
   inbox_.clear();
+  if (liveness_ && tell_peer) liveness_->mark_disconnected("its cma session closed: " + why);
 }
 
 void CmaVerifiedPeer::drain() {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <shared_mutex>
@@ -22,6 +23,7 @@
 #include "core/fd.h"
 #include "kvferry/status.h"
 #include "transport/cma/cma_session_wire.h"
+#include "transport/peer_liveness.h"
 
 namespace kvferry {
 
@@ -46,8 +48,10 @@ class WriterPreferringLock {
 // it declared.
 class CmaVerifiedPeer {
  public:
+  // `liveness` (may be null): the engine's view of the peer, marked disconnected when the
+  // session closes, so that the peer is opened afresh instead of failing every cma copy.
   CmaVerifiedPeer(Fd connection, pid_t pid, Fd pidfd, std::string peer_name,
-                  std::vector<CmaRange> declared);
+                  std::vector<CmaRange> declared, std::shared_ptr<PeerLiveness> liveness = {});
   pid_t pid() const { return pid_; }
   // The verified pidfd (owned here); invalid where the kernel has none.
   int pidfd() const { return pidfd_.get(); }
@@ -75,8 +79,9 @@ class CmaVerifiedPeer {
   // Reads and applies what the target sent (Add, Revoke: acknowledged once applied), without
   // blocking. Called by the hub when the connection is readable.
   void drain();
-  // Shuts the connection down: every later copy fails.
-  void close(const std::string& why);
+  // Shuts the connection down: every later copy fails. `tell_peer`: mark the peer's liveness
+  // disconnected too (not when the link is being refused at open).
+  void close(const std::string& why, bool tell_peer = true);
   bool closed() const;
   int fd() const { return connection_.get(); }
   // Whether [addr, addr + length) lies inside the declared set (tests).
@@ -87,7 +92,7 @@ class CmaVerifiedPeer {
  private:
   Status admit_locked(std::span<const iovec> remote) const;
   bool covered_locked(uint64_t addr, uint64_t length) const;
-  void close_locked(const std::string& why);
+  void close_locked(const std::string& why, bool tell_peer = true);
   // Applies the whole frames in inbox_ (Add, Revoke with its Ack) and drops them.
   void apply_frames_locked();
 
@@ -95,6 +100,7 @@ class CmaVerifiedPeer {
   const pid_t pid_;
   Fd pidfd_;
   const std::string peer_name_;
+  const std::shared_ptr<PeerLiveness> liveness_;
   mutable WriterPreferringLock lock_;
   std::map<uint64_t, uint64_t> declared_;  // addr -> length; guarded by lock_
   std::vector<std::byte> inbox_;           // a frame received in part; guarded by lock_

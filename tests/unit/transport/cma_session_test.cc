@@ -24,15 +24,19 @@ namespace {
 using testing::contains;
 using testing::must;
 
-constexpr auto kIoTimeout = std::chrono::milliseconds(300);
+// A hub's io_timeout: long where an answer is expected (a loaded machine must not turn a slow
+// answer into a cut-off), short where the test waits for a peer to be cut off.
+constexpr auto kPatient = std::chrono::seconds(20);
+constexpr auto kImpatient = std::chrono::milliseconds(300);
 constexpr auto kStateTimeout = std::chrono::seconds(10);
 
 std::unique_ptr<CmaSessionHub> hub(uint64_t incarnation,
-                                   std::optional<std::string> secret = std::nullopt) {
+                                   std::optional<std::string> secret = std::nullopt,
+                                   std::chrono::milliseconds io_timeout = kPatient) {
   CmaSessionHub::Options options;
   options.incarnation = incarnation;
   options.secret = std::move(secret);
-  options.io_timeout = kIoTimeout;
+  options.io_timeout = io_timeout;
   return must(CmaSessionHub::start(options));
 }
 
@@ -128,7 +132,8 @@ TEST(CmaSession, ACopyOutsideTheDeclaredRangesNeverRunsAndAClosedSessionFailsEve
   auto target = hub(0x1111);
   auto initiator = hub(0x2222);
   target->declare({0x10000, 0x1000});
-  auto peer = must(initiator->open(target->name(), "target", ::getpid(), 0x1111));
+  auto liveness = std::make_shared<PeerLiveness>("target");
+  auto peer = must(initiator->open(target->name(), "target", ::getpid(), 0x1111, liveness));
   bool ran = false;
   const iovec outside{reinterpret_cast<void*>(0x10800), 0x1000};
   Status s = peer->copy_within(std::span(&outside, 1), [&] {
@@ -139,8 +144,13 @@ TEST(CmaSession, ACopyOutsideTheDeclaredRangesNeverRunsAndAClosedSessionFailsEve
   EXPECT_FALSE(ran);
   const iovec inside{reinterpret_cast<void*>(0x10800), 0x800};
   EXPECT_TRUE(peer->copy_within(std::span(&inside, 1), [] { return Status::Ok(); }).ok());
+  EXPECT_FALSE(liveness->is_disconnected());
   target.reset();  // the target's engine goes away: its end of the session closes
   ASSERT_TRUE(eventually([&] { return peer->closed(); }));
+  // The engine learns it too, and opens the peer afresh next time instead of keeping a link
+  // whose every copy fails.
+  EXPECT_TRUE(liveness->is_disconnected());
+  EXPECT_TRUE(contains(liveness->disconnect_reason(), "cma session closed"));
   s = peer->copy_within(std::span(&inside, 1), [&] {
     ran = true;
     return Status::Ok();
@@ -173,7 +183,6 @@ TEST(CmaSession, ARevokeWaitsForTheCopyInFlightAndNoCopyStartsAfterIt) {
     EXPECT_TRUE(s.ok()) << s.to_string();
   });
   ASSERT_TRUE(eventually([&] { return copying.load(); }));
-  // io_timeout is short here: give the hub the time a held copy takes.
   EXPECT_EQ(target->revoke(std::vector<CmaRange>{{0x10000, 0x1000}}), 0u);
   revoke_returned.store(true);
   EXPECT_TRUE(copy_done.load()) << "revoke returned while a copy into the range ran";
@@ -190,7 +199,7 @@ TEST(CmaSession, ARevokeWaitsForTheCopyInFlightAndNoCopyStartsAfterIt) {
 // A client that opens a session and then never reads (stopped, hostile) cannot hold an
 // unregistration: it is cut off after io_timeout, and revoke says so.
 TEST(CmaSession, AnInitiatorThatNeverAcknowledgesIsCutOff) {
-  auto target = hub(0x1111);
+  auto target = hub(0x1111, std::nullopt, kImpatient);
   target->declare({0x10000, 0x1000});
   Fd raw = must(connect_abstract(target->name(), "the target's cma socket"));
   std::byte header[kFrameHeaderBytes];
@@ -207,7 +216,7 @@ TEST(CmaSession, AnInitiatorThatNeverAcknowledgesIsCutOff) {
 // Before it proves anything a connection may send one Open frame: a flood of bytes, or a
 // connection that says nothing, is closed without holding anything.
 TEST(CmaSession, AnUnauthenticatedConnectionThatFloodsOrStallsIsClosed) {
-  auto target = hub(0x1111, "cma-secret");
+  auto target = hub(0x1111, "cma-secret", kImpatient);
   Fd flooding = must(connect_abstract(target->name(), "the target's cma socket"));
   std::vector<std::byte> junk(64 << 10, std::byte{0x5a});
   send_all(flooding.get(), junk, Clock::now() + std::chrono::seconds(1)).ignore();
