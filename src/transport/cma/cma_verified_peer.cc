@@ -50,8 +50,19 @@ Status CmaVerifiedPeer::admit_locked(std::span<const iovec> remote) const {
     return PeerDisconnected(fmt::format("cma: the session with peer {} (pid {}) is closed: {}",
                                         peer_name_, pid_, closed_why_));
   }
+  // A chunk's ranges come in the peer's address order, mostly inside one declared range: the
+  // last range found covers the next ones with two compares, and only a range outside it is
+  // looked up in the map.
+  uint64_t known_begin = 0;
+  uint64_t known_end = 0;
   for (const iovec& v : remote) {
     const auto addr = reinterpret_cast<uint64_t>(v.iov_base);
+    if (addr >= known_begin && addr <= known_end && v.iov_len <= known_end - addr) continue;
+    if (auto it = declared_.upper_bound(addr); it != declared_.begin()) {
+      --it;
+      known_begin = it->first;
+      known_end = it->first + it->second;
+    }
     if (!covered_locked(addr, v.iov_len)) {
       return NotRegistered(fmt::format(
           "cma: [{:#x}, +{}) of peer {} (pid {}) is not among the ranges it declared over its "
