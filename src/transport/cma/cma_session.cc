@@ -464,9 +464,8 @@ Result<std::shared_ptr<CmaVerifiedPeer>> CmaSessionHub::open(
   if (::fcntl(conn.get(), F_SETFL, ::fcntl(conn.get(), F_GETFL) | O_NONBLOCK) != 0) {
     return ErrnoStatus(StatusCode::kInternal, "O_NONBLOCK on " + where, errno);
   }
-  auto verified =
-      std::make_shared<CmaVerifiedPeer>(std::move(conn), peer.pid, std::move(pidfd), peer_name,
-                                        std::move(ranges), std::move(liveness));
+  auto verified = std::make_shared<CmaVerifiedPeer>(std::move(conn), peer.pid, std::move(pidfd),
+                                                    peer_name, ranges, std::move(liveness));
   {
     std::lock_guard lock(mu_);
     initiators_.emplace_back(claimed_incarnation, verified);

@@ -18,7 +18,7 @@ WriterPreferringLock::WriterPreferringLock() {
 WriterPreferringLock::~WriterPreferringLock() { ::pthread_rwlock_destroy(&lock_); }
 
 CmaVerifiedPeer::CmaVerifiedPeer(Fd connection, pid_t pid, Fd pidfd, std::string peer_name,
-                                 std::vector<CmaRange> declared,
+                                 const std::vector<CmaRange>& declared,
                                  std::shared_ptr<PeerLiveness> liveness)
     : connection_(std::move(connection)),
       pid_(pid),

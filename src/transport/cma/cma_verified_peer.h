@@ -41,7 +41,7 @@ class WriterPreferringLock {
   void unlock_shared() { ::pthread_rwlock_unlock(&lock_); }
 
  private:
-  pthread_rwlock_t lock_;
+  pthread_rwlock_t lock_{};
 };
 
 // The initiator's side of one session: the target's verified pid and pidfd, and the ranges
@@ -51,7 +51,8 @@ class CmaVerifiedPeer {
   // `liveness` (may be null): the engine's view of the peer, marked disconnected when the
   // session closes, so that the peer is opened afresh instead of failing every cma copy.
   CmaVerifiedPeer(Fd connection, pid_t pid, Fd pidfd, std::string peer_name,
-                  std::vector<CmaRange> declared, std::shared_ptr<PeerLiveness> liveness = {});
+                  const std::vector<CmaRange>& declared,
+                  std::shared_ptr<PeerLiveness> liveness = {});
   pid_t pid() const { return pid_; }
   // The verified pidfd (owned here); invalid where the kernel has none.
   int pidfd() const { return pidfd_.get(); }
