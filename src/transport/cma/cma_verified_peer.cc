@@ -1,11 +1,18 @@
 #include "transport/cma/cma_verified_peer.h"
 
 #include <fmt/format.h>
+#include <poll.h>
 #include <sys/socket.h>
 
+#include <chrono>
 #include <iterator>
 
 namespace kvferry {
+namespace {
+
+constexpr auto kExitShowsWithin = std::chrono::milliseconds(100);
+
+}  // namespace
 
 WriterPreferringLock::WriterPreferringLock() {
   pthread_rwlockattr_t attributes;
@@ -99,7 +106,15 @@ void CmaVerifiedPeer::close_locked(const std::string& why, bool tell_peer) {
   closed_why_ = why;
   ::shutdown(connection_.get(), SHUT_RDWR);
   inbox_.clear();
-  if (liveness_ && tell_peer) liveness_->mark_disconnected("its cma session closed: " + why);
+  if (!liveness_ || !tell_peer) return;
+  // A session closes when its target's process exits too: say so, as the engine's pidfd
+  // monitor would (whichever notices first names the cause).
+  pollfd exited{pidfd_.get(), POLLIN, 0};
+  if (pidfd_.valid() && ::poll(&exited, 1, 0) == 1) {
+    liveness_->mark_disconnected(fmt::format("process {} exited", pid_));
+  } else {
+    liveness_->mark_disconnected("its cma session closed: " + why);
+  }
 }
 
 void CmaVerifiedPeer::drain() {
@@ -114,7 +129,13 @@ void CmaVerifiedPeer::drain() {
         receive_available(connection_.get(), inbox_, kFrameHeaderBytes + kMaxCmaFrameBytes, why);
     const bool received = inbox_.size() > before;
     apply_frames_locked();
-    if (!open) return close_locked(why);
+    if (!open) {
+      // A process's sockets close before its pidfd reports the exit: give an exit in progress
+      // a moment to show, so the peer is said to have exited rather than to have hung up.
+      pollfd exiting{pidfd_.get(), POLLIN, 0};
+      if (pidfd_.valid()) ::poll(&exiting, 1, static_cast<int>(kExitShowsWithin.count()));
+      return close_locked(why);
+    }
     if (!received) return;
   }
 }
