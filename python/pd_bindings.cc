@@ -146,7 +146,10 @@ void bind_pd(py::module_& m) {
             throw_if_error(
                 r.init(std::move(pages), slot_or_none(aux_row), slot_or_none(state_slot)));
           },
-          py::arg("dst_pages"), py::arg("aux_row") = py::none(), py::arg("state_slot") = py::none())
+          py::arg("dst_pages"), py::arg("aux_row") = py::none(), py::arg("state_slot") = py::none(),
+          "Gives the request's destination pages (and aux row, state slot). Raises the "
+          "request's error when it failed before init (e.g. the bootstrap server refused it); "
+          "a failure after init shows in poll(), wait_final() and failure().")
       .def(
           "wait_abort_acked",
           [](const pd::KvReceiver& r, int64_t timeout_ms) {

@@ -154,7 +154,12 @@ def test_a_decode_without_the_secret_is_refused():
                                     bootstrap_address=bootstrap.address, timeouts=timeouts)
     decode = kvferry.DecodeClient(decode_engine, d_layout, aux=d_aux, timeouts=timeouts)
     receiver = decode.create_receiver(bootstrap.address, 5)
-    receiver.init(np.array([0, 1], dtype=np.uint32))
+    # init reports a failure that came before it (the bootstrap's refusal may arrive first);
+    # otherwise the request fails after it. Either way it ends Failed, Unauthenticated.
+    try:
+        receiver.init(np.array([0, 1], dtype=np.uint32))
+    except kvferry.UnauthenticatedError:
+        assert receiver.poll() == RequestState.FAILED
     assert receiver.wait_final(TIMEOUT_MS) == RequestState.FAILED
     assert isinstance(receiver.failure(), kvferry.UnauthenticatedError), receiver.failure()
     del prefill, decode

@@ -71,7 +71,10 @@ class KvReceiver {
 
   // Gives the destination: every page of the request (in prompt order), and optionally the
   // aux row and state slot. May be called while still Bootstrapping (sent once ready).
-  // Errors: FailedPrecondition (called twice), InvalidArgument (no pages), the failure.
+  // Errors: FailedPrecondition (called twice), InvalidArgument (no pages), or the request's
+  // failure when it failed before init (e.g. the bootstrap server or prefill refused it:
+  // poll() is then Failed and failure() the same status); a failure after init shows only in
+  // poll(), wait_final() and failure().
   Status init(std::vector<kv::PageIndex> dst_pages, uint64_t aux_row = kNoSlot,
               uint64_t state_slot = kNoSlot);
   // Fails the request and asks prefill to stop writing it.
