@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <random>
 #include <string>
 
 #include "core/net.h"
@@ -21,11 +23,22 @@ constexpr const char* kReport = R"({
   }
 })";
 
-// A loopback port nothing listens on now (the kernel's pick for a listener, closed again).
+// A loopback port nothing listens on now, below the kernel's ephemeral range: the port is
+// closed again before iperf3 binds it, and a port from that range (what port 0 would give)
+// can meanwhile become the source port of any loopback connection another test opens.
 unsigned free_port() {
-  Endpoint bound;
-  auto listener = listen_tcp({"127.0.0.1", 0}, &bound);
-  return listener.ok() ? bound.port : 0;
+  unsigned ephemeral_low = 32768;
+  if (std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range"); range) {
+    range >> ephemeral_low;
+  }
+  std::mt19937 pick(std::random_device{}());
+  for (int attempt = 0; attempt < 100 && ephemeral_low > 10001; ++attempt) {
+    const auto port = static_cast<uint16_t>(
+        std::uniform_int_distribution<unsigned>(10000, ephemeral_low - 1)(pick));
+    Endpoint bound;
+    if (listen_tcp({"127.0.0.1", port}, &bound).ok()) return port;
+  }
+  return 0;
 }
 
 TEST(Iperf3Report, GivesBytesSecondsAndBothEndsCpuSeconds) {
