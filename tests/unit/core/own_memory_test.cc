@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "core/pattern.h"
+#include "mapped_pages.h"
 
 namespace kvferry {
 namespace {
 
-const size_t kPage = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+const size_t kPage = kvferry::testing::kPageBytes;
+using Pages = kvferry::testing::MappedPages;
 
 uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
@@ -22,27 +24,6 @@ bool contains(const std::string& text, const std::string& part) {
 }
 
 // Pages of anonymous memory, some of which a test unmaps again (a hole in the address space).
-struct Pages {
-  explicit Pages(size_t count)
-      : base(static_cast<std::byte*>(::mmap(nullptr, count * kPage, PROT_READ | PROT_WRITE,
-                                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))),
-        mapped(count, true) {}
-  ~Pages() {  // only what is still ours: another mapping may have filled a hole since
-    for (size_t i = 0; i < mapped.size(); ++i) {
-      if (mapped[i]) ::munmap(page(i), kPage);
-    }
-  }
-  Pages(const Pages&) = delete;
-  Pages& operator=(const Pages&) = delete;
-  std::byte* page(size_t i) const { return base + i * kPage; }
-  void unmap(size_t i) {
-    ASSERT_EQ(::munmap(page(i), kPage), 0);
-    mapped[i] = false;
-  }
-
-  std::byte* base;
-  std::vector<bool> mapped;
-};
 
 TEST(MemoryMap, ListsReadableMappingsMergingNeighboursAndSkippingTheRest) {
   MemoryMap map = MemoryMap::parse(

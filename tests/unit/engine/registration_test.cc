@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "mapped_pages.h"
 #include "test_support.h"
 
 namespace kvferry {
@@ -84,30 +85,10 @@ TEST(Registration, SharedAllocationIsRegisteredAndFreed) {
   EXPECT_EQ(engine->allocate_shared(0).status().code(), StatusCode::kInvalidArgument);
 }
 
-const size_t kPage = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+const size_t kPage = testing::kPageBytes;
+using Pages = testing::MappedPages;
 
 // Anonymous pages a test may unmap or protect.
-struct Pages {
-  explicit Pages(size_t count)
-      : base(static_cast<char*>(::mmap(nullptr, count * kPage, PROT_READ | PROT_WRITE,
-                                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))),
-        mapped(count, true) {}
-  ~Pages() {  // only what is still ours: another mapping may have filled a hole since
-    for (size_t i = 0; i < mapped.size(); ++i) {
-      if (mapped[i]) ::munmap(page(i), kPage);
-    }
-  }
-  Pages(const Pages&) = delete;
-  Pages& operator=(const Pages&) = delete;
-  char* page(size_t i) const { return base + i * kPage; }
-  void unmap(size_t i) {
-    ASSERT_EQ(::munmap(page(i), kPage), 0);
-    mapped[i] = false;
-  }
-
-  char* base;
-  std::vector<bool> mapped;
-};
 
 TEST(Registration, UnmappedMemoryIsRefusedNamingTheRangeNotAcceptedToCrashLater) {
   auto engine = make_engine("reg");
