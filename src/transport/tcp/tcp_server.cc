@@ -458,6 +458,21 @@ struct TcpServer::IoThread {
     c.in = InState::kDrain;
   }
 
+  // Appends to `out` (holding `count` iovecs) the current vector frame's targets from where
+  // its payload stands, up to `most` bytes and kMaxReceiveEntries iovecs; returns the bytes.
+  static uint64_t gather_vec_targets(const Conn& c, uint64_t most, iovec* out, size_t& count) {
+    uint64_t bytes = 0;
+    uint64_t offset = c.vec_offset;
+    for (size_t i = c.vec_index; i < c.entries.size() && count < kMaxReceiveEntries && bytes < most;
+         ++i) {
+      const uint64_t n = std::min(c.entries[i].length - offset, most - bytes);
+      out[count++] = {c.targets[i] + offset, n};
+      bytes += n;
+      offset = 0;
+    }
+    return bytes;
+  }
+
   // Copies up to `buffered` input bytes to the current host payload's targets (a vector
   // frame's next entries too) in one system call; returns how many bytes it consumed. A
   // target that faults refuses the request (refuse_unmapped_target): the bytes count as
@@ -472,15 +487,8 @@ struct TcpServer::IoThread {
       bytes = std::min<uint64_t>({buffered, c.remaining, kTcpReceivePieceBytes});
       targets[count++] = {c.target.ptr + (c.current.length - c.remaining), bytes};
     } else {
-      const uint64_t most = std::min<uint64_t>(buffered, c.remaining);
-      uint64_t offset = c.vec_offset;
-      for (size_t i = c.vec_index;
-           i < c.entries.size() && count < kMaxReceiveEntries && bytes < most; ++i) {
-        const uint64_t n = std::min(c.entries[i].length - offset, most - bytes);
-        targets[count++] = {c.targets[i] + offset, n};
-        bytes += n;
-        offset = 0;
-      }
+      bytes =
+          gather_vec_targets(c, std::min<uint64_t>(buffered, c.remaining), targets.data(), count);
     }
     Status landed = copy_to_own_memory({targets.data(), count}, c.input.get() + c.in_pos, bytes);
     if (!landed.ok()) refuse_unmapped_target(c, landed);
@@ -642,16 +650,8 @@ struct TcpServer::IoThread {
                  std::min(c.remaining, landable) >= kDirectReceiveBytes) {
         // Up to one piece's worth, so the deadline is checked as often as for a kWrite.
         direct = true;
-        want = 0;
-        const uint64_t most = std::min(landable, kTcpReceivePieceBytes);
-        uint64_t offset = c.vec_offset;
-        for (size_t i = c.vec_index;
-             i < c.entries.size() && iov_count < kMaxReceiveEntries && want < most; ++i) {
-          const uint64_t n = std::min(c.entries[i].length - offset, most - want);
-          iov[iov_count++] = {c.targets[i] + offset, n};
-          want += n;
-          offset = 0;
-        }
+        want =
+            gather_vec_targets(c, std::min(landable, kTcpReceivePieceBytes), iov.data(), iov_count);
       }
       iov[iov_count++] = {c.input.get(), kInputBufferBytes};
       msghdr msg{};
