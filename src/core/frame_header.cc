@@ -1,5 +1,6 @@
 #include "core/frame_header.h"
 
+#include <cstring>
 #include <string>
 
 #include "core/byte_codec.h"
@@ -49,6 +50,15 @@ Result<FrameHeader> decode_frame_header(const FrameFormat& format,
                          " bytes exceeds the limit of " + std::to_string(max_payload_bytes));
   }
   return h;
+}
+
+std::vector<std::byte> make_frame(const FrameFormat& format, uint16_t type,
+                                  std::span<const std::byte> payload) {
+  std::vector<std::byte> out(kFrameHeaderBytes + payload.size());
+  encode_frame_header(make_frame_header(format, type, static_cast<uint32_t>(payload.size())),
+                      std::span<std::byte, kFrameHeaderBytes>(out.data(), kFrameHeaderBytes));
+  if (!payload.empty()) std::memcpy(out.data() + kFrameHeaderBytes, payload.data(), payload.size());
+  return out;
 }
 
 }  // namespace kvferry

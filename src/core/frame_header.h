@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "kvferry/status.h"
 
@@ -40,6 +41,9 @@ struct FrameHeader {
 void encode_frame_header(const FrameHeader& header, std::span<std::byte, kFrameHeaderBytes> out);
 // A header with the format's magic and version.
 FrameHeader make_frame_header(const FrameFormat& format, uint16_t type, uint32_t payload_bytes);
+// A whole frame: that header, then `payload`.
+std::vector<std::byte> make_frame(const FrameFormat& format, uint16_t type,
+                                  std::span<const std::byte> payload);
 
 // Checks magic, version, type (1..max_type) and payload_bytes <= max_payload_bytes.
 // ProtocolError naming the protocol, the field and its value, e.g.

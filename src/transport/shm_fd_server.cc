@@ -26,12 +26,7 @@ constexpr uint32_t kMaxReplyBytes = 4096;
 constexpr auto kAcceptBackoff = std::chrono::milliseconds(50);
 
 std::vector<std::byte> frame(ShmFdFrame type, std::span<const std::byte> payload) {
-  std::vector<std::byte> out(kFrameHeaderBytes + payload.size());
-  encode_frame_header(make_frame_header(kShmFdFormat, static_cast<uint16_t>(type),
-                                        static_cast<uint32_t>(payload.size())),
-                      std::span<std::byte, kFrameHeaderBytes>(out.data(), kFrameHeaderBytes));
-  if (!payload.empty()) std::memcpy(out.data() + kFrameHeaderBytes, payload.data(), payload.size());
-  return out;
+  return make_frame(kShmFdFormat, static_cast<uint16_t>(type), payload);
 }
 
 std::vector<std::byte> reply_frame(const Status& status) {

@@ -10,12 +10,7 @@
 namespace kvferry {
 
 std::vector<std::byte> make_cma_frame(CmaSessionFrame type, std::span<const std::byte> payload) {
-  std::vector<std::byte> out(kFrameHeaderBytes + payload.size());
-  encode_frame_header(make_frame_header(kCmaSessionFormat, static_cast<uint16_t>(type),
-                                        static_cast<uint32_t>(payload.size())),
-                      std::span<std::byte, kFrameHeaderBytes>(out.data(), kFrameHeaderBytes));
-  if (!payload.empty()) std::memcpy(out.data() + kFrameHeaderBytes, payload.data(), payload.size());
-  return out;
+  return make_frame(kCmaSessionFormat, static_cast<uint16_t>(type), payload);
 }
 
 void put_cma_ranges(ByteWriter& w, std::span<const CmaRange> ranges) {
