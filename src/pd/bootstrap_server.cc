@@ -34,10 +34,6 @@ constexpr int kHttpOk = 200;
 constexpr int kHttpBadRequest = 400;
 constexpr int kHttpUnauthorized = 401;
 constexpr int kHttpConflict = 409;
-// How long the server waits for a registered rank's control listener to accept and greet
-// (with its incarnation) before it decides on a change to that rank's registration (no
-// secret).
-constexpr auto kRankProbeTimeout = std::chrono::milliseconds(300);
 constexpr int kHttpNotFound = 404;
 constexpr int kHttpUnavailable = 503;
 // A registration is a few hundred bytes; anything far larger is refused (413) unread.
@@ -277,10 +273,11 @@ class BootstrapServer::Impl {
   // matters (a heartbeat). A change to a live rank's registration (incarnation, endpoints,
   // page size, dtype) is otherwise believed only from the rank itself: the server asks the
   // registered control endpoint which incarnation listens there (its AuthChallenge greets
-  // with it), and accepts a new incarnation at the same endpoint when that is what the rank
-  // says (a restart on that port), or any change once the registered rank is stale or its
-  // control port refuses the connection (gone). So an unauthenticated client can neither
-  // repoint a live rank nor make decode believe it restarted. Called without mu_ held.
+  // with it), and accepts the change when another incarnation answers there (a restart on
+  // that port, or another rank's listener on a reused port), or once the registered rank is
+  // stale or its control port refuses the connection (gone). So an unauthenticated client
+  // can neither repoint a live rank nor make decode believe it restarted. Called without
+  // mu_ held.
   Status may_replace(const Registered& current, const RankRegistration& rank) const {
     const RankRegistration& c = current.rank;
     if (auth_) return Status::Ok();
@@ -298,10 +295,11 @@ class BootstrapServer::Impl {
     const std::string rank_name = "tp rank " + std::to_string(c.tp_rank);
     Result<AuthChallengeMessage> greeting = read_control_challenge(
         connection->get(), rank_name + " at " + c.control_endpoint, deadline);
-    if (greeting.ok() && rank.control_endpoint == c.control_endpoint &&
-        rank.incarnation != c.incarnation && greeting->incarnation == rank.incarnation) {
-      log().info("bootstrap: {} restarted at {}: incarnation {} -> {} (the rank says so)",
-                 rank_name, c.control_endpoint, c.incarnation, rank.incarnation);
+    if (greeting.ok() && greeting->incarnation != c.incarnation) {
+      log().info(
+          "bootstrap: {} at {} greets as incarnation {}, not the registered {}: the "
+          "registered rank is gone ({} takes the slot)",
+          rank_name, c.control_endpoint, greeting->incarnation, c.incarnation, rank.incarnation);
       return Status::Ok();
     }
     const std::string says =

@@ -38,7 +38,7 @@ Status PrefillServerImpl::start() {
   // restart on the same port).
   acceptor_->start(
       [this](Fd fd, ConnectionSlot slot) { on_accepted(std::move(fd), std::move(slot)); });
-  if (!options_.bootstrap_address.empty()) KVF_RETURN_IF_ERROR(register_with_bootstrap());
+  if (!options_.bootstrap_address.empty()) KVF_RETURN_IF_ERROR(register_at_start());
   monitor_thread_ = std::thread([this] { monitor_loop(); });
   return Status::Ok();
 }
@@ -70,13 +70,39 @@ Status PrefillServerImpl::register_with_bootstrap() {
   r.incarnation = engine_.incarnation();
   r.page_size_tokens = options_.buffers.layout.info().page_size_tokens;
   r.dtype_bytes = options_.buffers.layout.info().dtype_bytes;
-  BootstrapClient client(
-      options_.bootstrap_address,
-      std::max(std::chrono::milliseconds(200), options_.timeouts.heartbeat_interval),
-      engine_.secret());
+  // A registration that changes the rank waits for the server's probe of the old one.
+  BootstrapClient client(options_.bootstrap_address,
+                         std::max(kRankProbeTimeout + std::chrono::milliseconds(500),
+                                  options_.timeouts.heartbeat_interval),
+                         engine_.secret());
   Status result = client.register_rank(r);
   if (metrics_ != nullptr) metrics_->on_bootstrap(result);
   return result;
+}
+
+// A prefill that starts before its bootstrap server answers, or right after a predecessor of
+// its rank was killed (the server holds that rank live until it goes stale, or until its
+// control port refuses the server's probe), waits for it: the registration is retried with
+// backoff for up to bootstrap_timeout. A refusal that waiting cannot change (a malformed
+// registration, a wrong secret, a reply that does not parse) fails at once; the last error
+// is returned at the deadline.
+Status PrefillServerImpl::register_at_start() {
+  const auto deadline = Clock::now() + options_.timeouts.bootstrap_timeout;
+  auto pause = std::chrono::milliseconds(50);
+  for (;;) {
+    Status s = register_with_bootstrap();
+    const StatusCode c = s.code();
+    const bool may_pass = c == StatusCode::kPeerUnreachable || c == StatusCode::kPeerDisconnected ||
+                          c == StatusCode::kTimeout || c == StatusCode::kAlreadyExists ||
+                          c == StatusCode::kFailedPrecondition;
+    if (s.ok() || !may_pass || Clock::now() + pause >= deadline) return s;
+    log().warn(
+        "prefill tp {}: {}; retrying for up to {} ms", options_.tp.rank, s.to_string(),
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count());
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2,
+                     std::max(std::chrono::milliseconds(50), options_.timeouts.heartbeat_interval));
+  }
 }
 
 Result<KvSender> PrefillServerImpl::create_sender(uint64_t room) {

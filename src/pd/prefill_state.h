@@ -135,6 +135,8 @@ class PrefillServerImpl {
   void refuse_request(const std::shared_ptr<DecodePeer>& peer, uint64_t room, const Status& why);
   void on_abort(const std::shared_ptr<DecodePeer>& peer, const AbortMessage& abort);
   Status register_with_bootstrap();
+  // The first registration, retried while what stops it can pass (see the definition).
+  Status register_at_start();
   Result<kv::TransferPlan> plan_chunk(const Destination& dst, std::span<const kv::PageIndex> pages,
                                       uint64_t dst_offset) const;
   Status plan_extras(const Destination& dst, const LastChunkExtras& last,

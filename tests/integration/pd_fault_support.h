@@ -90,9 +90,17 @@ inline PdProcess spawn_pd(const std::vector<std::string>& args, const std::strin
   argv.emplace_back(KVFERRY_CLI_PATH);
   argv.insert(argv.end(), args.begin(), args.end());
   PdProcess p{must(ChildProcess::spawn(argv)), {}, log_path};
-  std::string hello = must(p.process.read_line(kHello));
-  p.hello = nlohmann::json::parse(hello, nullptr, false);
-  EXPECT_TRUE(!p.hello.is_discarded() && p.hello.contains("ready")) << hello << "\n" << p.log();
+  // A worker that exits or stalls before its hello fails the test with its own words (the
+  // caller sees no "ready" and stops there).
+  Result<std::string> hello = p.process.read_line(kHello);
+  if (hello.ok()) p.hello = nlohmann::json::parse(*hello, nullptr, false);
+  if (!hello.ok() || p.hello.is_discarded() || !p.hello.contains("ready")) {
+    ADD_FAILURE() << "kvferry " << (args.empty() ? "" : args.front())
+                  << " did not start: " << (hello.ok() ? *hello : hello.status().to_string())
+                  << "\nlog:\n"
+                  << p.log();
+    p.hello = nlohmann::json::object();
+  }
   return p;
 }
 

@@ -66,6 +66,11 @@ struct HealthReport {
   std::vector<RankHealth> ranks;
 };
 
+// How long the server waits for a live rank's control port to say which incarnation it is,
+// before it refuses a change to that rank's registration. A PUT /register that changes a
+// rank can take this long; a client waits longer.
+inline constexpr std::chrono::milliseconds kRankProbeTimeout{300};
+
 struct BootstrapServerOptions {
   std::string listen_address = "127.0.0.1:0";
   // A rank whose last registration is older than this is reported stale; 0 = never.

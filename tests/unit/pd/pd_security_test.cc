@@ -414,5 +414,79 @@ TEST(PdSecurity, APrefillRestartedOnItsControlPortTakesItsRankOver) {
   EXPECT_EQ(count_corrupt_pages(d.buffers.layout, dst, tokens, room, d.heads), 0u);
 }
 
+// A registration of tp rank 0 of 1 (the shape of ModelShape `m`) made by hand.
+RankRegistration tp0_registration(const std::string& control, uint64_t incarnation,
+                                  const ModelShape& m) {
+  RankRegistration r;
+  r.tp_size = 1;
+  r.control_endpoint = control;
+  r.engine_endpoint = "127.0.0.1:6000";
+  r.incarnation = incarnation;
+  r.page_size_tokens = m.page_tokens;
+  r.dtype_bytes = 2;
+  return r;
+}
+
+// Whatever else answers on a registered rank's control port (another incarnation's listener
+// on a reused port) proves the registered rank gone: a new registration takes the slot.
+TEST(PdSecurity, AnotherIncarnationOnTheRegisteredControlPortLetsANewRankIn) {
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  ModelShape m;
+  TestRank other = testing::make_rank("other", m, 1, 0);
+  auto unregistered = testing::make_prefill(other, "");  // greets with its own incarnation
+  BootstrapClient client(bootstrap->address());
+  // Registered at that port with an incarnation that is not the one listening there.
+  const RankRegistration gone =
+      tp0_registration(unregistered->control_endpoint(), other.engine->incarnation() + 1, m);
+  ASSERT_TRUE(client.register_rank(gone).ok());
+  RankRegistration next = gone;
+  next.control_endpoint = "127.0.0.1:5999";
+  next.incarnation = gone.incarnation + 1;
+  ASSERT_TRUE(client.register_rank(next).ok());
+  EXPECT_EQ(testing::must(client.rank(0)).incarnation, next.incarnation);
+}
+
+// A prefill restarted while its predecessor is still registered and has not gone (here a
+// bare listener on the registered port: it accepts and never greets) is refused at first; it
+// retries until the predecessor is stale and then registers. When the predecessor never goes
+// (no staleness), it gives up after bootstrap_timeout with the refusal.
+TEST(PdSecurity, APrefillWaitsForItsRanksLivePredecessorToGoStaleThenRegisters) {
+  ModelShape m;
+  Endpoint held;
+  Fd predecessor = testing::must(listen_tcp({"127.0.0.1", 0}, &held));
+  auto register_predecessor = [&](const std::string& address) {
+    ASSERT_TRUE(
+        BootstrapClient(address).register_rank(tp0_registration(held.to_string(), 1, m)).ok());
+  };
+  {
+    BootstrapServerOptions o;
+    o.rank_stale_after = 400ms;
+    auto bootstrap = testing::must(BootstrapServer::start(o));
+    register_predecessor(bootstrap->address());
+    TestRank p = testing::make_rank("prefill", m, 1, 0);
+    PrefillServerOptions po = testing::prefill_options(p, bootstrap->address());
+    po.metrics = true;
+    auto prefill = PrefillServer::create(std::move(po));
+    ASSERT_TRUE(prefill.ok()) << prefill.status().to_string();
+    EXPECT_EQ(testing::must(BootstrapClient(bootstrap->address()).rank(0)).incarnation,
+              p.engine->incarnation());
+    EXPECT_GE(
+        (*prefill)->metrics().value("kvferry_pd_bootstrap_checks_total", {{"result", "failed"}}),
+        1.0);
+  }
+  {
+    auto bootstrap = testing::must(BootstrapServer::start({}));
+    register_predecessor(bootstrap->address());
+    TestRank p = testing::make_rank("prefill", m, 1, 0);
+    PdTimeouts t = testing::fast_timeouts();
+    t.bootstrap_timeout = 300ms;
+    auto prefill = PrefillServer::create(testing::prefill_options(p, bootstrap->address(), t));
+    ASSERT_FALSE(prefill.ok());
+    EXPECT_EQ(prefill.status().code(), StatusCode::kAlreadyExists) << prefill.status().to_string();
+    EXPECT_TRUE(contains(prefill.status().message(), "the live rank at " + held.to_string()))
+        << prefill.status().to_string();
+  }
+}
+
 }  // namespace
 }  // namespace kvferry::pd
