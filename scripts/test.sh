@@ -33,7 +33,9 @@ echo "== format check"
 scripts/format.sh --check
 
 echo "== build (Release, gcc -O3, -Werror)"
-BUILD_TYPE=Release scripts/build.sh -DKVFERRY_BUILD_BENCH=ON
+# Every part on, also in a build/ that scripts/demo.sh configured for the CLI alone.
+BUILD_TYPE=Release scripts/build.sh -DKVFERRY_BUILD_TESTS=ON -DKVFERRY_BUILD_BENCH=ON \
+  -DKVFERRY_PYTHON=ON -DKVFERRY_UCX=ON
 echo "== clang-tidy (src/)"
 scripts/tidy.sh
 echo "== tests (with etcd and redis on loopback)"

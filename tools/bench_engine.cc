@@ -787,7 +787,7 @@ void add_bench_engine_command(CLI::App& bench) {
   CLI::App* cmd = bench.add_subcommand("engine", "engine batch throughput vs memcpy / a socket");
   cmd->add_option("--transports", args->transports, "built here: " + benchable_names())
       ->delimiter(',');
-  cmd->add_option("--op", args->op_names, "write, read (default write)")->delimiter(',');
+  cmd->add_option("--op", args->op_names, "write, read")->delimiter(',');
   cmd->add_option("--threads", args->threads, "worker thread counts")
       ->delimiter(',')
       ->check(CLI::Range(1, 256));

@@ -6,6 +6,8 @@
 int main(int argc, char** argv) {
   CLI::App app{"kvferry: moves LLM KV cache between prefill and decode workers"};
   app.require_subcommand(1);
+  // Every option's --help line shows its default (subcommands inherit this).
+  app.option_defaults()->always_capture_default();
   kvferry::cli::add_demo_command(app);
   kvferry::cli::add_doctor_command(app);
   kvferry::cli::add_bench_command(app);
