@@ -27,24 +27,36 @@ done
 JOBS=${JOBS:-$(nproc)}
 export KVFERRY_LOG_LEVEL=${KVFERRY_LOG_LEVEL:-warn}
 start=$(date +%s)
+# Each phase's wall time, printed as a table at the end (docs/ARCHITECTURE.md, "CI time").
+phases=()
+phase_name="setup"
+phase_start=$start
+phase() {
+  local now
+  now=$(date +%s)
+  phases+=("$(printf '%-34s %5d s' "$phase_name" $((now - phase_start)))")
+  phase_name=$1
+  phase_start=$now
+  echo "== $1"
+}
 
 scripts/setup.sh
-echo "== format check"
+phase "format check"
 scripts/format.sh --check
 
-echo "== build (Release, gcc -O3, -Werror)"
+phase "build (Release, gcc -O3, -Werror)"
 # Every part on, also in a build/ that scripts/demo.sh configured for the CLI alone.
 BUILD_TYPE=Release scripts/build.sh -DKVFERRY_BUILD_TESTS=ON -DKVFERRY_BUILD_BENCH=ON \
   -DKVFERRY_PYTHON=ON -DKVFERRY_UCX=ON
-echo "== clang-tidy (src/)"
+phase "clang-tidy (src/)"
 scripts/tidy.sh
-echo "== tests (with etcd and redis on loopback)"
+phase "tests (etcd and redis on loopback)"
 trap 'scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
 eval "$(scripts/services.sh start)"
 ctest --test-dir build --output-on-failure -j "$JOBS" --timeout 600
 scripts/services.sh stop
 
-echo "== install, a consumer project, pip"
+phase "install, consumer project, pip"
 # The installed tree and the venv come from the build just tested: the consumer project
 # (tests/consumer) builds the README example against the installed CMake package and runs
 # it; pip builds the module from the same CMake build and pytest runs against the venv.
@@ -62,7 +74,7 @@ KVFERRY_CMAKE_BUILD_DIR=build KVFERRY_BUILD_JOBS="$JOBS" \
   bin/python -m pytest -q -p no:cacheprovider "$OLDPWD/python/tests")
 
 if [ "$sanitizers" = 1 ]; then
-  echo "== unit tests under ASan+UBSan"
+  phase "unit tests under ASan+UBSan"
   BUILD_DIR=build-asan TARGETS=kvferry_unit_tests \
     scripts/build.sh -DKVFERRY_SANITIZE=ON -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
@@ -74,7 +86,7 @@ if [ "$tsan" = 1 ]; then
   # which TSan slows 5-15x (over the CI budget). halt_on_error: a report fails the run.
   # -O1 -g1: a cold build on 2 cores took 256 s against 352 s at -O2 -g, and the run 26 s
   # (TSan reports still carry file:line).
-  echo "== unit tests under ThreadSanitizer"
+  phase "unit tests under ThreadSanitizer"
   BUILD_DIR=build-tsan TARGETS=kvferry_unit_tests \
     scripts/build.sh -DKVFERRY_SANITIZE=thread -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
@@ -85,7 +97,9 @@ if [ "$tsan" = 1 ]; then
 fi
 
 if [ "$fuzz" = 1 ]; then
-  echo "== fuzzers (clang, libFuzzer + ASan + UBSan)"
+  phase "fuzzers (libFuzzer + ASan + UBSan)"
   JOBS="$JOBS" scripts/fuzz.sh
 fi
+phase "wall time per phase"
+printf '%s\n' "${phases[@]}"
 echo "== all tests passed in $(( $(date +%s) - start )) s"
