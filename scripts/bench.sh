@@ -45,8 +45,8 @@ iperf3_window start 5
 iperf3_window start-1M 5 1M
 
 # Two windows: 200 ms per contestant for the small blocks, 1 s for 64 KiB and up, whose
-# cells of >= 1 MiB per batch carry issue 16's 0.9x target (in 40 ms turns, 0.80-0.89 came
-# and went from run to run; docs/PERFORMANCE.md, "Session 9").
+# cells of >= 1 MiB per batch run near memcpy (>= 0.9x); in 40 ms turns such a cell's ratio
+# moved by 0.1-0.2 from run to run.
 echo "== engine: local and shm vs memcpy"
 build/kvferry bench engine --transports local,shm --threads 1,2 \
   --block-bytes 64,4096 --ops 1,16,128,1024 \
