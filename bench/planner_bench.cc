@@ -1,4 +1,4 @@
-// Plan-building throughput (issue 3 targets: >= 20 M blocks/s on one core, <= 32 bytes per
+// Plan-building throughput (targets: >= 20 M blocks/s on one core, <= 32 bytes per
 // block, a 128k-token deepseek-v3 plan with page size 64 and random pages in < 10 ms).
 //
 // Counters: blocks (after coalescing), calls, bytes_per_block (TransferPlan::memory_bytes /

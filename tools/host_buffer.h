@@ -8,8 +8,8 @@
 // covers only an aligned 2 MiB of addresses, so an unaligned start leaves the head (and the
 // tail) on 4 KiB pages. Kernel 6.18 aligns anonymous mappings whose length is a multiple of
 // 2 MiB by itself, but not others (a 512 MiB + 4 KiB mapping started 4 KiB before a boundary:
-// docs/PERFORMANCE.md, "cma on huge pages, measured again"); PyTorch's THP allocator aligns
-// the same way. The mapping is over-sized by 2 MiB and the unaligned edges unmapped.
+// docs/PERFORMANCE.md, "cma against memcpy and the bare system call"); PyTorch's THP allocator
+// aligns the same way. The mapping is over-sized by 2 MiB and the unaligned edges unmapped.
 #pragma once
 
 #include <fmt/format.h>

@@ -1,6 +1,6 @@
 // iperf3 (Debian's iperf3, single stream on loopback) as a contestant of `bench engine`'s tcp and
 // ucx cells, so that the external reference is measured in the same window as kvferry, turn for
-// turn, instead of seconds or minutes apart (docs/PERFORMANCE.md, "Session 12").
+// turn, instead of seconds or minutes apart (docs/PERFORMANCE.md, "Method").
 //
 // One `iperf3 -s` serves the whole bench; each turn is one client run (`-c -n BYTES -J`) whose
 // GB/s and CPU come from iperf3's own report: bytes and seconds received, and both processes'

@@ -191,7 +191,7 @@ using StartAndOp = std::pair<uint64_t, size_t>;
 // library here sorts integers by radix. Below kRadixSortMinOps a comparison sort is cheaper:
 // each radix pass clears and scans 257 counters, which for the 16 ops of a 1 MiB batch of
 // 64 KiB blocks cost about 1 us of a 17 us batch (6% of the shm cell; docs/PERFORMANCE.md,
-// "Issue 16", "shm: splitting by cost").
+// "Engine: local and shm against memcpy").
 constexpr size_t kRadixSortMinOps = 128;
 void sort_by_start(std::vector<StartAndOp>& v) {
   if (v.size() < kRadixSortMinOps) {

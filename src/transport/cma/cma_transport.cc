@@ -13,7 +13,7 @@ namespace kvferry {
 namespace {
 
 // cma splits from 2 MiB, below the memcpy transports' 4 MiB: its copy is a system call that
-// moves ~14 GB/s on one core (docs/PERFORMANCE.md, "Issue 16", "shm: splitting by cost"),
+// moves ~14 GB/s on one core (docs/PERFORMANCE.md, "cma against memcpy and the bare system call"),
 // so a second thread pays where a cache-resident memcpy does not (4 MiB x 1: 17-19 GB/s
 // split, 13-15 GB/s inline).
 constexpr uint64_t kCmaInlineBatchBytes = 2u << 20;

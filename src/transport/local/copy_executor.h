@@ -9,10 +9,10 @@
 // copiers on a 2-CPU machine, and the batch waits for whichever one the scheduler set aside
 // (the likely cost, not measured apart). 64 KiB x 1024 on 2 threads went from 0.85-1.00x
 // memcpy to 0.92-1.09x; where the CPUs outnumber the workers the cap never binds
-// (docs/PERFORMANCE.md, "Session 12").
+// (docs/PERFORMANCE.md, "Engine: local and shm against memcpy").
 //
 // Why a fixed 4 MiB threshold and not a probe at engine start, nor a lower threshold: on the
-// 2-core VM of docs/PERFORMANCE.md ("Issue 16", "shm: splitting by cost") one thread copies
+// 2-core VM of docs/PERFORMANCE.md ("Engine: local and shm against memcpy") one thread copies
 // a cache-resident 4 MiB at ~60 GB/s, and a second thread adds no bandwidth there but costs
 // a worker's wake-up and the cache lines it pulls from the other core: with the split
 // (2 MiB threshold) 4 MiB x 1 on 2 threads measured 0.75-0.93x memcpy, inline 0.96-1.08x.

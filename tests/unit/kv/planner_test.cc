@@ -1,4 +1,4 @@
-// The planner against sglang's vectors (issue 3 acceptance) and its bad-input errors.
+// The planner against sglang's vectors and its bad-input errors.
 #include "kvferry/kv/planner.h"
 
 #include <gtest/gtest.h>
