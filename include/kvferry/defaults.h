@@ -17,5 +17,13 @@ inline constexpr std::chrono::milliseconds kDefaultHandshakeTimeout{2'000};
 // many received ones are kept until drained (max_pending_notifications).
 inline constexpr size_t kDefaultMaxNotificationBytes = 4096;
 inline constexpr size_t kDefaultMaxPendingNotifications = 65536;
+// And how many bytes they may take (message, sender's name and endpoint, bookkeeping):
+// about 7,800 notifications of the default largest size.
+inline constexpr size_t kDefaultMaxPendingNotificationBytes = size_t{32} << 20;
+
+// How long one data frame may take as a whole, from its first byte to its last, on either end
+// of a data connection (EngineOptions::frame_rest_timeout): a tcp frame, a ucx rendezvous
+// receive.
+inline constexpr std::chrono::milliseconds kDefaultFrameRestTimeout{10'000};
 
 }  // namespace kvferry

@@ -16,7 +16,9 @@ namespace kvferry {
 
 struct ListenerLimits {
   // Connections open at once on the listener; the next one is closed as soon as it is
-  // accepted (logged once per episode). 0 = no limit.
+  // accepted (logged at most once per interval), except on the handshake and bootstrap HTTP
+  // listeners, which close the oldest connection that has not sent its whole request, from
+  // the source holding the most, to admit it (core/acceptor.h). 0 = no limit.
   uint32_t max_connections = 512;
   // Connections open at once from one source address (IP); 0 = no limit.
   uint32_t max_connections_per_source = 64;

@@ -111,6 +111,12 @@ struct EngineOptions {
   // closed, releasing the region it pinned (also for requests without a deadline).
   uint32_t tcp_max_queued_replies = 1024;
   std::chrono::milliseconds tcp_stall_timeout{10'000};
+  // Data planes, both ends: once the first byte (or header) of a frame has arrived, the whole
+  // frame must be in within this long, however its bytes trickle in. A tcp receiver closes a
+  // connection whose frame takes longer (and the initiator one whose answer does), releasing
+  // the region the frame pinned; a ucx target drops a rendezvous write that takes longer,
+  // landing nothing of it.
+  std::chrono::milliseconds frame_rest_timeout = kDefaultFrameRestTimeout;
   // ucx transport: use UCX paths that emulate put/get in the target's software (UCX's tcp
   // and shared-memory transports) — also when KVFERRY_UCX_ALLOW_EMULATED=1 is set. Such
   // paths neither bounds-check a put against the target's registration nor authenticate
@@ -121,10 +127,12 @@ struct EngineOptions {
   // counted and metrics() is empty.
   bool metrics = false;
   // Notifications (send_notification, SubmitOptions::notification): the largest message this
-  // engine sends or accepts, and how many received ones it keeps until get_notifications
-  // drains them (a sender waits for room beyond that; its notifications may time out).
+  // engine sends or accepts, and how many received ones, in how many bytes, it keeps until
+  // get_notifications drains them. One sender holds at most its share of each (a sender over
+  // it is not read, so its notifications may time out, while others still get in).
   size_t max_notification_bytes = kDefaultMaxNotificationBytes;
   size_t max_pending_notifications = kDefaultMaxPendingNotifications;
+  size_t max_pending_notification_bytes = kDefaultMaxPendingNotificationBytes;
 };
 
 struct PeerOptions {

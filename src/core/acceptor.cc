@@ -1,17 +1,22 @@
 #include "core/acceptor.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <list>
 #include <mutex>
 #include <unordered_map>
 
 #include "core/logging.h"
+#include "core/named_thread.h"
 
 namespace kvferry {
 namespace {
@@ -51,42 +56,116 @@ std::string source_address(int fd) {
   return text;
 }
 
+// How many of a source's oldest evictable connections are passed over because request bytes
+// have arrived on them that their owner has not read yet (a peer about to be served).
+constexpr int kMaxVictimsPassedOver = 4;
+// Connections accepted per wake-up of the accept thread, before it polls again.
+constexpr int kAcceptBurst = 64;
+// The listen queue asked for (the kernel caps it at net.core.somaxconn): a flood fills a
+// short queue between two wake-ups, and a peer's connection then waits for a SYN retry.
+constexpr int kAcceptBacklog = 4096;
+
+// Whether bytes wait unread on the connection.
+bool has_unread_bytes(int fd) {
+  int pending = 0;
+  return ::ioctl(fd, FIONREAD, &pending) == 0 && pending > 0;
+}
+
 }  // namespace
+
+// One slot's state, shared by the slot and its listener's counts; guarded by
+// ConnectionCounts::mu except `fd` and `source`, which never change.
+struct SlotState {
+  SlotState(int connection, std::string from) : fd(connection), source(std::move(from)) {}
+  const int fd;
+  const std::string source;
+  bool evictable = false;  // in its source's evictable list, at `position`
+  bool evicted = false;    // counted in ConnectionCounts::closing, no longer in total
+  std::list<SlotState*>::iterator position;
+};
+
+// What one source holds.
+struct SourceCounts {
+  uint32_t open = 0;
+  std::list<SlotState*> evictable;  // oldest first
+};
 
 // Open connections of one listener, in total and per source; shared by the acceptor and
 // the slots it handed out (which may outlive it).
 struct ConnectionCounts {
   std::mutex mu;
-  uint32_t total = 0;                                   // guarded by mu
-  std::unordered_map<std::string, uint32_t> by_source;  // guarded by mu
+  uint32_t total = 0;                                       // guarded by mu
+  uint32_t closing = 0;                                     // guarded by mu: evicted, still open
+  std::unordered_map<std::string, SourceCounts> by_source;  // guarded by mu
 };
 
-ConnectionSlot::ConnectionSlot(std::shared_ptr<ConnectionCounts> counts, std::string source)
-    : counts_(std::move(counts)), source_(std::move(source)) {}
+ConnectionSlot::ConnectionSlot(std::shared_ptr<ConnectionCounts> counts,
+                               std::shared_ptr<SlotState> state)
+    : counts_(std::move(counts)), state_(std::move(state)) {}
+
+ConnectionSlot::~ConnectionSlot() { release(); }
 
 ConnectionSlot& ConnectionSlot::operator=(ConnectionSlot&& other) noexcept {
   if (this != &other) {
     release();
     counts_ = std::move(other.counts_);
-    source_ = std::move(other.source_);
+    state_ = std::move(other.state_);
   }
   return *this;
+}
+
+const std::string& ConnectionSlot::source() const {
+  static const std::string kUnknown;
+  return state_ == nullptr ? kUnknown : state_->source;
+}
+
+bool ConnectionSlot::evicted() const {
+  if (counts_ == nullptr) return false;
+  std::lock_guard lock(counts_->mu);
+  return state_->evicted;
+}
+
+bool ConnectionSlot::mark_engaged() {
+  if (counts_ == nullptr) return true;
+  std::lock_guard lock(counts_->mu);
+  if (state_->evicted) return false;
+  if (state_->evictable) {
+    counts_->by_source[state_->source].evictable.erase(state_->position);
+    state_->evictable = false;
+  }
+  return true;
 }
 
 void ConnectionSlot::release() {
   if (counts_ == nullptr) return;
   {
     std::lock_guard lock(counts_->mu);
-    --counts_->total;
-    auto it = counts_->by_source.find(source_);
-    if (it != counts_->by_source.end() && --it->second == 0) counts_->by_source.erase(it);
+    if (state_->evicted) {
+      --counts_->closing;
+    } else {
+      --counts_->total;
+      auto it = counts_->by_source.find(state_->source);
+      if (it != counts_->by_source.end()) {
+        if (state_->evictable) it->second.evictable.erase(state_->position);
+        if (--it->second.open == 0) counts_->by_source.erase(it);
+      }
+    }
   }
   counts_.reset();
+  state_.reset();
 }
 
 Result<std::unique_ptr<Acceptor>> Acceptor::bind(const Endpoint& endpoint, Options options) {
   Endpoint bound;
   KVF_ASSIGN_OR_RETURN(Fd listener, listen_tcp(endpoint, &bound));
+  // A longer queue than listen_tcp's, and non-blocking, so that one wake-up drains a burst.
+  if (::listen(listener.get(), kAcceptBacklog) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "listen", errno);
+  }
+  const int flags = ::fcntl(listener.get(), F_GETFL);
+  if (flags < 0 || ::fcntl(listener.get(), F_SETFL, flags | O_NONBLOCK) != 0) {
+    return ErrnoStatus(StatusCode::kInternal, "fcntl(O_NONBLOCK) on the listener", errno);
+  }
   Fd wake(::eventfd(0, EFD_CLOEXEC));
   if (!wake.valid()) return ErrnoStatus(StatusCode::kInternal, "eventfd", errno);
   return std::unique_ptr<Acceptor>(
@@ -108,7 +187,7 @@ Acceptor::~Acceptor() { stop(); }
 
 void Acceptor::start(OnConnection on_connection) {
   on_connection_ = std::move(on_connection);
-  thread_ = std::thread([this] { accept_loop(); });
+  thread_ = named_thread(thread_name("kvf-a-", options_.name), [this] { accept_loop(); });
 }
 
 void Acceptor::stop() {
@@ -134,29 +213,86 @@ uint32_t Acceptor::open_connections() const {
   return counts_->total;
 }
 
-bool Acceptor::take_slot(const std::string& source, ConnectionSlot& slot) {
+SlotState* Acceptor::choose_victim_locked(const std::string& source, bool over_source) const {
+  const ListenerLimits& limits = options_.limits;
+  // Evicted sockets stay open until their owner sees them end, which under a flood lags:
+  // bound how many may wait. Past the first bound only a source holding less than an even
+  // share of the listener still gets in (a peer, not the flood), up to twice the bound.
+  const uint32_t max_closing =
+      limits.max_connections != 0 ? limits.max_connections : limits.max_connections_per_source;
+  if (counts_->closing >= 2 * max_closing) return nullptr;
+  if (counts_->closing >= max_closing) {
+    const auto sources = static_cast<uint32_t>(std::max<size_t>(1, counts_->by_source.size()));
+    if (over_source || counts_->by_source.at(source).open >= max_closing / sources) return nullptr;
+  }
+  const SourceCounts* from = nullptr;
+  if (over_source) {
+    from = &counts_->by_source.at(source);
+  } else {
+    for (const auto& [address, held] : counts_->by_source) {
+      if (held.evictable.empty()) continue;
+      if (from == nullptr || held.open > from->open) from = &held;
+    }
+  }
+  if (from == nullptr || from->evictable.empty()) return nullptr;
+  int passed_over = 0;
+  for (SlotState* candidate : from->evictable) {
+    if (passed_over == kMaxVictimsPassedOver || !has_unread_bytes(candidate->fd)) return candidate;
+    ++passed_over;
+  }
+  return from->evictable.front();
+}
+
+void Acceptor::evict_locked(SlotState& victim, const std::string& admitting) {
+  auto it = counts_->by_source.find(victim.source);
+  it->second.evictable.erase(victim.position);
+  victim.evictable = false;
+  victim.evicted = true;
+  --counts_->total;
+  ++counts_->closing;
+  // The entry of the source being admitted is in use by the caller; it gains a connection.
+  if (--it->second.open == 0 && victim.source != admitting) counts_->by_source.erase(it);
+  // The owner sees the connection end and closes it; its place is free from now on.
+  ::shutdown(victim.fd, SHUT_RDWR);
+  evicted_.fetch_add(1);
+  evictions_log_.warn(
+      "{}: listener {} is full ({} connections, {} per source): closing the oldest connections "
+      "that have not sent a request, from the sources holding the most, to admit new ones",
+      options_.name, bound_.to_string(), options_.limits.max_connections,
+      options_.limits.max_connections_per_source);
+}
+
+bool Acceptor::take_slot(int fd, const std::string& source, ConnectionSlot& slot) {
   const ListenerLimits& limits = options_.limits;
   std::lock_guard lock(counts_->mu);
-  uint32_t& from_source = counts_->by_source[source];
-  const bool over_total = limits.max_connections != 0 && counts_->total >= limits.max_connections;
-  const bool over_source =
-      limits.max_connections_per_source != 0 && from_source >= limits.max_connections_per_source;
-  if (over_total || over_source) {
-    if (from_source == 0) counts_->by_source.erase(source);
-    if (!refusing_) {  // once per episode, like the back-off
-      refusing_ = true;
-      log().warn(
-          "{}: refusing connections on {}: {} open, {} from {} (limits {} and {} per source)",
-          options_.name, bound_.to_string(), counts_->total, from_source,
-          source.empty() ? "an unknown source" : source, limits.max_connections,
-          limits.max_connections_per_source);
+  SourceCounts& from_source = counts_->by_source[source];
+  for (;;) {
+    const bool over_total = limits.max_connections != 0 && counts_->total >= limits.max_connections;
+    const bool over_source = limits.max_connections_per_source != 0 &&
+                             from_source.open >= limits.max_connections_per_source;
+    if (!over_total && !over_source) break;
+    SlotState* victim = options_.evict_idle ? choose_victim_locked(source, over_source) : nullptr;
+    if (victim != nullptr) {
+      evict_locked(*victim, source);
+      continue;
     }
+    const uint32_t held = from_source.open;
+    if (held == 0) counts_->by_source.erase(source);
+    refusals_log_.warn(
+        "{}: refusing connections on {}: {} open, {} from {} (limits {} and {} per source)",
+        options_.name, bound_.to_string(), counts_->total, held,
+        source.empty() ? "an unknown source" : source, limits.max_connections,
+        limits.max_connections_per_source);
     return false;
   }
   ++counts_->total;
-  ++from_source;
-  refusing_ = false;
-  slot = ConnectionSlot(counts_, source);
+  ++from_source.open;
+  auto state = std::make_shared<SlotState>(fd, source);
+  if (options_.evict_idle) {
+    state->evictable = true;
+    state->position = from_source.evictable.insert(from_source.evictable.end(), state.get());
+  }
+  slot = ConnectionSlot(counts_, std::move(state));
   return true;
 }
 
@@ -166,22 +302,26 @@ void Acceptor::accept_loop() {
     int rc = ::poll(fds, 2, -1);
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0 || (fds[1].revents & POLLIN) != 0) return;
-    int conn = options_.accept_call(listener_.get(), options_.flags | SOCK_CLOEXEC);
-    if (conn >= 0) {
-      if (backing_off_) log().info("{}: accepting again", options_.name);
-      backing_off_ = false;
-      Fd connection(conn);
-      ConnectionSlot slot;
-      if (!take_slot(source_address(conn), slot)) {
-        refused_.fetch_add(1);
-        continue;  // closed here: over a limit
+    for (int accepted = 0; accepted < kAcceptBurst; ++accepted) {
+      int conn = options_.accept_call(listener_.get(), options_.flags | SOCK_CLOEXEC);
+      if (conn >= 0) {
+        if (backing_off_) log().info("{}: accepting again", options_.name);
+        backing_off_ = false;
+        Fd connection(conn);
+        ConnectionSlot slot;
+        if (!take_slot(conn, source_address(conn), slot)) {
+          refused_.fetch_add(1);
+          continue;  // closed here: over a limit
+        }
+        on_connection_(std::move(connection), std::move(slot));
+        continue;
       }
-      on_connection_(std::move(connection), std::move(slot));
-      continue;
+      const int error = errno;
+      if (error == EAGAIN || error == EWOULDBLOCK) break;  // the queue is empty
+      if (retry_at_once(error)) continue;
+      if (!back_off(error)) return;
+      break;
     }
-    const int error = errno;
-    if (retry_at_once(error)) continue;
-    if (!back_off(error)) return;
   }
 }
 

@@ -12,7 +12,16 @@
 // CPU until a descriptor frees up. Errors about one connection (ECONNABORTED, EPROTO, ...)
 // are retried at once.
 //
-// Thread-safety: bind/start/stop/destructor from the owner's thread; backoffs() from any.
+// Limits (Options::limits): a connection over max_connections or max_connections_per_source
+// is closed as soon as it is accepted. With Options::evict_idle, a listener at a limit first
+// makes room instead: it closes the oldest connection that has not finished its opening
+// exchange (its owner has not called ConnectionSlot::mark_engaged) from the source that holds
+// the most connections, or from the new connection's own source when that source is at its
+// share. So a flood of connections that never send a request cannot keep out a peer that
+// sends its request at once, and one source cannot take the places of the others.
+//
+// Thread-safety: bind/start/stop/destructor from the owner's thread; backoffs(), refused(),
+// evicted() and open_connections() from any.
 #pragma once
 
 #include <atomic>
@@ -25,6 +34,7 @@
 #include <utility>
 
 #include "core/fd.h"
+#include "core/log_throttle.h"
 #include "core/net.h"
 #include "kvferry/listener_limits.h"
 #include "kvferry/status.h"
@@ -32,26 +42,33 @@
 namespace kvferry {
 
 struct ConnectionCounts;
+struct SlotState;
 
 // One accepted connection's place against its listener's limits; destroying (or
 // release()-ing) it frees the place. Empty (default-constructed) slots count nothing.
+// Thread-safety: one owner; the acceptor may evict the connection from its own thread.
 class ConnectionSlot {
  public:
   ConnectionSlot() = default;
-  ConnectionSlot(std::shared_ptr<ConnectionCounts> counts, std::string source);
+  ConnectionSlot(std::shared_ptr<ConnectionCounts> counts, std::shared_ptr<SlotState> state);
   ConnectionSlot(ConnectionSlot&& other) noexcept = default;
   ConnectionSlot& operator=(ConnectionSlot&& other) noexcept;
   ConnectionSlot(const ConnectionSlot&) = delete;
   ConnectionSlot& operator=(const ConnectionSlot&) = delete;
-  ~ConnectionSlot() { release(); }
+  ~ConnectionSlot();
 
   void release();
+  // The connection finished its opening exchange: the acceptor no longer closes it to make
+  // room for others. False when it was evicted already (its socket is shut down).
+  bool mark_engaged();
+  // Whether the acceptor closed the connection to make room (its socket is shut down).
+  bool evicted() const;
   // The client's address (IP literal), "" when unknown.
-  const std::string& source() const { return source_; }
+  const std::string& source() const;
 
  private:
   std::shared_ptr<ConnectionCounts> counts_;
-  std::string source_;
+  std::shared_ptr<SlotState> state_;
 };
 
 // How long the accept thread pauses after accept failed for lack of resources.
@@ -70,6 +87,9 @@ class Acceptor {
     AcceptCall accept_call;  // empty = ::accept4
     // Only max_connections and max_connections_per_source are the acceptor's business.
     ListenerLimits limits;
+    // At a limit, close the oldest connection not yet engaged to admit the new one (see
+    // above) rather than the new one. For listeners whose owner calls mark_engaged.
+    bool evict_idle = false;
 
     static Options named(std::string name, int flags = 0,
                          const ListenerLimits& limits = ListenerLimits{}) {
@@ -97,6 +117,8 @@ class Acceptor {
   uint64_t backoffs() const { return backoffs_.load(); }
   // How many connections were closed at once for being over a limit.
   uint64_t refused() const { return refused_.load(); }
+  // How many connections not yet engaged were closed to make room for new ones.
+  uint64_t evicted() const { return evicted_.load(); }
   // Connections holding a slot now.
   uint32_t open_connections() const;
 
@@ -105,9 +127,14 @@ class Acceptor {
   void accept_loop();
   // Sleeps for the back-off; false when stop() was called meanwhile.
   bool back_off(int error);
-  // A slot for a connection from `source`, or an empty optional-like slot and false when
-  // over a limit.
-  bool take_slot(const std::string& source, ConnectionSlot& slot);
+  // A slot for the connection `fd` from `source`, or false when over a limit and no room
+  // could be made.
+  bool take_slot(int fd, const std::string& source, ConnectionSlot& slot);
+  // With evict_idle: the connection to close so that one from `source` fits; null when none
+  // may be. Called with counts_->mu held.
+  SlotState* choose_victim_locked(const std::string& source, bool over_source) const;
+  // Shuts the victim's socket down and frees its place at once. counts_->mu held.
+  void evict_locked(SlotState& victim, const std::string& admitting);
 
   Fd listener_;
   Fd wake_;  // eventfd: readable once stop() was called
@@ -116,9 +143,11 @@ class Acceptor {
   OnConnection on_connection_;
   std::atomic<uint64_t> backoffs_{0};
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> evicted_{0};
   std::shared_ptr<ConnectionCounts> counts_;
   bool backing_off_ = false;  // accept thread only: logged the current episode
-  bool refusing_ = false;     // accept thread only: logged the current refusal episode
+  LogThrottle refusals_log_;  // a flood refuses or evicts thousands a second
+  LogThrottle evictions_log_;
   std::thread thread_;
 };
 

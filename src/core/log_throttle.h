@@ -57,9 +57,9 @@ class LogThrottle {
  private:
   const std::chrono::milliseconds interval_;
   std::mutex mu_;
-  bool logged_once_ = false;      // guarded by mu_
-  Clock::time_point next_;        // guarded by mu_: the earliest time the next line may go
-  uint64_t suppressed_ = 0;       // guarded by mu_
+  bool logged_once_ = false;  // guarded by mu_
+  Clock::time_point next_;    // guarded by mu_: the earliest time the next line may go
+  uint64_t suppressed_ = 0;   // guarded by mu_
 };
 
 }  // namespace kvferry

@@ -7,15 +7,19 @@
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
+
+#include "core/named_thread.h"
 
 namespace kvferry {
 
 class PeriodicTask {
  public:
-  PeriodicTask(std::chrono::milliseconds period, std::function<void()> callback)
+  PeriodicTask(std::chrono::milliseconds period, std::function<void()> callback,
+               std::string name = "kvf-periodic")
       : period_(period), callback_(std::move(callback)) {
-    thread_ = std::thread([this] {
+    thread_ = named_thread(std::move(name), [this] {
       std::unique_lock lock(mu_);
       while (!cv_.wait_for(lock, period_, [this] { return stopping_; })) {
         lock.unlock();

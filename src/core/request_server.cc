@@ -11,7 +11,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/log_throttle.h"
 #include "core/logging.h"
+#include "core/named_thread.h"
 
 namespace kvferry {
 namespace {
@@ -54,7 +56,7 @@ struct RequestServer::Loop {
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev) != 0) {
       return ErrnoStatus(StatusCode::kInternal, "epoll_ctl", errno);
     }
-    thread_ = std::thread([this] { run(); });
+    thread_ = named_thread(thread_name("kvf-r-", options_.name), [this] { run(); });
     return Status::Ok();
   }
 
@@ -120,6 +122,7 @@ struct RequestServer::Loop {
     }
     const auto deadline = Clock::now() + options_.limits.hello_timeout;
     for (Incoming& in : fresh) {
+      if (in.slot.evicted()) continue;  // closed to make room while it waited here
       const int raw = in.fd.get();
       epoll_event ev{};
       ev.events = EPOLLIN;
@@ -208,8 +211,9 @@ struct RequestServer::Loop {
       switch (framing.kind) {
         case RequestFraming::Kind::kNeedMore:
           if (c.in.size() >= options_.max_request_bytes) {
-            log().warn("{}: closed a connection whose request is not complete after {} bytes",
-                       options_.name, c.in.size());
+            oversized_log_.warn(
+                "{}: closed a connection from {} whose request is not complete after {} bytes",
+                options_.name, c.slot.source(), c.in.size());
             return false;
           }
           continue;
@@ -219,6 +223,9 @@ struct RequestServer::Loop {
                           RequestPeer{c.slot.source(), c.greeting});
           break;
       }
+      // Served now: no longer one the acceptor may close to make room; if it just did, the
+      // socket is shut down and the reply could not go out anyway.
+      if (!c.slot.mark_engaged()) return false;
       c.replying = true;
       c.in = std::string();
       epoll_event ev{};
@@ -252,6 +259,7 @@ struct RequestServer::Loop {
   Fd wake_;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> timed_out_{0};
+  LogThrottle oversized_log_;
   std::mutex mu_;
   std::vector<Incoming> incoming_;                        // guarded by mu_
   std::unordered_map<int, std::unique_ptr<Conn>> conns_;  // loop thread only
@@ -261,9 +269,11 @@ struct RequestServer::Loop {
 Result<std::unique_ptr<RequestServer>> RequestServer::start(const Endpoint& listen,
                                                             RequestServerOptions options,
                                                             Frame frame, Handle handle) {
+  Acceptor::Options accepting =
+      Acceptor::Options::named(options.name, SOCK_NONBLOCK, options.limits);
+  accepting.evict_idle = true;  // the loop marks each connection engaged once its request is in
   KVF_ASSIGN_OR_RETURN(std::unique_ptr<Acceptor> acceptor,
-                       Acceptor::bind(listen, Acceptor::Options::named(options.name, SOCK_NONBLOCK,
-                                                                       options.limits)));
+                       Acceptor::bind(listen, std::move(accepting)));
   auto loop = std::make_unique<Loop>(std::move(options), std::move(frame), std::move(handle));
   KVF_RETURN_IF_ERROR(loop->start());
   auto server =
@@ -285,5 +295,7 @@ RequestServer::~RequestServer() {
 const Endpoint& RequestServer::endpoint() const { return acceptor_->endpoint(); }
 uint32_t RequestServer::open_connections() const { return acceptor_->open_connections(); }
 uint64_t RequestServer::timed_out() const { return loop_->timed_out(); }
+uint64_t RequestServer::evicted() const { return acceptor_->evicted(); }
+uint64_t RequestServer::refused() const { return acceptor_->refused(); }
 
 }  // namespace kvferry

@@ -13,10 +13,15 @@
 // has not received its request and sent its reply within `limits.hello_timeout` of being accepted
 // is closed.
 //
+// A listener at its limits makes room (Acceptor::Options::evict_idle): it closes the oldest
+// connection whose request has not arrived whole, from the source that holds the most, so a
+// flood of connections that never send a request costs the peers that do send one nothing but
+// a place in the queue. A connection whose request is whole is served to the end.
+//
 // `frame` and `handle` run on the loop thread: they must be quick (no blocking I/O).
 //
-// Thread-safety: start/destructor from the owner's thread; endpoint(), open_connections()
-// and timed_out() from any.
+// Thread-safety: start/destructor from the owner's thread; endpoint(), open_connections(),
+// timed_out(), evicted() and refused() from any.
 #pragma once
 
 #include <atomic>
@@ -80,6 +85,10 @@ class RequestServer {
   uint32_t open_connections() const;
   // Connections closed for missing their deadline, so far.
   uint64_t timed_out() const;
+  // Connections closed before their request was whole to admit newer ones, so far.
+  uint64_t evicted() const;
+  // Connections closed as soon as accepted for being over a limit, so far.
+  uint64_t refused() const;
 
  private:
   struct Loop;

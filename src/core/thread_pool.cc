@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "core/named_thread.h"
+
 namespace kvferry {
 
 int usable_cpu_count() {
@@ -16,9 +18,11 @@ int usable_cpu_count() {
   return count;
 }
 
-ThreadPool::ThreadPool(int threads) {
+ThreadPool::ThreadPool(int threads, const std::string& name) {
   workers_.reserve(threads > 0 ? threads : 0);
-  for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { run(); });
+  for (int i = 0; i < threads; ++i) {
+    workers_.push_back(named_thread(name + "-" + std::to_string(i), [this] { run(); }));
+  }
 }
 
 ThreadPool::~ThreadPool() {

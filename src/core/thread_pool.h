@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -15,7 +16,8 @@ namespace kvferry {
 
 class ThreadPool {
  public:
-  explicit ThreadPool(int threads);
+  // Worker i is named `name`-i (core/named_thread.h).
+  explicit ThreadPool(int threads, const std::string& name = "kvf-pool");
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

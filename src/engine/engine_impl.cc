@@ -31,7 +31,7 @@ EngineImpl::EngineImpl(EngineOptions options)
     : options_(std::move(options)),
       incarnation_(new_incarnation()),
       metrics_(options_.metrics ? std::make_unique<EngineMetrics>() : nullptr),
-      workers_(options_.worker_threads) {
+      workers_(options_.worker_threads, "kvf-copy") {
   local_regions_.store(std::make_shared<const RegionIndex>());
 }
 
@@ -68,6 +68,11 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   }
   if (options.max_pending_notifications == 0) {
     return InvalidArgument("max_pending_notifications 0 must be positive");
+  }
+  if (options.max_pending_notification_bytes < options.max_notification_bytes) {
+    return InvalidArgument(
+        fmt::format("max_pending_notification_bytes {} is less than max_notification_bytes {}",
+                    options.max_pending_notification_bytes, options.max_notification_bytes));
   }
   KVF_ASSIGN_OR_RETURN(Endpoint listen, parse_endpoint(options.listen_address, true));
   TransportSet built;
@@ -109,7 +114,9 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   notify.secret = engine->secret_;
   notify.max_notification_bytes = static_cast<uint32_t>(engine->options_.max_notification_bytes);
   notify.max_pending = engine->options_.max_pending_notifications;
+  notify.max_pending_bytes = engine->options_.max_pending_notification_bytes;
   notify.io_timeout = engine->options_.handshake_timeout;
+  notify.metrics = engine->metrics_.get();
   KVF_ASSIGN_OR_RETURN(engine->notifications_, NotificationReceiver::start(std::move(notify)));
   TransportEnv env;
   env.engine_name = engine->options_.name;
@@ -125,6 +132,7 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   env.tcp_limits = engine->options_.tcp_limits;
   env.tcp_max_queued_replies = engine->options_.tcp_max_queued_replies;
   env.tcp_stall_timeout = engine->options_.tcp_stall_timeout;
+  env.frame_rest_timeout = engine->options_.frame_rest_timeout;
   env.ucx_allow_emulated = engine->options_.ucx_allow_emulated;
   if (const char* allow = std::getenv("KVFERRY_UCX_ALLOW_EMULATED");
       allow != nullptr && std::string_view(allow) == "1") {

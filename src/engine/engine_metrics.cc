@@ -7,6 +7,10 @@ namespace {
 
 constexpr std::array<std::string_view, EngineMetrics::kDirections> kDirectionNames = {"write",
                                                                                       "read"};
+constexpr std::array<std::string_view, kNotifyHoldBackReasons> kHoldBackNames = {"sender_share",
+                                                                                 "inbox_full"};
+constexpr std::array<std::string_view, kNotifyDropKinds> kDropNames = {"unacknowledged",
+                                                                       "sender_lost"};
 
 MetricFamily family(std::string name, std::string help, MetricType type) {
   MetricFamily f;
@@ -59,6 +63,14 @@ void EngineMetrics::on_final(TransportMask transports, const Status& status,
     completed_[t].fetch_add(1, std::memory_order_relaxed);
     latency_[t].observe(elapsed);
   }
+}
+
+void EngineMetrics::on_notification_held_back(NotifyHoldBack reason) {
+  notifications_held_back_[static_cast<size_t>(reason)].fetch_add(1, std::memory_order_relaxed);
+}
+
+void EngineMetrics::on_notification_dropped(NotifyDrop what) {
+  notifications_dropped_[static_cast<size_t>(what)].fetch_add(1, std::memory_order_relaxed);
 }
 
 MetricsSnapshot EngineMetrics::snapshot(const std::string& engine, const RegionIndex& regions,
@@ -138,8 +150,27 @@ MetricsSnapshot EngineMetrics::snapshot(const std::string& engine, const RegionI
   peer_family.points.push_back(
       point(labels({{"state", "disconnected"}}), static_cast<double>(peers.disconnected)));
 
+  MetricFamily held_back =
+      family("kvferry_engine_notifications_held_back_total",
+             "Received notifications that waited, unacknowledged and their connection unread, "
+             "because their sender held its share of the inbox or the inbox was full",
+             MetricType::kCounter);
+  for (size_t r = 0; r < kNotifyHoldBackReasons; ++r) {
+    held_back.points.push_back(point(labels({{"reason", std::string(kHoldBackNames[r])}}),
+                                     relaxed(notifications_held_back_[r])));
+  }
+  MetricFamily dropped =
+      family("kvferry_engine_notifications_dropped_total",
+             "Inbox entries not kept: notifications read but not yet acknowledged when their "
+             "connection ended, and sender-lost entries without room",
+             MetricType::kCounter);
+  for (size_t d = 0; d < kNotifyDropKinds; ++d) {
+    dropped.points.push_back(
+        point(labels({{"what", std::string(kDropNames[d])}}), relaxed(notifications_dropped_[d])));
+  }
+
   for (MetricFamily* f : {&bytes, &parts, &completed, &latency, &failures, &ops, &submitted,
-                          &in_flight, &registered, &peer_family}) {
+                          &in_flight, &registered, &peer_family, &held_back, &dropped}) {
     out.families.push_back(std::move(*f));
   }
   return out;

@@ -3,7 +3,8 @@
 //
 // Hooks: on_submitted when a batch has been resolved and is about to be posted
 // (engine_batches.cc), on_final when BatchProgress makes it final (batch_progress.cc, through
-// BatchRecord). Both are relaxed atomic increments only.
+// BatchRecord); on_notification_held_back and on_notification_dropped from the notification
+// receiver's loop (notify_receiver.cc). All are relaxed atomic increments only.
 //
 // Windows: batch latency is BatchProgress's complete_time — from the BatchRecord's creation
 // at the start of submit() to the moment the last task of the last part finished (the bytes
@@ -28,6 +29,16 @@
 
 namespace kvferry::detail {
 
+// Why a received notification waited, unacknowledged and its connection unread, before it
+// went into the inbox (NotificationReceiver).
+enum class NotifyHoldBack : uint8_t { kSenderShare, kInboxFull };
+inline constexpr size_t kNotifyHoldBackReasons = 2;
+// What the notification receiver could not keep: a notification it had read but not yet
+// acknowledged when its connection ended (it waited for room), or a sender-lost entry for
+// which there was no room.
+enum class NotifyDrop : uint8_t { kUnacknowledged, kSenderLost };
+inline constexpr size_t kNotifyDropKinds = 2;
+
 // Which transports a batch used, one bit per TransportKind.
 using TransportMask = uint8_t;
 static_assert(kAllTransportKinds.size() <= 8, "TransportMask holds one bit per transport");
@@ -43,6 +54,10 @@ class EngineMetrics {
   TransportMask on_submitted(size_t ops_submitted, const ResolvedBatch& work);
   // The batch ended with `status` after `elapsed` (submit to last byte).
   void on_final(TransportMask transports, const Status& status, std::chrono::nanoseconds elapsed);
+
+  // The notification receiver held a notification back, or dropped an entry.
+  void on_notification_held_back(NotifyHoldBack reason);
+  void on_notification_dropped(NotifyDrop what);
 
   struct PeerCounts {
     uint64_t connected = 0;
@@ -63,6 +78,8 @@ class EngineMetrics {
   Counter ops_posted_{0};
   Counter batches_submitted_{0};
   std::atomic<int64_t> in_flight_{0};
+  std::array<Counter, kNotifyHoldBackReasons> notifications_held_back_{};
+  std::array<Counter, kNotifyDropKinds> notifications_dropped_{};
 };
 
 }  // namespace kvferry::detail

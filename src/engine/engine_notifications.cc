@@ -10,6 +10,17 @@ Result<std::shared_ptr<NotificationSender>> EngineImpl::notification_sender(Peer
     return InvalidArgument(fmt::format("notification of {} bytes exceeds max_notification_bytes {}",
                                        bytes, options_.max_notification_bytes));
   }
+  if (options_.name.size() > kMaxNotifySenderNameBytes) {
+    return InvalidArgument(fmt::format(
+        "this engine's name of {} bytes exceeds the {} bytes a notification's sender may have",
+        options_.name.size(), kMaxNotifySenderNameBytes));
+  }
+  if (endpoint_.size() > kMaxNotifySenderEndpointBytes) {
+    return InvalidArgument(fmt::format(
+        "this engine's endpoint of {} bytes exceeds the {} bytes a notification's sender may "
+        "have",
+        endpoint_.size(), kMaxNotifySenderEndpointBytes));
+  }
   if (peer.is_disconnected()) {
     return PeerDisconnected("peer " + peer.name + " disconnected: " + peer.disconnect_reason());
   }

@@ -5,6 +5,7 @@
 
 #include "core/auth.h"
 #include "core/logging.h"
+#include "core/named_thread.h"
 #include "engine/notify_wire.h"
 
 namespace kvferry::detail {
@@ -49,7 +50,7 @@ NotificationSender::NotificationSender(std::string peer_name, Endpoint target,
       target_incarnation_(target_incarnation),
       self_(std::move(self)),
       liveness_(std::move(liveness)),
-      thread_([this] { run(); }) {}
+      thread_(named_thread("kvf-notify-tx", [this] { run(); })) {}
 
 NotificationSender::~NotificationSender() {
   {

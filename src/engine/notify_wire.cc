@@ -30,8 +30,8 @@ Result<NotifyHello> decode_hello(std::span<const std::byte> payload) {
   ByteReader r(payload);
   NotifyHello h;
   if (!r.get(h.target_incarnation) || !r.get(h.sender_incarnation) ||
-      !r.get_string(h.sender_name, kMaxNotifyControlBytes) ||
-      !r.get_string(h.sender_endpoint, kMaxNotifyControlBytes) || r.remaining() != 0) {
+      !r.get_string(h.sender_name, kMaxNotifySenderNameBytes) ||
+      !r.get_string(h.sender_endpoint, kMaxNotifySenderEndpointBytes) || r.remaining() != 0) {
     return ProtocolError(
         fmt::format("notification hello of {} bytes is malformed", payload.size()));
   }

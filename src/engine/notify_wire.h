@@ -13,7 +13,8 @@
 //   sender -> target   kBye       empty: a clean close (the target reports no lost sender)
 //
 // Every payload length is checked against the frame type's bound before anything is
-// allocated for it.
+// allocated for it; the hello (the only frame before the proof) is at most
+// kMaxNotifyHelloBytes, the proof at most the HMAC's 32 bytes.
 //
 // Thread-safety: pure functions, and I/O on a connection the caller owns.
 #pragma once
@@ -42,8 +43,16 @@ enum class NotifyFrame : uint16_t {
 };
 inline constexpr FrameFormat kNotifyFormat{"notification", kNotifyMagic, kNotifyVersion,
                                            static_cast<uint16_t>(NotifyFrame::kBye)};
-// Bound of every frame but kNotify (names, endpoints, nonces, error messages).
+// Bound of every frame but kNotify, kHello and kProof (nonces, error messages).
 inline constexpr uint32_t kMaxNotifyControlBytes = 4096;
+// The hello's strings: an engine's name (EngineOptions::name), and its endpoint, host:port
+// (a DNS name of at most 253 characters or a bracketed IPv6 literal, then the port).
+inline constexpr uint32_t kMaxNotifySenderNameBytes = 256;
+inline constexpr uint32_t kMaxNotifySenderEndpointBytes = 264;
+// The largest legitimate hello, and so the most a connection that has proved nothing may
+// make the target buffer: two incarnations and two length-prefixed strings.
+inline constexpr uint32_t kMaxNotifyHelloBytes =
+    8 + 8 + 4 + kMaxNotifySenderNameBytes + 4 + kMaxNotifySenderEndpointBytes;
 // The largest notification an engine may be configured to accept.
 inline constexpr uint32_t kMaxNotificationBytesLimit = 1u << 20;
 

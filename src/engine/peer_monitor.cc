@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "core/logging.h"
+#include "core/named_thread.h"
 
 namespace kvferry::detail {
 namespace {
@@ -20,7 +21,7 @@ PeerMonitor::PeerMonitor()
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeKey;
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
-  thread_ = std::thread([this] { loop(); });
+  thread_ = named_thread("kvf-peer-mon", [this] { loop(); });
 }
 
 PeerMonitor::~PeerMonitor() {

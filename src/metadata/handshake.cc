@@ -83,11 +83,11 @@ Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(const Endpoint& 
                           {reinterpret_cast<const char*>(nonce->data()), nonce->size()});
     };
   }
-  auto frame = [authenticated](std::span<const std::byte> received) {
+  auto frame = [authenticated, s = server.get()](std::span<const std::byte> received) {
     if (received.size() < kHandshakeHeaderBytes) return RequestFraming::need_more();
     auto header = decode_handshake_header(received.data(), kMaxRequestPayload);
     if (!header.ok()) {
-      log().warn("handshake: rejected a request: {}", header.status().message());
+      s->refusals_log_.warn("handshake: rejected a request: {}", header.status().message());
       return RequestFraming::refuse(
           frame_string(HandshakeFrame::kError, header.status().message()));
     }
@@ -115,8 +115,8 @@ std::string HandshakeServer::reply(std::span<const std::byte> request,
   auto get = decode_handshake_header(request.data(), kMaxRequestPayload);
   const auto client_nonce = request.subspan(kHandshakeHeaderBytes, get->length);
   const auto proof_frame = request.subspan(kHandshakeHeaderBytes + get->length);
-  auto refuse = [](const std::string& why) {
-    log().warn("handshake: refused the descriptor: {}", why);
+  auto refuse = [this](const std::string& why) {
+    refusals_log_.warn("handshake: refused the descriptor: {}", why);
     return frame_string(HandshakeFrame::kError, why);
   };
   auto header = decode_handshake_header(proof_frame.data(), sizeof(AuthProof));

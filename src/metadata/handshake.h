@@ -34,6 +34,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/log_throttle.h"
 #include "core/net.h"
 #include "core/request_server.h"
 #include "kvferry/listener_limits.h"
@@ -84,6 +85,8 @@ class HandshakeServer {
 
   const Endpoint& endpoint() const { return server_->endpoint(); }
   uint32_t open_connections() const { return server_->open_connections(); }
+  // Connections closed before their request was whole, to admit newer ones.
+  uint64_t evicted() const { return server_->evicted(); }
 
  private:
   HandshakeServer(DescriptorSource source, std::optional<std::string> secret)
@@ -93,7 +96,9 @@ class HandshakeServer {
   std::string reply(std::span<const std::byte> request, const std::string& greeting) const;
 
   DescriptorSource source_;
-  std::optional<std::string> secret_;      // authentication on when set
+  std::optional<std::string> secret_;  // authentication on when set
+  // A peer can send bad requests at will: a line per interval, not per request.
+  mutable LogThrottle refusals_log_;
   std::unique_ptr<RequestServer> server_;  // last: stopped before source_ goes
 };
 

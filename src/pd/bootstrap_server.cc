@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -18,6 +19,7 @@
 #include <tuple>
 
 #include "core/auth.h"
+#include "core/log_throttle.h"
 #include "core/logging.h"
 #include "core/net.h"
 #include "core/request_server.h"
@@ -44,6 +46,8 @@ constexpr int kHttpPayloadTooLarge = 413;
 constexpr int kHttpHeaderTooLarge = 431;
 constexpr int kHttpLengthRequired = 411;
 constexpr std::string_view kHeadEnd = "\r\n\r\n";
+// Kinds of refused requests logged each with its own throttle (ErrorLog).
+constexpr size_t kMaxErrorKinds = 32;
 
 using RankKey = std::tuple<uint32_t, uint32_t, uint32_t, uint32_t>;  // dp, pp, cp, tp
 
@@ -78,27 +82,58 @@ std::optional<FieldChange> first_change(const RankRegistration& current,
   return std::nullopt;
 }
 
+// The log of refused requests: a client can make them at will, so each kind (the status and
+// the message up to its first quoted or variable part) costs at most a line per interval,
+// without hiding the first of another kind. Past kMaxErrorKinds kinds the rest share one
+// throttle. Thread-safe.
+class ErrorLog {
+ public:
+  void warn(int code, const std::string& message) {
+    LogThrottle* throttle = &overflow_;
+    {
+      std::lock_guard lock(mu_);
+      std::string kind =
+          std::to_string(code) + " " + message.substr(0, message.find_first_of("'/0123456789"));
+      auto it = kinds_.find(kind);
+      if (it == kinds_.end() && kinds_.size() < kMaxErrorKinds) {
+        it = kinds_.emplace(std::move(kind), std::make_unique<LogThrottle>()).first;
+      }
+      if (it != kinds_.end()) throttle = it->second.get();
+    }
+    throttle->warn("bootstrap: HTTP {}: {}", code, message);
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::unique_ptr<LogThrottle>> kinds_;  // guarded by mu_
+  LogThrottle overflow_;
+};
+
 void reply(httplib::Response& res, int code, const nlohmann::json& body) {
   res.status = code;
   res.set_content(body.dump(), "application/json");
 }
 
-void reply_error(httplib::Response& res, int code, const std::string& message) {
-  log().warn("bootstrap: HTTP {}: {}", code, message);
+// Logs the error (throttled: a client can make errors at will) and sends it.
+void reply_error(ErrorLog& errors_log, httplib::Response& res, int code,
+                 const std::string& message) {
+  errors_log.warn(code, message);
   reply(res, code, {{"error", message}});
 }
 
 // Parses an optional unsigned query parameter; false (with the reply sent) when malformed.
-bool query_uint(const httplib::Request& req, httplib::Response& res, const char* key, bool required,
-                uint32_t& out) {
+bool query_uint(ErrorLog& errors_log, const httplib::Request& req, httplib::Response& res,
+                const char* key, bool required, uint32_t& out) {
   if (!req.has_param(key)) {
-    if (required) reply_error(res, kHttpBadRequest, std::string("missing parameter '") + key + "'");
+    if (required) {
+      reply_error(errors_log, res, kHttpBadRequest, std::string("missing parameter '") + key + "'");
+    }
     return !required;
   }
   const std::string value = req.get_param_value(key);
   auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
   if (ec != std::errc() || end != value.data() + value.size() || value.empty()) {
-    reply_error(res, kHttpBadRequest,
+    reply_error(errors_log, res, kHttpBadRequest,
                 std::string("parameter '") + key + "' is '" + value + "', expected a number");
     return false;
   }
@@ -106,8 +141,9 @@ bool query_uint(const httplib::Request& req, httplib::Response& res, const char*
 }
 
 // A whole answer for a request refused before httplib sees it (logged, like every error).
-std::string refusal(int code, const char* reason, const std::string& message) {
-  log().warn("bootstrap: HTTP {}: {}", code, message);
+std::string refusal(ErrorLog& errors_log, int code, const char* reason,
+                    const std::string& message) {
+  errors_log.warn(code, message);
   const std::string body = nlohmann::json{{"error", message}}.dump();
   return "HTTP/1.1 " + std::to_string(code) + " " + reason +
          "\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " +
@@ -122,13 +158,13 @@ bool iequals(std::string_view a, std::string_view b) {
 }
 
 // Where the request in `received` ends. Only framing: httplib parses it afterwards.
-RequestFraming frame_http_request(std::span<const std::byte> bytes) {
+RequestFraming frame_http_request(std::span<const std::byte> bytes, ErrorLog& errors_log) {
   const std::string_view received(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   const size_t head_end = received.find(kHeadEnd);
   if (head_end == std::string_view::npos) {
     if (received.size() <= kMaxRequestHeadBytes) return RequestFraming::need_more();
     return RequestFraming::refuse(
-        refusal(kHttpHeaderTooLarge, "Request Header Fields Too Large",
+        refusal(errors_log, kHttpHeaderTooLarge, "Request Header Fields Too Large",
                 "request head longer than " + std::to_string(kMaxRequestHeadBytes) + " bytes"));
   }
   const std::string_view head = received.substr(0, head_end);
@@ -147,19 +183,19 @@ RequestFraming frame_http_request(std::span<const std::byte> bytes) {
     while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
     if (iequals(name, "Transfer-Encoding")) {
       return RequestFraming::refuse(refusal(
-          kHttpLengthRequired, "Length Required",
+          errors_log, kHttpLengthRequired, "Length Required",
           "Transfer-Encoding '" + std::string(value) + "' is not served; send Content-Length"));
     }
     if (!iequals(name, "Content-Length")) continue;
     auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), body_bytes);
     if (ec != std::errc() || end != value.data() + value.size() || value.empty()) {
       return RequestFraming::refuse(
-          refusal(kHttpBadRequest, "Bad Request",
+          refusal(errors_log, kHttpBadRequest, "Bad Request",
                   "Content-Length '" + std::string(value) + "' is not a number"));
     }
   }
   if (body_bytes > kMaxRequestBodyBytes) {
-    return RequestFraming::refuse(refusal(kHttpPayloadTooLarge, "Payload Too Large",
+    return RequestFraming::refuse(refusal(errors_log, kHttpPayloadTooLarge, "Payload Too Large",
                                           "request body of " + std::to_string(body_bytes) +
                                               " bytes (limit " +
                                               std::to_string(kMaxRequestBodyBytes) + ")"));
@@ -231,11 +267,14 @@ class BootstrapServer::Impl {
     listener.name = "bootstrap";
     listener.limits = options_.limits;
     listener.max_request_bytes = kMaxRequestHeadBytes + kHeadEnd.size() + kMaxRequestBodyBytes;
-    auto listening =
-        RequestServer::start(endpoint, std::move(listener), frame_http_request,
-                             [this](std::span<const std::byte> request, const RequestPeer& peer) {
-                               return server_.serve(request, peer.source);
-                             });
+    auto listening = RequestServer::start(
+        endpoint, std::move(listener),
+        [this](std::span<const std::byte> received) {
+          return frame_http_request(received, errors_log_);
+        },
+        [this](std::span<const std::byte> request, const RequestPeer& peer) {
+          return server_.serve(request, peer.source);
+        });
     if (!listening.ok()) {
       return Internal("bootstrap: cannot bind " + options_.listen_address + ": " +
                       listening.status().message());
@@ -257,6 +296,10 @@ class BootstrapServer::Impl {
     RankRegistration rank;
     Clock::time_point last_seen;
   };
+
+  void reply_error(httplib::Response& res, int code, const std::string& message) {
+    pd::reply_error(errors_log_, res, code, message);
+  }
 
   // With a secret: false (401 sent) unless the request is signed (pd/bootstrap_auth.h).
   bool authorized(const httplib::Request& req, httplib::Response& res) {
@@ -359,10 +402,10 @@ class BootstrapServer::Impl {
     server_.Get("/rank", [this](const httplib::Request& req, httplib::Response& res) {
       if (!authorized(req, res)) return;
       uint32_t tp = 0, pp = 0, cp = 0, dp = 0;
-      if (!query_uint(req, res, "tp_rank", true, tp) ||
-          !query_uint(req, res, "pp_rank", false, pp) ||
-          !query_uint(req, res, "cp_rank", false, cp) ||
-          !query_uint(req, res, "dp_rank", false, dp)) {
+      if (!query_uint(errors_log_, req, res, "tp_rank", true, tp) ||
+          !query_uint(errors_log_, req, res, "pp_rank", false, pp) ||
+          !query_uint(errors_log_, req, res, "cp_rank", false, cp) ||
+          !query_uint(errors_log_, req, res, "dp_rank", false, dp)) {
         return;
       }
       std::lock_guard lock(mu_);
@@ -400,7 +443,7 @@ class BootstrapServer::Impl {
     // Errors our handlers did not answer themselves (they log and fill the body): unknown
     // routes, and requests cpp-httplib refused before routing (a malformed request line or
     // header: 400; a body over the limit: 413).
-    server_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    server_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!res.body.empty()) return;
       if (res.status == kHttpNotFound) {
         return reply_error(res, kHttpNotFound, "no route " + req.method + " " + req.path);
@@ -428,6 +471,7 @@ class BootstrapServer::Impl {
   BootstrapServerOptions options_;
   std::optional<BootstrapAuthChecker> auth_;  // set when the server has a secret
   HttpRouter server_;
+  ErrorLog errors_log_;  // every refused request, malformed or not allowed
   std::mutex stop_mu_;
   std::unique_ptr<RequestServer> listener_;  // guarded by stop_mu_ (after start)
   std::string address_;

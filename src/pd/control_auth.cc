@@ -1,5 +1,6 @@
 #include "pd/control_auth.h"
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <vector>
@@ -11,6 +12,14 @@ namespace {
 
 std::span<const std::byte> as_bytes(const std::string& s) {
   return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+uint64_t payload_bytes(const ControlMessage& message) {
+  return encode_control_message(message).size() - kFrameHeaderBytes;
+}
+
+uint32_t capped(uint64_t bytes) {
+  return static_cast<uint32_t>(std::min<uint64_t>(bytes, kMaxControlPayloadBytes));
 }
 
 }  // namespace
@@ -64,6 +73,25 @@ Status answer_control_challenge(int fd, const std::optional<std::string>& secret
   std::vector<std::byte> frame = encode_control_message(
       AuthProofMessage{std::string(reinterpret_cast<const char*>(proof.data()), proof.size())});
   return send_all(fd, frame, deadline);
+}
+
+uint32_t max_proof_payload_bytes() {
+  return capped(payload_bytes(AuthProofMessage{std::string(kMaxAuthBytes, '\0')}));
+}
+
+uint32_t max_registration_payload_bytes(const RankBuffers& own) {
+  RegisterLayout largest;
+  largest.engine_endpoint.assign(kMaxEndpointBytes, 'x');
+  largest.entries.resize(own.layout.num_entries());
+  largest.aux = own.aux;
+  largest.state = own.state;
+  return capped(payload_bytes(largest) + kRegistrationSlackBytes);
+}
+
+uint32_t max_reply_payload_bytes() {
+  RegisterReply longest;
+  longest.reason.assign(kMaxReasonBytes, 'x');
+  return capped(std::max(payload_bytes(longest), payload_bytes(Heartbeat{})));
 }
 
 }  // namespace kvferry::pd

@@ -3,10 +3,13 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <map>
 #include <span>
 #include <vector>
 
+#include "core/log_throttle.h"
 #include "core/logging.h"
+#include "core/named_thread.h"
 
 namespace kvferry::pd {
 namespace {
@@ -18,6 +21,43 @@ constexpr size_t kPayloadStepBytes = size_t{64} << 10;
 // reader_: the reader may call close() (from on_message or on_close) before start() has
 // even finished assigning reader_.
 thread_local const ControlChannel* t_reader_of = nullptr;
+
+// Kinds of rejected frames with a throttle of their own; further kinds share one.
+constexpr size_t kMaxRejectionKinds = 64;
+
+// Rejected frames, which any client can send at will: one line per interval for each kind of
+// rejection (the reason's text up to its first number: "control frame magic ", "malformed
+// Heartbeat message: ..."), so that a flood of one kind costs one line per interval while the
+// first frame of every other kind is still logged with the value it got wrong.
+class RejectionWarnings {
+ public:
+  void warn(const std::string& peer_name, const std::string& reason) {
+    throttle_for(reason.substr(0, reason.find_first_of("0123456789")))
+        .warn("control channel {}: rejected frame: {}", peer_name, reason);
+  }
+
+ private:
+  LogThrottle& throttle_for(const std::string& kind) {
+    std::lock_guard lock(mu_);
+    if (auto it = by_kind_.find(kind); it != by_kind_.end()) return it->second;
+    if (by_kind_.size() >= kMaxRejectionKinds) return other_kinds_;
+    return by_kind_.try_emplace(kind).first->second;
+  }
+
+  std::mutex mu_;
+  std::map<std::string, LogThrottle> by_kind_;  // guarded by mu_; entries are never erased
+  LogThrottle other_kinds_;
+};
+
+// Throttled across every channel of the process: the logger's state, like the logger itself.
+RejectionWarnings& rejected_frame_warnings() {
+  static RejectionWarnings warnings;
+  return warnings;
+}
+LogThrottle& silent_peer_warnings() {
+  static LogThrottle throttle;
+  return throttle;
+}
 }  // namespace
 
 std::shared_ptr<ControlChannel> ControlChannel::open(Fd fd, std::string peer_name,
@@ -35,11 +75,12 @@ void ControlChannel::start(const Heartbeats& heartbeats) {
   // Each thread keeps the channel alive until it is done (the reader until it has run
   // on_close), so a callback may drop the owner's last reference without destroying the
   // object under a running thread.
-  reader_ = std::thread([self = self_.lock()] {
+  reader_ = named_thread("kvf-pd-ctl-rx", [self = self_.lock()] {
     t_reader_of = self.get();
     self->read_loop();
   });
-  heartbeat_ = std::thread([self = self_.lock(), heartbeats] { self->heartbeat_loop(heartbeats); });
+  heartbeat_ = named_thread(
+      "kvf-pd-ctl-hb", [self = self_.lock(), heartbeats] { self->heartbeat_loop(heartbeats); });
 }
 
 ControlChannel::~ControlChannel() {
@@ -103,7 +144,8 @@ void ControlChannel::heartbeat_loop(const Heartbeats& heartbeats) {
     lock.unlock();
     const auto now = Clock::now();
     if (now - last_received() > silence) {
-      log().warn("control channel {}: silent for more than {} ms", peer_name_, silence.count());
+      silent_peer_warnings().warn("control channel {}: silent for more than {} ms", peer_name_,
+                                  silence.count());
       fail(PeerDisconnected("silent for more than " + std::to_string(silence.count()) + " ms"));
       return;
     }
@@ -119,12 +161,23 @@ Status ControlChannel::read_one(ControlMessage& out) {
   std::byte header_bytes[kFrameHeaderBytes];
   KVF_RETURN_IF_ERROR(recv_all(fd_.get(), header_bytes, Clock::now() + kReadForever));
   KVF_ASSIGN_OR_RETURN(FrameHeader header, decode_frame_header(header_bytes));
-  // The buffer grows with the bytes that arrived, never to a length nobody has sent yet: a
-  // header claiming 16 MiB costs nothing until the bytes come.
+  const uint32_t limit = max_payload_bytes_.load();
+  if (header.payload_bytes > limit) {
+    return ProtocolError(std::string(message_type_name(header.type)) + " payload of " +
+                         std::to_string(header.payload_bytes) + " bytes exceeds the limit of " +
+                         std::to_string(limit) +
+                         " bytes before the connection is authenticated and registered");
+  }
+  // The buffer grows with the bytes that arrived, never to a length nobody has sent yet, nor
+  // past the claimed length: a header claiming the limit costs nothing until the bytes come.
   std::vector<std::byte> payload;
   while (payload.size() < header.payload_bytes) {
     const size_t have = payload.size();
     const size_t step = std::min<size_t>(header.payload_bytes - have, kPayloadStepBytes);
+    if (payload.capacity() < have + step) {
+      payload.reserve(
+          std::min<size_t>(header.payload_bytes, std::max(have + step, 2 * payload.capacity())));
+    }
     payload.resize(have + step);
     KVF_RETURN_IF_ERROR(
         recv_all(fd_.get(), std::span(payload).subspan(have, step), Clock::now() + kReadForever));
@@ -143,7 +196,7 @@ void ControlChannel::read_loop() {
     on_message_(std::move(message));
   }
   if (reason.code() == StatusCode::kProtocolError) {
-    log().warn("control channel {}: rejected frame: {}", peer_name_, reason.message());
+    rejected_frame_warnings().warn(peer_name_, reason.message());
   }
   Status failure;
   {

@@ -12,6 +12,11 @@
 // reset, bad frame, silence, or close()). The two steps let the owner publish the channel
 // (store the pointer its callbacks use) before the first callback can run.
 //
+// Each frame's payload is capped (limit_payload_bytes): a header that claims more than the cap
+// fails the channel (ProtocolError) before a byte of the payload is read or stored, and the
+// buffer of a frame that is within it grows with the bytes that arrive, never past the claim.
+// A frame's buffer is freed once its message is handed over.
+//
 // Heartbeats are the channel's own, the same on both sides (prefill and decode): start()
 // also starts a heartbeat thread that sends a Heartbeat every heartbeat interval and checks
 // every tick that some frame arrived within the heartbeat timeout. A silent peer (hung, or
@@ -67,6 +72,12 @@ class ControlChannel {
   // Shuts the socket down and (unless called on the reader thread) joins the reader.
   void close();
 
+  // The largest payload the next frames may carry (kMaxControlPayloadBytes until called). The
+  // owner caps a peer that has not earned more before start() (pd/control_auth.h) and raises
+  // the cap from on_message once it has; a frame whose header the reader has not yet read gets
+  // the new cap.
+  void limit_payload_bytes(uint32_t max_payload_bytes) { max_payload_bytes_ = max_payload_bytes; }
+
   const std::string& peer_name() const { return peer_name_; }
   bool closed() const { return closed_.load(); }
   // When the last frame arrived (the channel's start time before any).
@@ -93,6 +104,7 @@ class ControlChannel {
   std::condition_variable close_cv_;  // wakes the heartbeat thread once closed_
   Status failure_;                    // why fail() closed the channel; guarded by close_mu_
   std::atomic<int64_t> last_received_ns_{0};
+  std::atomic<uint32_t> max_payload_bytes_{kMaxControlPayloadBytes};
   std::weak_ptr<ControlChannel> self_;  // the reader thread's own reference comes from here
   std::thread reader_;
   std::thread heartbeat_;

@@ -3,6 +3,7 @@
 #include "kvferry/pd/decode_client.h"
 
 #include "core/logging.h"
+#include "core/named_thread.h"
 #include "kvferry/kv/tp_slice.h"
 #include "pd/control_auth.h"
 #include "pd/decode_state.h"
@@ -38,8 +39,9 @@ Status DecodeClientImpl::start() {
   if (options_.buffers.layout.num_entries() == 0) {
     return InvalidArgument("decode client: the KV layout has no entries");
   }
-  bootstrap_pool_ = std::make_unique<ThreadPool>(std::max(1, options_.bootstrap_threads));
-  monitor_thread_ = std::thread([this] { monitor_loop(); });
+  bootstrap_pool_ =
+      std::make_unique<ThreadPool>(std::max(1, options_.bootstrap_threads), "kvf-pd-boot");
+  monitor_thread_ = named_thread("kvf-pd-decode", [this] { monitor_loop(); });
   return Status::Ok();
 }
 
@@ -191,6 +193,9 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
       [this, weak_inst, weak_link, prefill_rank](ControlMessage&& m) {
         auto l = weak_link.lock();
         if (auto* reply = std::get_if<RegisterReply>(&m); reply != nullptr && l) {
+          if (reply->code == StatusCode::kOk) {
+            l->channel->limit_payload_bytes(kMaxControlPayloadBytes);
+          }
           std::lock_guard lock(l->mu);
           l->reply = *reply;
           l->cv.notify_all();
@@ -216,6 +221,8 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
     std::erase_if(channels_, [](const std::weak_ptr<ControlChannel>& c) { return c.expired(); });
     channels_.push_back(link->channel);
   }
+  // Until prefill accepted the registration, it may send no more than its RegisterReply.
+  link->channel->limit_payload_bytes(max_reply_payload_bytes());
   link->channel->start({options_.timeouts, engine_.incarnation()});
   // A send that fails because prefill refused us and closed still gets its reply (the reader
   // hands it over before it sees the end of the stream).
@@ -369,6 +376,12 @@ std::shared_ptr<ReceiverState> DecodeClientImpl::find_room(uint64_t room) const 
   return it == rooms_.end() ? nullptr : it->second;
 }
 
+// What the bootstrap server reports is information: a rank it reports with another
+// incarnation restarted, one it reports stale stopped heartbeating, and either fails the
+// instance. Silence is not: the bootstrap server is needed to start a request, not to finish
+// one, and a flood or a restart of it says nothing about the prefill ranks. Their liveness is
+// their control links' (heartbeats and the silence check close a dead link, and
+// on_link_lost fails the instance), so an unreachable bootstrap server fails nothing.
 void DecodeClientImpl::check_health(const std::shared_ptr<PrefillInstance>& inst) {
   BootstrapClient bootstrap(
       inst->bootstrap_address,
@@ -377,25 +390,29 @@ void DecodeClientImpl::check_health(const std::shared_ptr<PrefillInstance>& inst
   Result<HealthReport> health = bootstrap.health();
   if (metrics_ != nullptr) metrics_->on_bootstrap(health.status());
   const auto now = Clock::now();
-  if (health.ok()) {
-    for (const RankHealth& rank : health->ranks) {
-      auto it = inst->links.find(rank.tp_rank);
-      if (it == inst->links.end() || !it->second->reply) continue;
-      if (rank.incarnation != it->second->reply->incarnation) {
-        return kill_instance(inst, PeerDisconnected(rank_name(*inst, rank.tp_rank) +
-                                                    " restarted (bootstrap reports a new "
-                                                    "incarnation)"));
-      }
-      if (!rank.alive) {
-        return kill_instance(inst, PeerDisconnected(rank_name(*inst, rank.tp_rank) +
-                                                    " stopped heartbeating the bootstrap server"));
-      }
-    }
-    inst->last_healthy = now;
-  } else if (now - inst->last_healthy > options_.timeouts.effective_heartbeat_timeout()) {
-    kill_instance(inst, PeerUnreachable("bootstrap server " + inst->bootstrap_address +
-                                        " unreachable: " + health.status().message()));
+  if (!health.ok()) {
+    const auto silent_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - inst->last_healthy).count();
+    health_log_.warn(
+        "decode: no health report from bootstrap server {} for {} ms ({}); requests in flight "
+        "go on over their control links",
+        inst->bootstrap_address, silent_ms, health.status().message());
+    return;
   }
+  for (const RankHealth& rank : health->ranks) {
+    auto it = inst->links.find(rank.tp_rank);
+    if (it == inst->links.end() || !it->second->reply) continue;
+    if (rank.incarnation != it->second->reply->incarnation) {
+      return kill_instance(inst, PeerDisconnected(rank_name(*inst, rank.tp_rank) +
+                                                  " restarted (bootstrap reports a new "
+                                                  "incarnation)"));
+    }
+    if (!rank.alive) {
+      return kill_instance(inst, PeerDisconnected(rank_name(*inst, rank.tp_rank) +
+                                                  " stopped heartbeating the bootstrap server"));
+    }
+  }
+  inst->last_healthy = now;
 }
 
 void DecodeClientImpl::monitor_loop() {

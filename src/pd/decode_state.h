@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/log_throttle.h"
 #include "core/net.h"
 #include "core/thread_pool.h"
 #include "kvferry/pd/bootstrap.h"
@@ -48,6 +49,7 @@ struct PrefillInstance {
   InstanceLayout layout;
   std::vector<uint32_t> ranks;  // prefill ranks this decode rank reads from
   std::map<uint32_t, std::shared_ptr<PrefillLink>> links;
+  // When the bootstrap server last answered for the instance (connected, then monitor thread).
   Clock::time_point last_healthy = Clock::now();
 };
 
@@ -131,6 +133,7 @@ class DecodeClientImpl {
   std::unordered_map<uint64_t, std::shared_ptr<ReceiverState>> rooms_;
   DecodeStats stats_;
   std::unique_ptr<PdMetrics> metrics_;  // DecodeClientOptions::metrics, else null
+  LogThrottle health_log_;              // a bootstrap server may stay silent for long
 };
 
 }  // namespace kvferry::pd::detail

@@ -2,7 +2,12 @@
 // The send path is in kv_sender.cc.
 #include "kvferry/pd/prefill_server.h"
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "core/logging.h"
+#include "core/named_thread.h"
 #include "kvferry/kv/tp_slice.h"
 #include "kvferry/pd/bootstrap.h"
 #include "pd/control_auth.h"
@@ -10,6 +15,22 @@
 
 namespace kvferry::pd {
 namespace detail {
+namespace {
+
+// After this many connections closed unregistered (a burst of clients that never registered,
+// each with a frame of up to the registration cap buffered), freed memory goes back to the
+// system, at most once per interval: glibc keeps what threads freed in their arenas, so a
+// burst would otherwise leave its peak resident for good.
+constexpr uint32_t kTrimAfterUnregisteredCloses = 16;
+constexpr auto kTrimInterval = std::chrono::seconds(1);
+
+void give_freed_memory_back() {
+#if defined(__GLIBC__)
+  ::malloc_trim(0);
+#endif
+}
+
+}  // namespace
 
 PrefillServerImpl::PrefillServerImpl(PrefillServerOptions options)
     : options_(std::move(options)),
@@ -26,12 +47,13 @@ Status PrefillServerImpl::start() {
                            std::to_string(options_.worker_shards) + " (need > 0)");
   }
   KVF_ASSIGN_OR_RETURN(Endpoint listen, parse_endpoint(options_.control_listen, true));
+  registration_payload_limit_ = max_registration_payload_bytes(options_.buffers);
   KVF_ASSIGN_OR_RETURN(
       acceptor_,
       Acceptor::bind(listen, Acceptor::Options::named("pd control", 0, options_.control_limits)));
   control_endpoint_ = acceptor_->endpoint().to_string();
   for (int i = 0; i < options_.worker_shards; ++i) {
-    shards_.push_back(std::make_unique<ThreadPool>(1));
+    shards_.push_back(std::make_unique<ThreadPool>(1, "kvf-pd-s" + std::to_string(i)));
   }
   // Accepting before registering: the bootstrap server may ask this control listener for
   // the incarnation it greets with before it lets a new incarnation take the rank over (a
@@ -39,7 +61,7 @@ Status PrefillServerImpl::start() {
   acceptor_->start(
       [this](Fd fd, ConnectionSlot slot) { on_accepted(std::move(fd), std::move(slot)); });
   if (!options_.bootstrap_address.empty()) KVF_RETURN_IF_ERROR(register_at_start());
-  monitor_thread_ = std::thread([this] { monitor_loop(); });
+  monitor_thread_ = named_thread("kvf-pd-prefill", [this] { monitor_loop(); });
   return Status::Ok();
 }
 
@@ -150,12 +172,16 @@ void PrefillServerImpl::on_accepted(Fd fd, ConnectionSlot slot) {
   Result<AuthChallengeMessage> challenge =
       make_control_challenge(engine_.secret(), engine_.incarnation());
   if (!challenge.ok() || !peer->channel->send(*challenge).ok()) {
-    log().warn("prefill: cannot challenge {}: {}", peer->name(),
-               challenge.ok() ? "send failed" : challenge.status().to_string());
+    warnings_.refused.warn("prefill: cannot challenge {}: {}", peer->name(),
+                           challenge.ok() ? "send failed" : challenge.status().to_string());
     return;  // the channel (and its socket) goes with `peer`; no thread was started
   }
   peer->challenge = std::move(*challenge);
   peer->authenticated = !engine_.secret().has_value();
+  // Until it proved the secret, or registered, the connection may send no more than the
+  // frame it owes next: its buffers stay a few kilobytes whatever its headers claim.
+  peer->channel->limit_payload_bytes(peer->authenticated ? registration_payload_limit_
+                                                         : max_proof_payload_bytes());
   // Published (channel set, peer listed) before the first callback can use either.
   {
     std::lock_guard lock(mu_);
@@ -172,13 +198,14 @@ bool PrefillServerImpl::authenticate(const std::shared_ptr<DecodePeer>& peer,
   const auto* proof = std::get_if<AuthProofMessage>(&message);
   if (proof != nullptr && control_proof_matches(*engine_.secret(), peer->challenge, *proof)) {
     peer->authenticated = true;
+    peer->channel->limit_payload_bytes(registration_payload_limit_);
     return false;  // consumed
   }
   Status why =
       Unauthenticated(proof != nullptr ? "wrong secret"
                                        : std::string(message_type_name(message_type(message))) +
                                              " before the AuthProof of the secret");
-  log().warn("prefill: refused {}: {}", peer->name(), why.message());
+  warnings_.refused.warn("prefill: refused {}: {}", peer->name(), why.message());
   peer->channel
       ->send(RegisterReply{options_.tp.rank, engine_.incarnation(), why.code(), why.message()})
       .ignore();
@@ -193,14 +220,15 @@ void PrefillServerImpl::on_message(const std::shared_ptr<DecodePeer>& peer,
   if (auto* req = std::get_if<TransferRequest>(&message)) return on_request(peer, std::move(*req));
   if (auto* abort = std::get_if<AbortMessage>(&message)) return on_abort(peer, *abort);
   if (std::holds_alternative<Heartbeat>(message)) return;
-  log().warn("prefill: {} sent unexpected {}", peer->name(),
-             message_type_name(message_type(message)));
+  warnings_.requests.warn("prefill: {} sent unexpected {}", peer->name(),
+                          message_type_name(message_type(message)));
 }
 
 void PrefillServerImpl::on_register(const std::shared_ptr<DecodePeer>& peer, RegisterLayout&& reg) {
   RegisterReply reply{options_.tp.rank, engine_.incarnation(), StatusCode::kOk, ""};
   auto refuse = [&](const Status& why) {
-    log().warn("prefill: refused registration from {}: {}", peer->name(), why.to_string());
+    warnings_.refused.warn("prefill: refused registration from {}: {}", peer->name(),
+                           why.to_string());
     reply.code = why.code();
     reply.reason = why.message();
     peer->channel->send(reply).ignore();
@@ -223,6 +251,7 @@ void PrefillServerImpl::on_register(const std::shared_ptr<DecodePeer>& peer, Reg
   peer->engine_peer = *engine_peer;
   peer->registration = std::move(reg);
   peer->registered = true;
+  peer->channel->limit_payload_bytes(kMaxControlPayloadBytes);
   log().info("prefill tp {}: registered {} over {}", options_.tp.rank, peer->name(),
              transport_kind_name(peer->engine_peer.transport()));
   peer->channel->send(reply).ignore();
@@ -267,8 +296,8 @@ void PrefillServerImpl::refuse_request(const std::shared_ptr<DecodePeer>& peer, 
   // Refused for this sender only: the room belongs to the destinations that filled it, and a
   // request that does not fit (another connection that learnt the room id, a repeat, a
   // mismatching required_dst_ranks) must not fail it for them.
-  log().warn("prefill: refused the TransferRequest for room {} from {}: {}", room, peer->name(),
-             why.to_string());
+  warnings_.requests.warn("prefill: refused the TransferRequest for room {} from {}: {}", room,
+                          peer->name(), why.to_string());
   send_status(peer, RequestStatusMessage{room, RequestState::kFailed, why.code(), why.message(),
                                          std::nullopt});
 }
@@ -336,8 +365,9 @@ void PrefillServerImpl::on_abort(const std::shared_ptr<DecodePeer>& peer,
     // decode (or anyone who guessed the room) cannot cancel it. None of this connection's
     // writes are in flight for the room, which is all the AbortAck says.
     if (s) {
-      log().warn("prefill: refused the Abort of room {} from {}: not a destination of it",
-                 abort.room, peer->name());
+      warnings_.requests.warn(
+          "prefill: refused the Abort of room {} from {}: not a destination of it", abort.room,
+          peer->name());
     }
     send_status(peer, AbortAck{abort.room});
     return;
@@ -361,9 +391,13 @@ void PrefillServerImpl::on_close(const std::shared_ptr<DecodePeer>& peer, const 
       }
     }
   }
-  if (!stopping_) {
+  if (!stopping_ && peer->registered) {
     log().warn("prefill tp {}: lost {}: {} ({} requests fail)", options_.tp.rank, peer->name(),
                reason.message(), affected.size());
+  } else if (!stopping_) {
+    ++unregistered_closed_;
+    warnings_.unfinished.warn("prefill tp {}: lost {} before it registered: {}", options_.tp.rank,
+                              peer->name(), reason.message());
   }
   for (auto& s : affected) {
     fail(s, PeerDisconnected(peer->name() + " disconnected: " + reason.message()));
@@ -376,7 +410,7 @@ void PrefillServerImpl::send_status(const std::shared_ptr<DecodePeer>& peer,
                                     const ControlMessage& message) {
   if (!peer->alive) return;
   Status s = peer->channel->send(message);
-  if (!s.ok()) log().warn("prefill: cannot tell {}: {}", peer->name(), s.to_string());
+  if (!s.ok()) warnings_.requests.warn("prefill: cannot tell {}: {}", peer->name(), s.to_string());
 }
 
 void PrefillServerImpl::monitor_loop() {
@@ -402,14 +436,20 @@ void PrefillServerImpl::monitor_loop() {
       }
     }
     for (auto& peer : unregistered) {  // closed outside mu_: on_close takes it
-      log().warn("prefill tp {}: closing {}: no RegisterLayout within {} ms", options_.tp.rank,
-                 peer->name(), options_.control_limits.hello_timeout.count());
+      warnings_.unfinished.warn("prefill tp {}: closing {}: no RegisterLayout within {} ms",
+                                options_.tp.rank, peer->name(),
+                                options_.control_limits.hello_timeout.count());
       peer->channel->close();
     }
     for (auto& s : stale) {
       fail(s, Timeout("room " + std::to_string(s->room) + " still Bootstrapping after " +
                       std::to_string(t.bootstrap_timeout.count()) + " ms"));
       finish_if_drained(s);
+    }
+    if (unregistered_closed_ >= kTrimAfterUnregisteredCloses && now - last_trim_ >= kTrimInterval) {
+      unregistered_closed_ = 0;
+      last_trim_ = now;
+      give_freed_memory_back();
     }
     // Heartbeats on the control connections are each channel's own (ControlChannel); what
     // beats here is the registration with the bootstrap server.

@@ -16,6 +16,7 @@
 
 #include "core/acceptor.h"
 #include "core/fd.h"
+#include "core/log_throttle.h"
 #include "core/net.h"
 #include "core/thread_pool.h"
 #include "kvferry/kv/transfer_plan.h"
@@ -98,6 +99,14 @@ struct SenderState {
   std::vector<std::shared_ptr<DecodePeer>> ack_to;  // abort acks owed once drained
 };
 
+// Warnings a decode connection can cause at will (any client, before it authenticated or
+// registered; a registered one, with each refused request): one line per interval each.
+struct ConnectionWarnings {
+  LogThrottle refused;     // wrong secret, frames before the proof, refused registrations
+  LogThrottle unfinished;  // connections lost or closed before they registered
+  LogThrottle requests;    // refused requests and aborts, statuses that could not be sent
+};
+
 class PrefillServerImpl {
  public:
   explicit PrefillServerImpl(PrefillServerOptions options);
@@ -150,6 +159,15 @@ class PrefillServerImpl {
   TransferEngine& engine_;
   std::unique_ptr<Acceptor> acceptor_;  // the control listener
   std::string control_endpoint_;
+  // The payload cap of a connection that has not registered (pd/control_auth.h); set by
+  // start(), before the first connection.
+  uint32_t registration_payload_limit_ = 0;
+  ConnectionWarnings warnings_;
+  // Connections closed before they registered since the monitor last gave freed memory back
+  // to the system (their buffers were freed, but the allocator keeps freed memory), and when
+  // it did (monitor thread only).
+  std::atomic<uint32_t> unregistered_closed_{0};
+  Clock::time_point last_trim_;
   std::atomic<bool> stopping_{false};
   std::thread monitor_thread_;
   std::vector<std::unique_ptr<ThreadPool>> shards_;

@@ -15,6 +15,7 @@
 #include "core/byte_codec.h"
 #include "core/frame_header.h"
 #include "core/logging.h"
+#include "core/named_thread.h"
 
 namespace kvferry {
 namespace {
@@ -51,7 +52,7 @@ Result<std::unique_ptr<ShmFdServer>> ShmFdServer::start(uint64_t incarnation, Lo
   std::unique_ptr<ShmFdServer> server(new ShmFdServer(std::move(listener), std::move(wake),
                                                       std::move(name), std::move(lookup),
                                                       std::move(secret), io_timeout));
-  server->thread_ = std::thread([s = server.get()] { s->accept_loop(); });
+  server->thread_ = named_thread("kvf-shm-fd", [s = server.get()] { s->accept_loop(); });
   return server;
 }
 
@@ -63,7 +64,7 @@ ShmFdServer::ShmFdServer(Fd listener, Fd wake, std::string name, Lookup lookup,
       lookup_(std::move(lookup)),
       secret_(std::move(secret)),
       io_timeout_(io_timeout),
-      pool_(kThreads) {}
+      pool_(kThreads, "kvf-shm-fd") {}
 
 ShmFdServer::~ShmFdServer() {
   uint64_t one = 1;

@@ -77,6 +77,8 @@ struct TransportEnv {
   ListenerLimits tcp_limits;                            // EngineOptions::tcp_limits
   uint32_t tcp_max_queued_replies = 1024;               // EngineOptions::tcp_max_queued_replies
   std::chrono::milliseconds tcp_stall_timeout{10'000};  // EngineOptions::tcp_stall_timeout
+  // EngineOptions::frame_rest_timeout
+  std::chrono::milliseconds frame_rest_timeout = kDefaultFrameRestTimeout;
   bool ucx_allow_emulated = false;  // EngineOptions::ucx_allow_emulated or its env variable
   uint64_t incarnation = 0;
   uint64_t inline_batch_bytes = 0;

@@ -1,11 +1,12 @@
 // `kvferry bench engine`, `bench kv` and `demo` given a bad value: each run exits non-zero
 // before it measures or starts anything, and its message names the option and the value.
-// Until these checks a negative --ops was printed as cells "skipped" for 17 EiB batches,
-// --threads 0 measured a "thr=0" cell, --tokens 0 moved a page per layer, a port above 65535
-// reached iperf3, and a demo with --prefill-tp 0 or --decode-tp 0 waited for the missing side
-// until its timeout.
+// Unchecked, a negative --ops would print cells "skipped" for 17 EiB batches, --threads 0
+// would measure a "thr=0" cell, --tokens 0 would move a page per layer, a port above 65535
+// would reach iperf3, and a demo with --prefill-tp 0 would wait for the missing side until
+// its timeout. `--help` of the first-hour commands shows every numeric default.
 #include <gtest/gtest.h>
 
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,32 @@ INSTANTIATE_TEST_SUITE_P(
                       BadValue{{"demo", "--timeout-s", "0"}, "--timeout-s 0 (valid: 1.."},
                       BadValue{{"demo", "--min-tokens", "600", "--max-tokens", "512"},
                                "--min-tokens 600 is more than --max-tokens 512"}));
+
+// A newcomer reading --help learns what each option does when left out: every option with a
+// numeric value shows its default ("--requests INT=64"), in the commands a first hour uses.
+TEST(CliHelp, EveryNumericOptionShowsItsDefault) {
+  for (const std::vector<std::string>& command :
+       {std::vector<std::string>{"demo", "--help"},
+        std::vector<std::string>{"bench", "engine", "--help"},
+        {"serve", "--help"}}) {
+    CliRun run = run_cli(command);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    size_t numeric = 0;
+    std::istringstream lines(run.output);
+    for (std::string line; std::getline(lines, line);) {
+      const size_t dashes = line.find("--");
+      if (dashes == std::string::npos) continue;
+      const bool is_numeric = line.find(" INT", dashes) != std::string::npos ||
+                              line.find(" UINT", dashes) != std::string::npos;
+      if (!is_numeric) continue;
+      ++numeric;
+      const std::string option = line.substr(dashes, line.find(' ', dashes) - dashes);
+      EXPECT_NE(line.find('=', dashes), std::string::npos)
+          << command.front() << " " << option << " shows no default: " << line;
+    }
+    EXPECT_GE(numeric, 3u) << run.output;
+  }
+}
 
 }  // namespace
 }  // namespace kvferry

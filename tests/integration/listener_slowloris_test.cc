@@ -94,8 +94,9 @@ TEST(BootstrapListener, SlowAndIdleClientsDoNotDelayHealth) {
   {
     const std::vector<std::byte> head_start = bytes_of("GET /health HTTP/1.1\r\nHost: x\r\n");
     HostileCrowd slow(endpoint, 20, kCrowdSources, head_start);
-    // Within the listener's 256 places: a crowd that takes them all keeps newcomers out
-    // until hello_timeout frees them (docs/PROTOCOL.md, "Listener limits").
+    // Within the listener's 256 places, so that hello_timeout closes every one of them (a
+    // crowd beyond them has its oldest idle connections closed to admit newcomers:
+    // listener_flood_test.cc).
     HostileCrowd idle(endpoint, 200, kCrowdSources);
     ASSERT_EQ(slow.connected() + idle.connected(), 220u);
     for (int i = 0; i < 6; ++i) {

@@ -16,6 +16,7 @@
 #include "core/byte_codec.h"
 #include "core/frame_header.h"
 #include "core/logging.h"
+#include "core/named_thread.h"
 
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77  // Linux 6.5: a pidfd of the peer's process, race-free
@@ -61,7 +62,7 @@ Result<std::unique_ptr<CmaSessionHub>> CmaSessionHub::start(Options options) {
   if (!wake.valid()) return ErrnoStatus(StatusCode::kInternal, "cma session: eventfd", errno);
   std::unique_ptr<CmaSessionHub> hub(
       new CmaSessionHub(std::move(listener), std::move(wake), std::move(name), std::move(options)));
-  hub->thread_ = std::thread([h = hub.get()] { h->loop(); });
+  hub->thread_ = named_thread("kvf-cma", [h = hub.get()] { h->loop(); });
   return hub;
 }
 

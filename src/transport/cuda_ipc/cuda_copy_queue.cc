@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/logging.h"
+#include "core/named_thread.h"
 #include "transport/cuda_ipc/cuda_runtime_util.h"
 
 namespace kvferry::cuda_ipc {
@@ -35,7 +36,8 @@ cudaError_t memcpy_batch(const std::vector<void*>& dsts, const std::vector<const
 
 }  // namespace
 
-CudaCopyQueue::CudaCopyQueue() : completion_thread_([this] { completion_loop(); }) {}
+CudaCopyQueue::CudaCopyQueue()
+    : completion_thread_(named_thread("kvf-cuda-done", [this] { completion_loop(); })) {}
 
 CudaCopyQueue::~CudaCopyQueue() {
   {

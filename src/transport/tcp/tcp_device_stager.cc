@@ -2,11 +2,15 @@
 
 #include <fmt/format.h>
 
+#include "core/named_thread.h"
+
 namespace kvferry {
 
 TcpDeviceStager::TcpDeviceStager(std::shared_ptr<CudaMemoryApi> api,
                                  std::shared_ptr<TcpStagingPool> pool)
-    : api_(std::move(api)), pool_(std::move(pool)), thread_([this] { run(); }) {}
+    : api_(std::move(api)),
+      pool_(std::move(pool)),
+      thread_(named_thread("kvf-tcp-stage", [this] { run(); })) {}
 
 TcpDeviceStager::~TcpDeviceStager() {
   {

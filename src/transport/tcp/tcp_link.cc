@@ -18,6 +18,7 @@
 #include "core/auth.h"
 #include "core/byte_codec.h"
 #include "core/logging.h"
+#include "core/named_thread.h"
 #include "transport/tcp/tcp_device_lander.h"
 #include "transport/tcp/tcp_wire.h"
 
@@ -215,13 +216,15 @@ class TcpLane {
   }
 
  private:
-  TcpLane(Fd fd, std::string peer, int64_t offset_ns, std::shared_ptr<TcpDeviceStaging> device)
+  TcpLane(Fd fd, std::string peer, int64_t offset_ns, std::chrono::milliseconds frame_rest_timeout,
+          std::shared_ptr<TcpDeviceStaging> device)
       : fd_(std::move(fd)),
         peer_(std::move(peer)),
         clock_offset_ns_(offset_ns),
+        frame_rest_timeout_(frame_rest_timeout),
         landers_(std::move(device)) {
-    sender_ = std::thread([this] { send_loop(); });
-    reader_ = std::thread([this] { read_loop(); });
+    sender_ = named_thread("kvf-tcp-tx", [this] { send_loop(); });
+    reader_ = named_thread("kvf-tcp-rx", [this] { read_loop(); });
   }
 
   Status broken_status() const {
@@ -957,7 +960,7 @@ class TcpLane {
   // Reads one answer frame and acts on it (a frame has started: the rest follows promptly
   // from a live peer). False: the lane failed (fail_all done).
   bool read_frame(std::array<std::byte, kTcpHeaderBytes>& raw) {
-    Status s = read_input(raw, Clock::now() + kTcpFrameRestTimeout);
+    Status s = read_input(raw, Clock::now() + frame_rest_timeout_);
     if (s.ok()) s = on_frame(raw.data());
     if (s.ok()) return true;
     fail_all(s.code() == StatusCode::kProtocolError ? s : lost(s));
@@ -1062,8 +1065,7 @@ class TcpLane {
     std::array<std::byte, kTcpScratchBytes> scratch;
     for (uint64_t left = h.length; left != 0;) {
       const uint64_t n = std::min<uint64_t>(left, scratch.size());
-      if (Status s = read_input({scratch.data(), n}, Clock::now() + kTcpFrameRestTimeout);
-          !s.ok()) {
+      if (Status s = read_input({scratch.data(), n}, Clock::now() + frame_rest_timeout_); !s.ok()) {
         return PeerDisconnected("connection to " + peer_ + " lost mid-payload: " + s.message());
       }
       left -= n;
@@ -1107,7 +1109,7 @@ class TcpLane {
             }
           }
         }
-        s = read_input_scatter(window, std::min(Clock::now() + kTcpFrameRestTimeout, b.deadline()));
+        s = read_input_scatter(window, std::min(Clock::now() + frame_rest_timeout_, b.deadline()));
         if (s.code() == StatusCode::kTimeout && Clock::now() >= b.deadline()) {
           // The deadline passed mid-piece: nothing more lands, the rest is drained.
           for (const iovec& w : window) n -= w.iov_len;
@@ -1118,7 +1120,7 @@ class TcpLane {
       } else {
         outcome = why;
         n = std::min<uint64_t>(c.length - done, scratch.size());
-        s = read_input({scratch.data(), n}, Clock::now() + kTcpFrameRestTimeout);
+        s = read_input({scratch.data(), n}, Clock::now() + frame_rest_timeout_);
       }
       // The rest of the frame did not come: the stream is lost, not just this request.
       if (!s.ok()) {
@@ -1153,7 +1155,7 @@ class TcpLane {
       } else {
         into = {scratch.data(), std::min<uint64_t>(scratch.size(), c.length - done)};
       }
-      if (Status s = read_input(into, Clock::now() + kTcpFrameRestTimeout); !s.ok()) {
+      if (Status s = read_input(into, Clock::now() + frame_rest_timeout_); !s.ok()) {
         return PeerDisconnected("connection to " + peer_ + " lost mid-payload: " + s.message());
       }
       done += into.size();
@@ -1175,7 +1177,8 @@ class TcpLane {
   Fd fd_;
   std::string peer_;
   int64_t clock_offset_ns_;
-  TcpLanderSet landers_;  // reader thread only
+  std::chrono::milliseconds frame_rest_timeout_;  // TcpLinkOptions::frame_rest_timeout
+  TcpLanderSet landers_;                          // reader thread only
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<TcpChunk> queue_;                        // guarded by mu_
@@ -1277,7 +1280,8 @@ Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
       return Unauthenticated("peer " + o.peer_name + " refused our credentials (wrong secret?)");
     }
   }
-  return std::shared_ptr<TcpLane>(new TcpLane(std::move(fd), o.peer_name, offset_ns, o.device));
+  return std::shared_ptr<TcpLane>(
+      new TcpLane(std::move(fd), o.peer_name, offset_ns, o.frame_rest_timeout, o.device));
 }
 
 TcpLink::TcpLink(TcpLinkOptions options) : options_(std::move(options)) {

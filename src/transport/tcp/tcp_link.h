@@ -54,6 +54,8 @@ struct TcpLinkOptions {
   int lanes = 4;  // EngineOptions::tcp_lanes
   std::chrono::milliseconds connect_timeout = kDefaultHandshakeTimeout;
   std::optional<std::string> secret;
+  // How long the rest of an answer frame may take once it began (EngineOptions).
+  std::chrono::milliseconds frame_rest_timeout = kDefaultFrameRestTimeout;
   // Device memory staging, shared by the engine's tcp links and receiver (null: none).
   std::shared_ptr<TcpDeviceStaging> device;
 };

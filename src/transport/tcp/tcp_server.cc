@@ -23,7 +23,9 @@
 
 #include "core/auth.h"
 #include "core/byte_codec.h"
+#include "core/log_throttle.h"
 #include "core/logging.h"
+#include "core/named_thread.h"
 #include "core/own_memory.h"
 #include "transport/tcp/tcp_device_lander.h"
 #include "transport/tcp/tcp_device_reader.h"
@@ -175,6 +177,7 @@ struct Conn {
   ConnectionSlot slot;  // its place against the listener's limits
   int64_t accepted_ns = 0;
   int64_t last_in_ns = 0;       // when input last arrived (accepted_ns before any)
+  int64_t frame_began_ns = 0;   // when the current frame's first byte was taken in
   int64_t out_since_ns = 0;     // when queued output last made progress (or began to queue)
   bool reading_paused = false;  // max_queued_replies reached: EPOLLIN off until it drains
   InState in = InState::kHeader;
@@ -239,7 +242,7 @@ struct TcpServer::IoThread {
     ev.events = EPOLLIN;
     ev.data.fd = wake_.get();
     ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
-    thread_ = std::thread([this] { loop(); });
+    thread_ = named_thread("kvf-tcp-srv", [this] { loop(); });
   }
   ~IoThread() {
     stopping_.store(true);
@@ -315,6 +318,7 @@ struct TcpServer::IoThread {
     const int64_t hello_ns = nanoseconds(options_.limits.hello_timeout);
     const int64_t idle_ns = nanoseconds(options_.limits.idle_timeout);
     const int64_t stall_ns = nanoseconds(options_.stall_timeout);
+    const int64_t frame_ns = nanoseconds(options_.frame_rest_timeout);
     std::vector<std::pair<int, const char*>> closing;
     for (auto& [fd, conn] : conns_) {
       Conn& c = *conn;
@@ -327,9 +331,13 @@ struct TcpServer::IoThread {
         expire(c);
       }
       const bool established = c.hello_done && (!options_.secret || c.authenticated);
-      const bool mid_frame = c.in != InState::kHeader || c.header_have != 0 || c.in_pos < c.in_end;
+      const bool in_frame = c.in != InState::kHeader || c.header_have != 0;
+      const bool mid_frame = in_frame || c.in_pos < c.in_end;
       if (!established && now - c.accepted_ns > hello_ns) {
         closing.emplace_back(fd, "hello not finished in time");
+      } else if (in_frame && !c.reading_paused && now - c.frame_began_ns > frame_ns) {
+        log_frame_overdue(c, now);
+        closing.emplace_back(fd, nullptr);
       } else if (mid_frame && !c.reading_paused && now - c.last_in_ns > stall_ns) {
         closing.emplace_back(fd, "request payload stalled");
       } else if (!c.out.empty() && now - c.out_since_ns > stall_ns) {
@@ -346,6 +354,28 @@ struct TcpServer::IoThread {
       drop(fd);
     }
     for (auto [why, count] : counts) log().warn("tcp: closed {} connection(s): {}", count, why);
+  }
+
+  // One line per interval for connections closed because a frame took longer than
+  // frame_rest_timeout as a whole (a trickle of bytes, or a peer that stopped mid-frame).
+  void log_frame_overdue(const Conn& c, int64_t now) {
+    const int64_t elapsed_ms = (now - c.frame_began_ns) / 1'000'000;
+    if (c.in == InState::kHeader) {
+      frame_overdue_log_.warn(
+          "tcp: closed a connection: a frame header was not complete {} ms after its first byte "
+          "({} of {} bytes in after {} ms)",
+          options_.frame_rest_timeout.count(), c.header_have, kTcpHeaderBytes, elapsed_ms);
+      return;
+    }
+    const uint64_t received = c.in == InState::kTable  ? c.table_have
+                              : c.in == InState::kAuth ? c.proof_have
+                                                       : c.current.length - c.remaining;
+    frame_overdue_log_.warn(
+        "tcp: closed a connection: a frame (type {}, {} bytes at {:#x}) was not complete {} ms "
+        "after its first byte ({} bytes of it in after {} ms); nothing of it is acknowledged "
+        "and the memory it pinned is released",
+        static_cast<int>(c.current.type), c.current.length, c.current.addr,
+        options_.frame_rest_timeout.count(), received, elapsed_ms);
   }
 
   static int64_t nanoseconds(std::chrono::milliseconds d) {
@@ -689,6 +719,7 @@ struct TcpServer::IoThread {
   bool advance(Conn& c, size_t n) {
     switch (c.in) {
       case InState::kHeader:
+        if (c.header_have == 0 && n != 0) c.frame_began_ns = monotonic_ns();
         c.header_have += n;
         if (c.header_have < kTcpHeaderBytes) return true;
         c.header_have = 0;
@@ -767,7 +798,8 @@ struct TcpServer::IoThread {
     request_bytes_ += c.current.length;
     const bool auth_required = options_.secret.has_value() && !c.authenticated;
     if (!c.hello_done) {
-      if (c.current.type != TcpFrame::kHello) return false;
+      // A kHello carries nothing but its header (its length would be read as frames).
+      if (c.current.type != TcpFrame::kHello || c.current.length != 0) return false;
       c.hello_done = true;
       TcpHeader reply;
       reply.type = TcpFrame::kHelloAck;
@@ -1061,6 +1093,7 @@ struct TcpServer::IoThread {
 
   std::atomic<bool> stopping_{false};
   int64_t next_limit_check_ns_ = 0;  // I/O thread only
+  LogThrottle frame_overdue_log_;
   // Polling without sleeping until then (0: not), and the frames and their bytes that began
   // in this round of input (see kTcpHotTime). I/O thread only.
   int64_t hot_until_ns_ = 0;

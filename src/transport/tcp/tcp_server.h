@@ -22,8 +22,11 @@
 // acceptor's connection limits; the hello (and authentication) within
 // limits.hello_timeout; an idle connection closed after limits.idle_timeout; at most
 // max_queued_replies replies queued, after which the connection is not read until the peer
-// takes some; and a request whose payload stops coming (deadline or not), or a reply the peer
-// does not take, closes the connection after stall_timeout, so no pin outlives it.
+// takes some; a request whose payload stops coming (deadline or not), or a reply the peer
+// does not take, closes the connection after stall_timeout; and a frame that is not complete
+// frame_rest_timeout after its first byte arrived closes it too, however its bytes trickle in
+// (one byte just before each stall_timeout would otherwise hold its pin for ever). So no pin
+// outlives its frame by more than frame_rest_timeout.
 #pragma once
 
 #include <atomic>
@@ -36,6 +39,7 @@
 #include "core/acceptor.h"
 #include "core/fd.h"
 #include "core/net.h"
+#include "kvferry/defaults.h"
 #include "kvferry/listener_limits.h"
 #include "transport/region_index.h"
 #include "transport/tcp/tcp_staging_pool.h"
@@ -50,6 +54,8 @@ struct TcpServerOptions {
   ListenerLimits limits{.idle_timeout = std::chrono::minutes(5)};
   uint32_t max_queued_replies = 1024;
   std::chrono::milliseconds stall_timeout{10'000};
+  // The longest one frame may take from its first byte to its last (EngineOptions).
+  std::chrono::milliseconds frame_rest_timeout = kDefaultFrameRestTimeout;
   // Device memory staging (writes into and reads of device regions); null: refused.
   std::shared_ptr<TcpDeviceStaging> device;
 };

@@ -59,6 +59,7 @@ class TcpTransport final : public Transport {
     link.lanes = env_.tcp_lanes;
     link.connect_timeout = env_.connect_timeout;
     link.secret = env_.secret;
+    link.frame_rest_timeout = env_.frame_rest_timeout;
     link.device = device_;
     return std::shared_ptr<TransportLink>(std::make_shared<detail::TcpLink>(std::move(link)));
   }
@@ -103,6 +104,7 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportEnv& env) {
   tcp.limits = env.tcp_limits;
   tcp.max_queued_replies = env.tcp_max_queued_replies;
   tcp.stall_timeout = env.tcp_stall_timeout;
+  tcp.frame_rest_timeout = env.frame_rest_timeout;
   tcp.device = device;
   KVF_ASSIGN_OR_RETURN(auto server, TcpServer::start(tcp, env.local_regions));
   return std::unique_ptr<Transport>(new TcpTransport(env, std::move(server), std::move(device)));

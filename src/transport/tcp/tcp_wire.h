@@ -41,9 +41,6 @@ inline constexpr size_t kTcpVecEntryBytes = 16;
 inline constexpr size_t kTcpNonceBytes = 32;
 inline constexpr size_t kTcpProofBytes = 32;
 
-// Once the first byte of a frame has arrived, the rest of it (header and payload) must
-// arrive within this long, or the connection is given up as stalled.
-inline constexpr std::chrono::seconds kTcpFrameRestTimeout{10};
 // Both ends of a small exchange poll before they sleep: after a lone request of at most
 // kTcpHotRequestBytes, the initiator's waiter (for its answer) and the receiver's I/O thread
 // (for the next request) poll without sleeping for kTcpHotTime before they block. In a

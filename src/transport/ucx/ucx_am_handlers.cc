@@ -24,15 +24,19 @@ struct UcxWorker::AmSend {
   UcxAmPin pin;  // the payload's source, registered until sent
 };
 
-// A receive the worker starts: a rendezvous write into a pinned destination (target), or a
-// rendezvous reply into a buffer of its own (initiator), delivered once complete.
+// A rendezvous receive the worker starts, always into a buffer of its own: a write's payload
+// (target), copied to its destination once complete; or a reply's (initiator), delivered once
+// complete. Nothing is pinned while the bytes come, so a sender that stops or dies mid-way
+// holds no region: UCX cannot take back a receive it started (ucp_request_cancel does not
+// reach active-message receives), so whatever arrives late lands in this buffer.
 struct UcxWorker::AmReceive {
   UcxWorker* worker = nullptr;
   UcxAmId id = UcxAmId::kWrite;
   UcxAmHeader header;
-  UcxAmPin pin;                    // target: the destination
-  std::unique_ptr<char[]> buffer;  // initiator: where a reply's payload is received
+  std::unique_ptr<char[]> buffer;  // where the payload is received
   size_t length = 0;
+  ucp_ep_h reply_ep = nullptr;  // target: where the write's ack goes
+  int64_t began_ns = 0;         // target: when the write's header arrived (our clock)
 };
 
 Status UcxWorker::set_am_handlers() {
@@ -142,6 +146,10 @@ ucs_status_t UcxWorker::serve_write(const UcxAmHeader& h, void* data, size_t len
     return refuse(
         ProtocolError(fmt::format("write header says {} bytes, data has {}", h.length, length)));
   }
+  if (length > kUcxMaxAmWriteBytes) {
+    return refuse(ProtocolError(fmt::format("write of {} bytes: one request carries at most {}",
+                                            length, kUcxMaxAmWriteBytes)));
+  }
   Result<UcxAmPin> pin = check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now_ns());
   if (!pin.ok()) return refuse(pin.status());
   if (!rndv) {
@@ -149,28 +157,64 @@ ucs_status_t UcxWorker::serve_write(const UcxAmHeader& h, void* data, size_t len
     send_am(reply_ep, UcxAmId::kWriteAck, ack, UcxAmPin(), 0);
     return UCS_OK;
   }
-  // Straight into the checked destination. The initiator's send completes when the bytes
-  // are in; the ack says they were accepted.
+  // Checked now so a refused write costs no transfer; checked again, and pinned only for the
+  // copy, once every byte is in (finish_write).
+  pin->release();
   auto receive = std::make_unique<AmReceive>();
   receive->worker = this;
   receive->id = UcxAmId::kWrite;
   receive->header = h;
-  receive->pin = std::move(pin).value();
+  receive->buffer = std::make_unique_for_overwrite<char[]>(length);  // received into
+  receive->length = length;
+  receive->reply_ep = reply_ep;
+  receive->began_ns = now_ns();
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.recv_am = &UcxWorker::on_reply_received;
   param.user_data = receive.get();
-  char* into = receive->pin.ptr;
+  char* into = receive->buffer.get();
   ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_, data, into, length, &param);
   // From here on the descriptor is UCX's again, whatever the outcome.
   if (UCS_PTR_IS_ERR(request)) {
     refuse(PeerDisconnected(
         fmt::format("rendezvous receive failed: {}", ucx_status_text(UCS_PTR_STATUS(request)))));
-    return UCS_INPROGRESS;
+  } else if (UCS_PTR_IS_PTR(request)) {
+    (void)receive.release();  // on_reply_received finishes it
+  } else {
+    finish_write(*receive, UCS_OK);  // complete at once
   }
-  if (UCS_PTR_IS_PTR(request)) (void)receive.release();  // on_reply_received deletes it
-  send_am(reply_ep, UcxAmId::kWriteAck, ack, UcxAmPin(), 0);
   return UCS_INPROGRESS;
+}
+
+void UcxWorker::finish_write(const AmReceive& receive, ucs_status_t status) {
+  const UcxAmHeader& h = receive.header;
+  if (status != UCS_OK) {  // the sender failed or is gone: nothing of it lands
+    write_dropped_log_.warn("ucx: a rendezvous write of {} bytes to [{:#x}, +{}) failed: {}",
+                            receive.length, h.addr, h.length, ucx_status_text(status));
+    return;
+  }
+  UcxAmHeader ack;
+  ack.request_id = h.request_id;
+  ack.addr = h.addr;
+  ack.length = h.length;
+  const int64_t now = now_ns();
+  const int64_t took_ns = now - receive.began_ns;
+  Status verdict;
+  if (took_ns > std::chrono::nanoseconds(frame_rest_timeout_).count()) {
+    verdict = Timeout(fmt::format("write took {} ms, more than the frame-rest timeout of {} ms",
+                                  took_ns / 1'000'000, frame_rest_timeout_.count()));
+    write_dropped_log_.warn("ucx: dropped a rendezvous write of {} bytes to [{:#x}, +{}): {}",
+                            receive.length, h.addr, h.length, verdict.message());
+  } else {
+    Result<UcxAmPin> pin = check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now);
+    if (pin.ok()) {
+      if (receive.length != 0) std::memcpy(pin->ptr, receive.buffer.get(), receive.length);
+    } else {
+      verdict = pin.status();
+    }
+  }
+  ack.status = wire_code(verdict);
+  send_am(receive.reply_ep, UcxAmId::kWriteAck, ack, UcxAmPin(), 0);
 }
 
 void UcxWorker::serve_read(const UcxAmHeader& h, ucp_ep_h reply_ep) {
@@ -224,14 +268,11 @@ void UcxWorker::on_reply_received(void* request, ucs_status_t status, size_t len
                                   void* user_data) {
   std::unique_ptr<AmReceive> receive(static_cast<AmReceive*>(user_data));
   if (request != nullptr) ucp_request_free(request);
-  if (receive->id == UcxAmId::kWrite) {
-    if (status != UCS_OK) {
-      log().debug("ucx: a rendezvous write into [{:#x}, +{}) failed: {}", receive->header.addr,
-                  receive->header.length, ucx_status_text(status));
-    }
-    return;  // the pin goes with it
-  }
   UcxWorker* self = receive->worker;
+  if (receive->id == UcxAmId::kWrite) {
+    self->finish_write(*receive, status);
+    return;
+  }
   auto it = self->am_waiters_.find(receive->header.request_id);
   if (it == self->am_waiters_.end()) return;  // nobody waits any more: dropped
   UcxAmClient* client = it->second;

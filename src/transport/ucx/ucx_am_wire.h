@@ -14,9 +14,10 @@
 //              unless `addr` is outside the target's registered regions or the target's
 //              clock is past `deadline_ns` (the batch deadline converted with the offset
 //              measured by kPing): then the data is dropped
-//   kWriteAck  target -> initiator: `status` is the verdict (OK: eager data landed, or a
-//              rendezvous receive into the destination was started; the initiator's send
-//              completes once it finished)
+//   kWriteAck  target -> initiator: `status` is the verdict (OK: the data landed; a
+//              rendezvous write is received into a buffer of the target's and answered once
+//              it is in and copied, or refused with Timeout when it took longer than the
+//              target's frame-rest timeout)
 //   kRead      initiator -> target: asks for `length` bytes at `addr` by `deadline_ns`
 //   kReadReply target -> initiator: `status`, and on OK the `length` bytes as data; the
 //              initiator lands them only while the op's batch is live
@@ -49,6 +50,9 @@ inline constexpr UcxAmId kFirstUcxAmId = UcxAmId::kPing;
 inline constexpr UcxAmId kLastUcxAmId = UcxAmId::kReadReply;
 
 inline constexpr size_t kUcxAmHeaderBytes = 40;
+// The most data one kWrite carries (the initiator's chunk); a target refuses more, so what a
+// rendezvous write buffers is bounded.
+inline constexpr uint64_t kUcxMaxAmWriteBytes = 8ull << 20;
 
 struct UcxAmHeader {
   uint64_t request_id = 0;

@@ -27,9 +27,10 @@
 // PeerDisconnected.
 //
 // What a force close cannot take back on kRma: a put the NIC already sent lands (within
-// fabric transit). On kActiveMessages a WRITE chunk's bytes land only if the target
-// accepted it before the deadline (a rendezvous chunk it accepted may finish landing after
-// it; docs/TRANSPORTS.md, "ucx").
+// fabric transit). On kActiveMessages a WRITE chunk's bytes land only if the target finds
+// it within the deadline once all of it is in (a rendezvous chunk is received into a buffer
+// of the target's first, and dropped if it took longer than the target's frame-rest timeout;
+// docs/TRANSPORTS.md, "ucx").
 //
 // Thread-safety: everything but the constructor runs on the progress thread.
 #pragma once
@@ -53,6 +54,7 @@
 namespace kvferry::detail {
 
 inline constexpr uint64_t kUcxChunkBytes = 8ull << 20;
+static_assert(kUcxChunkBytes <= kUcxMaxAmWriteBytes, "a target refuses larger writes");
 inline constexpr int kUcxWindowRequests = 64;
 // Active messages: the most bytes of one job awaiting replies (READ replies are buffered by
 // UCX until their handler copies them).

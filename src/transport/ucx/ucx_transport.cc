@@ -266,9 +266,9 @@ Result<std::unique_ptr<Transport>> make_ucx_transport(const TransportEnv& env) {
                     "carry UCX's unchecked writes; {}",
                     detail::join_transports(resources->transports), kAllowHint)));
   }
-  KVF_ASSIGN_OR_RETURN(
-      std::shared_ptr<UcxWorker> worker,
-      UcxWorker::create(env.engine_name, env.local_regions, resources->hardware_rma));
+  KVF_ASSIGN_OR_RETURN(std::shared_ptr<UcxWorker> worker,
+                       UcxWorker::create(env.engine_name, env.local_regions,
+                                         resources->hardware_rma, env.frame_rest_timeout));
   detail::UcxResources used = worker->resources();
   log().info("ucx: worker up ({}; hardware RMA: {}{})", detail::join_transports(used.transports),
              used.hardware_rma ? "yes" : "no", used.hardware_rma ? "" : ", emulation allowed");

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "core/logging.h"
+#include "core/named_thread.h"
 
 namespace kvferry::detail {
 namespace {
@@ -88,9 +89,11 @@ Result<UcxResources> query_ucx_resources() {
 }
 
 Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_name,
-                                                     UcxRegionSource regions, bool rma) {
+                                                     UcxRegionSource regions, bool rma,
+                                                     std::chrono::milliseconds frame_rest_timeout) {
   std::unique_ptr<UcxWorker> w(new UcxWorker());
   w->regions_ = std::move(regions);
+  w->frame_rest_timeout_ = frame_rest_timeout;
   KVF_ASSIGN_OR_RETURN(w->context_, init_context(engine_name, rma));
   w->resources_ = resources_of(w->context_);
   ucp_worker_params_t params{};
@@ -110,7 +113,7 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_n
   int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake < 0) return Internal(fmt::format("ucx: eventfd: {}", std::strerror(errno)));
   w->wake_fd_ = Fd(wake);
-  w->thread_ = std::thread([raw = w.get()] { raw->run(); });
+  w->thread_ = named_thread("kvf-ucx", [raw = w.get()] { raw->run(); });
   return w;
 }
 

@@ -10,9 +10,11 @@
 //
 // The worker also serves kvferry's active messages (ucx_am_wire.h), both sides: as a
 // target it checks each kWrite/kRead against this engine's registered regions and its
-// deadline before a byte moves (ucx_am_handlers.cc); as an initiator it routes each reply
-// to the UcxAmClient (a channel) waiting for that request id, and drops replies nobody
-// waits for any more (a batch that timed out).
+// deadline before a byte moves (ucx_am_handlers.cc), receives a rendezvous write into a
+// buffer of its own and copies it to its destination (pinned only for the copy) once
+// complete, within frame_rest_timeout, so a sender that stops or dies pins nothing; as an initiator
+// it routes each reply to the UcxAmClient (a channel) waiting for that request id, and drops
+// replies nobody waits for any more (a batch that timed out).
 //
 // Ownership: the transport owns the worker; channels are kept alive by the active set while
 // they have work. The destructor stops the thread after letting channels close (bounded).
@@ -32,7 +34,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/log_throttle.h"
 #include "core/net.h"
+#include "kvferry/defaults.h"
 #include "kvferry/status.h"
 #include "transport/region_index.h"
 #include "transport/ucx/ucx_am_wire.h"
@@ -74,8 +78,11 @@ Result<UcxResources> query_ucx_resources();
 class UcxWorker {
  public:
   // `rma`: enable UCP's put/get (only where this engine has hardware RMA).
-  static Result<std::unique_ptr<UcxWorker>> create(const std::string& engine_name,
-                                                   UcxRegionSource regions, bool rma);
+  // `frame_rest_timeout`: the longest a rendezvous write may take from its header to its last
+  // byte; one that takes longer lands nothing (EngineOptions::frame_rest_timeout).
+  static Result<std::unique_ptr<UcxWorker>> create(
+      const std::string& engine_name, UcxRegionSource regions, bool rma,
+      std::chrono::milliseconds frame_rest_timeout = kDefaultFrameRestTimeout);
   ~UcxWorker();
   UcxWorker(const UcxWorker&) = delete;
   UcxWorker& operator=(const UcxWorker&) = delete;
@@ -111,6 +118,8 @@ class UcxWorker {
   void serve_ping(const UcxAmHeader& h, ucp_ep_h reply_ep);
   ucs_status_t serve_write(const UcxAmHeader& h, void* data, size_t length, bool rndv,
                            ucp_ep_h reply_ep);
+  // A rendezvous write is in (or failed): lands it if it is still wanted, and acknowledges.
+  void finish_write(const AmReceive& receive, ucs_status_t status);
   void serve_read(const UcxAmHeader& h, ucp_ep_h reply_ep);
   // Sends header (and the pinned payload) on reply_ep; the pin is held until sent.
   void send_am(ucp_ep_h ep, UcxAmId id, const UcxAmHeader& h, UcxAmPin pin, size_t bytes);
@@ -132,7 +141,9 @@ class UcxWorker {
   bool stopping_ = false;                           // guarded by mu_
   std::vector<std::shared_ptr<UcxPumped>> active_;  // progress thread only
   UcxRegionSource regions_;
-  uint64_t next_am_request_ = 1;                           // progress thread only
+  std::chrono::milliseconds frame_rest_timeout_ = kDefaultFrameRestTimeout;
+  LogThrottle write_dropped_log_;  // rendezvous writes that failed or took too long
+  uint64_t next_am_request_ = 1;   // progress thread only
   std::unordered_map<uint64_t, UcxAmClient*> am_waiters_;  // progress thread only
   std::thread thread_;
 };

@@ -1,6 +1,8 @@
 #include "core/acceptor.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -166,6 +168,115 @@ TEST(Acceptor, ConnectionsOverTheLimitAreClosedUntilAPlaceIsFreed) {
   Fd next = connect_to(*acceptor);
   ASSERT_TRUE(inbox.wait_for(3, 5s));
   EXPECT_EQ(acceptor->open_connections(), 2u);
+}
+
+// A connection to the acceptor from `source` (a 127.0.0.N address, standing in for a host).
+Fd connect_from(const std::string& source, const Acceptor& acceptor) {
+  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  ::inet_pton(AF_INET, source.c_str(), &local.sin_addr);
+  sockaddr_in remote{};
+  remote.sin_family = AF_INET;
+  remote.sin_port = htons(acceptor.endpoint().port);
+  ::inet_pton(AF_INET, "127.0.0.1", &remote.sin_addr);
+  EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&local), sizeof(local)), 0);
+  EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&remote), sizeof(remote)), 0);
+  return fd;
+}
+
+// Whether the acceptor closed the connection (end of stream within a second).
+bool closed_by_acceptor(const Fd& fd) {
+  std::byte probe[1];
+  return recv_all(fd.get(), probe, Clock::now() + 1s).code() == StatusCode::kPeerDisconnected;
+}
+
+// Whether the connection is still open (nothing to read, no end of stream).
+bool still_open(const Fd& fd) {
+  std::byte probe[1];
+  return ::recv(fd.get(), probe, sizeof(probe), MSG_DONTWAIT) < 0 && errno == EAGAIN;
+}
+
+// An evicting acceptor whose connections (with their slots) are kept until the test ends.
+struct EvictingListener {
+  explicit EvictingListener(const ListenerLimits& limits) {
+    Acceptor::Options options = Acceptor::Options::named("test", 0, limits);
+    options.evict_idle = true;
+    acceptor = testing::must(Acceptor::bind(kAnyPort, std::move(options)));
+    acceptor->start([this](Fd fd, ConnectionSlot slot) {
+      {
+        std::lock_guard lock(mu);
+        slots.push_back(std::move(slot));
+      }
+      inbox.add(std::move(fd));
+    });
+  }
+  ~EvictingListener() { acceptor->stop(); }
+  void mark_all_engaged() {
+    std::lock_guard lock(mu);
+    for (ConnectionSlot& slot : slots) EXPECT_TRUE(slot.mark_engaged());
+  }
+
+  std::unique_ptr<Acceptor> acceptor;
+  std::mutex mu;
+  std::vector<ConnectionSlot> slots;  // guarded by mu
+  Inbox inbox;
+};
+
+TEST(EvictingAcceptor, AFullListenerClosesTheOldestIdleConnectionOfTheSourceHoldingMost) {
+  ListenerLimits limits;
+  limits.max_connections = 3;
+  limits.max_connections_per_source = 0;
+  EvictingListener listener(limits);
+  Fd first = connect_from("127.0.0.2", *listener.acceptor);
+  ASSERT_TRUE(listener.inbox.wait_for(1, 5s));
+  Fd second = connect_from("127.0.0.2", *listener.acceptor);
+  Fd other = connect_from("127.0.0.3", *listener.acceptor);
+  ASSERT_TRUE(listener.inbox.wait_for(3, 5s));
+  Fd newcomer = connect_from("127.0.0.4", *listener.acceptor);
+  ASSERT_TRUE(listener.inbox.wait_for(4, 5s));
+  EXPECT_TRUE(closed_by_acceptor(first));
+  EXPECT_TRUE(still_open(second));
+  EXPECT_TRUE(still_open(other));
+  EXPECT_TRUE(still_open(newcomer));
+  EXPECT_EQ(listener.acceptor->evicted(), 1u);
+  EXPECT_EQ(listener.acceptor->refused(), 0u);
+  EXPECT_EQ(listener.acceptor->open_connections(), 3u);
+}
+
+TEST(EvictingAcceptor, ASourceAtItsShareGivesWayToItselfNotToOthers) {
+  ListenerLimits limits;
+  limits.max_connections = 0;
+  limits.max_connections_per_source = 2;
+  EvictingListener listener(limits);
+  Fd other = connect_from("127.0.0.3", *listener.acceptor);
+  ASSERT_TRUE(listener.inbox.wait_for(1, 5s));
+  Fd first = connect_from("127.0.0.2", *listener.acceptor);
+  ASSERT_TRUE(listener.inbox.wait_for(2, 5s));
+  Fd second = connect_from("127.0.0.2", *listener.acceptor);
+  Fd third = connect_from("127.0.0.2", *listener.acceptor);
+  ASSERT_TRUE(listener.inbox.wait_for(4, 5s));
+  EXPECT_TRUE(closed_by_acceptor(first));
+  EXPECT_TRUE(still_open(other));
+  EXPECT_TRUE(still_open(second));
+  EXPECT_TRUE(still_open(third));
+  EXPECT_EQ(listener.acceptor->evicted(), 1u);
+}
+
+TEST(EvictingAcceptor, EngagedConnectionsAreNeverClosedToMakeRoom) {
+  ListenerLimits limits;
+  limits.max_connections = 2;
+  EvictingListener listener(limits);
+  Fd a = connect_from("127.0.0.2", *listener.acceptor);
+  Fd b = connect_from("127.0.0.3", *listener.acceptor);
+  ASSERT_TRUE(listener.inbox.wait_for(2, 5s));
+  listener.mark_all_engaged();
+  Fd over = connect_from("127.0.0.4", *listener.acceptor);
+  EXPECT_TRUE(closed_by_acceptor(over));
+  EXPECT_TRUE(still_open(a));
+  EXPECT_TRUE(still_open(b));
+  EXPECT_EQ(listener.acceptor->evicted(), 0u);
+  EXPECT_EQ(listener.acceptor->refused(), 1u);
 }
 
 }  // namespace

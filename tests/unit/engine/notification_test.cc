@@ -1,7 +1,9 @@
 // Engine notifications (TransferEngine::send_notification, SubmitOptions::notification,
 // get_notifications): delivery after a batch's bytes on every same-process transport
 // (local, shm, cma, tcp), order per sender, the size bound on both sides, authentication,
-// a sender's unclean end, and a dead target. Data is random and checked byte for byte.
+// a sender's unclean end, and a dead target; and the listener (NotificationReceiver) on its
+// own: the hello's bound, which ends leave an entry, a sender held back at its share, and
+// deadlines. Data is random and checked byte for byte.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -11,9 +13,11 @@
 #include <thread>
 #include <vector>
 
+#include "engine/notify_receiver.h"
 #include "engine/notify_wire.h"
 #include "metadata/handshake.h"
 #include "metadata/segment_descriptor.h"
+#include "notification_raw_client.h"
 #include "test_support.h"
 
 namespace kvferry {
@@ -224,6 +228,12 @@ TEST(Notifications, LargerThanTheLimitIsRefusedNamingTheSize) {
   EngineOptions bad;
   bad.max_notification_bytes = 0;
   EXPECT_EQ(TransferEngine::create(bad).status().code(), StatusCode::kInvalidArgument);
+  EngineOptions small_inbox;
+  small_inbox.max_pending_notification_bytes = 100;  // less than one notification
+  Status refused = TransferEngine::create(small_inbox).status();
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument) << refused.to_string();
+  EXPECT_TRUE(contains(refused.message(), "max_pending_notification_bytes 100"))
+      << refused.to_string();
 }
 
 TEST(Notifications, ASecretIsRequiredWhenTheTargetHasOne) {
@@ -309,7 +319,8 @@ TEST(Notifications, ASendersUncleanEndIsReportedAfterItsMessages) {
   EXPECT_EQ(got[0].bytes, "last words");
   EXPECT_EQ(got[1].kind, Notification::Kind::kSenderLost);
   EXPECT_EQ(got[1].sender, "ghost");
-  // A frame claiming 1 GiB: refused with an error frame, the connection closed.
+  // After a notification, a frame claiming 1 GiB: refused with an error frame, the
+  // connection closed.
   {
     Fd fd = must(connect_tcp(notify, deadline));
     NotifyHello hello{d.incarnation, 43, "greedy", "127.0.0.1:1"};
@@ -317,6 +328,10 @@ TEST(Notifications, ASendersUncleanEndIsReportedAfterItsMessages) {
         write_notify_frame(fd.get(), NotifyFrame::kHello, encode_hello(hello), deadline).ok());
     ASSERT_EQ(must(read_notify_frame(fd.get(), 0, deadline)).type, NotifyFrame::kChallenge);
     ASSERT_EQ(must(read_notify_frame(fd.get(), 0, deadline)).type, NotifyFrame::kWelcome);
+    ASSERT_TRUE(
+        write_notify_frame(fd.get(), NotifyFrame::kNotify, encode_notify(1, "modest"), deadline)
+            .ok());
+    ASSERT_EQ(must(read_notify_frame(fd.get(), 0, deadline)).type, NotifyFrame::kAck);
     std::byte header[kFrameHeaderBytes];
     encode_frame_header(
         make_frame_header(kNotifyFormat, static_cast<uint16_t>(NotifyFrame::kNotify), 1u << 30),
@@ -325,10 +340,12 @@ TEST(Notifications, ASendersUncleanEndIsReportedAfterItsMessages) {
     NotifyMessage refusal = must(read_notify_frame(fd.get(), 0, deadline));
     EXPECT_EQ(refusal.type, NotifyFrame::kError);
   }
-  got = drain(*target, 1);
-  ASSERT_EQ(got.size(), 1u);
-  EXPECT_EQ(got[0].kind, Notification::Kind::kSenderLost);
-  EXPECT_EQ(got[0].sender, "greedy");
+  got = drain(*target, 2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].bytes, "modest");
+  EXPECT_EQ(got[1].kind, Notification::Kind::kSenderLost);
+  EXPECT_EQ(got[1].sender, "greedy");
+  EXPECT_TRUE(contains(got[1].bytes, "1073741824 bytes")) << got[1].bytes;
   // A hello for another incarnation (the target restarted) is refused.
   {
     Fd fd = must(connect_tcp(notify, deadline));
@@ -338,6 +355,237 @@ TEST(Notifications, ASendersUncleanEndIsReportedAfterItsMessages) {
     NotifyMessage refusal = must(read_notify_frame(fd.get(), 0, deadline));
     EXPECT_EQ(refusal.type, NotifyFrame::kError);
   }
+}
+
+TEST(Notifications, AnEngineNameLongerThanAHelloCarriesIsRefusedNamingItsSize) {
+  auto target = engine_named("target");
+  auto long_named = engine_named(std::string(detail::kMaxNotifySenderNameBytes + 1, 'n'));
+  PeerHandle peer = must(long_named->open_peer(target->endpoint()));
+  Status s = long_named->send_notification(peer, "hi");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(s.message(), fmt::format("{} bytes", detail::kMaxNotifySenderNameBytes + 1)))
+      << s.to_string();
+}
+
+using detail::NotificationReceiver;
+using testing::notify_hello;
+using testing::RawNotifyClient;
+using testing::wait_for_state;
+
+constexpr uint64_t kListenerIncarnation = 0x77;
+
+NotificationReceiver::Options listener_options() {
+  NotificationReceiver::Options options;
+  options.listen = Endpoint{"127.0.0.1", 0};
+  options.incarnation = kListenerIncarnation;
+  return options;
+}
+
+std::unique_ptr<NotificationReceiver> listener(
+    NotificationReceiver::Options options = listener_options()) {
+  return must(NotificationReceiver::start(std::move(options)));
+}
+
+std::string random_text(size_t bytes, uint64_t seed) {
+  std::string text(bytes, '\0');
+  fill_random(std::as_writable_bytes(std::span(text)), seed);
+  return text;
+}
+
+TEST(NotificationListener, AHelloLargerThanTheLargestLegitimateOneIsRefusedUnread) {
+  auto receiver = listener();
+  // The largest legitimate hello: the longest name and endpoint a sender may have.
+  detail::NotifyHello largest{kListenerIncarnation, 1,
+                              std::string(detail::kMaxNotifySenderNameBytes, 'n'),
+                              std::string(detail::kMaxNotifySenderEndpointBytes, 'e')};
+  ASSERT_EQ(detail::encode_hello(largest).size(), detail::kMaxNotifyHelloBytes);
+  RawNotifyClient fits = must(RawNotifyClient::connect(receiver->endpoint()));
+  EXPECT_TRUE(fits.open(largest).ok());
+  // One byte more is refused from its header, before the listener holds any of it.
+  RawNotifyClient greedy = must(RawNotifyClient::connect(receiver->endpoint()));
+  std::byte header[kFrameHeaderBytes];
+  encode_frame_header(
+      make_frame_header(detail::kNotifyFormat, static_cast<uint16_t>(detail::NotifyFrame::kHello),
+                        detail::kMaxNotifyHelloBytes + 1),
+      header);
+  ASSERT_TRUE(send_all(greedy.fd(), header, Clock::now() + 5s).ok());
+  detail::NotifyMessage refusal = must(greedy.read());
+  EXPECT_EQ(refusal.type, detail::NotifyFrame::kError);
+  const std::string why(reinterpret_cast<const char*>(refusal.payload.data()),
+                        refusal.payload.size());
+  EXPECT_TRUE(contains(why, fmt::format("limit {}", detail::kMaxNotifyHelloBytes))) << why;
+  // A proof frame longer than an HMAC is refused the same way.
+  NotificationReceiver::Options secured_options = listener_options();
+  secured_options.secret = "s3cret";
+  auto secured = listener(secured_options);
+  RawNotifyClient prover = must(RawNotifyClient::connect(secured->endpoint()));
+  ASSERT_FALSE(must(prover.hello(notify_hello("prover", 2))).nonce.empty());
+  ASSERT_TRUE(prover.send(detail::NotifyFrame::kProof, std::vector<std::byte>(33)).ok());
+  EXPECT_EQ(must(prover.read()).type, detail::NotifyFrame::kError);
+}
+
+TEST(NotificationListener, AConnectionThatDeliveredNothingLeavesNoEntry) {
+  auto receiver = listener();
+  for (int i = 0; i < 3; ++i) {
+    RawNotifyClient c = must(RawNotifyClient::connect(receiver->endpoint()));
+    ASSERT_TRUE(c.open(notify_hello("passer-by", 100 + i)).ok());
+  }  // each closed without a goodbye
+  ASSERT_TRUE(wait_for_state([&] {
+    const auto s = receiver->stats();
+    return s.welcomed == 3 && s.connections == 0;
+  }));
+  EXPECT_TRUE(receiver->drain(SIZE_MAX).empty());
+  const auto s = receiver->stats();
+  EXPECT_EQ(s.inbox_entries, 0u);
+  EXPECT_EQ(s.inbox_bytes, 0u);
+  EXPECT_EQ(s.buffered_bytes, 0u);
+  EXPECT_EQ(s.dropped, 0u);
+}
+
+TEST(NotificationListener, AProvenSenderThatEndsUncleanlyIsReportedEvenWithoutMessages) {
+  NotificationReceiver::Options options = listener_options();
+  options.secret = "s3cret";
+  auto receiver = listener(options);
+  {
+    RawNotifyClient c = must(RawNotifyClient::connect(receiver->endpoint()));
+    ASSERT_TRUE(c.open(notify_hello("proven", 5), std::string("s3cret")).ok());
+  }
+  std::vector<Notification> got;
+  ASSERT_TRUE(wait_for_state([&] {
+    for (Notification& n : receiver->drain(SIZE_MAX)) got.push_back(std::move(n));
+    return !got.empty();
+  }));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].kind, Notification::Kind::kSenderLost);
+  EXPECT_EQ(got[0].sender, "proven");
+  EXPECT_EQ(got[0].sender_incarnation, 5u);
+  EXPECT_TRUE(contains(got[0].bytes, "without a goodbye")) << got[0].bytes;
+  // One that says goodbye leaves nothing, and gives back the room it had reserved.
+  {
+    RawNotifyClient c = must(RawNotifyClient::connect(receiver->endpoint()));
+    ASSERT_TRUE(c.open(notify_hello("polite", 6), std::string("s3cret")).ok());
+    ASSERT_TRUE(c.send(detail::NotifyFrame::kBye, {}).ok());
+  }
+  ASSERT_TRUE(wait_for_state([&] { return receiver->stats().connections == 0; }));
+  EXPECT_TRUE(receiver->drain(SIZE_MAX).empty());
+  EXPECT_EQ(receiver->stats().inbox_entries, 0u);
+  EXPECT_EQ(receiver->stats().inbox_bytes, 0u);
+}
+
+// With room for 8 entries a sender alone may hold 4: its first notification with the room
+// reserved for its loss, and two more. The rest wait unacknowledged, its connection unread,
+// while another sender still gets in; each drain lets more of them in, in order.
+TEST(NotificationListener, ASenderOverItsShareIsHeldBackUnacknowledgedUntilTheOwnerDrains) {
+  NotificationReceiver::Options options = listener_options();
+  options.max_pending = 8;
+  auto receiver = listener(options);
+  constexpr int kCount = 6;
+  std::vector<std::string> sent;
+  for (int i = 0; i < kCount; ++i) sent.push_back(random_text(100 + i, 500 + i));
+  RawNotifyClient busy = must(RawNotifyClient::connect(receiver->endpoint()));
+  ASSERT_TRUE(busy.open(notify_hello("busy", 1)).ok());
+  for (int i = 0; i < kCount; ++i) ASSERT_TRUE(busy.notify(i + 1, sent[i]).ok());
+  for (uint64_t seq = 1; seq <= 3; ++seq) EXPECT_EQ(must(busy.ack()), seq);
+  ASSERT_TRUE(wait_for_state([&] { return receiver->stats().waiting == 1; }));
+  EXPECT_FALSE(busy.readable_now()) << "the fourth notification was acknowledged";
+  EXPECT_EQ(receiver->stats().held_back, 1u);
+  EXPECT_EQ(receiver->stats().inbox_entries, 4u);
+  // Another sender is not held back by the busy one.
+  RawNotifyClient other = must(RawNotifyClient::connect(receiver->endpoint()));
+  ASSERT_TRUE(other.open(notify_hello("other", 2)).ok());
+  const std::string other_bytes = random_text(64, 99);
+  ASSERT_TRUE(other.notify(1, other_bytes).ok());
+  EXPECT_EQ(must(other.ack()), 1u);
+  // The owner drains; the busy sender's notifications follow in order, each acknowledged.
+  std::vector<Notification> got;
+  uint64_t next_ack = 4;
+  ASSERT_TRUE(wait_for_state([&] {
+    for (Notification& n : receiver->drain(SIZE_MAX)) got.push_back(std::move(n));
+    while (next_ack <= kCount && busy.readable_now()) {
+      const uint64_t acked = must(busy.ack());
+      EXPECT_EQ(acked, next_ack);
+      ++next_ack;
+    }
+    return got.size() == kCount + 1 && next_ack == kCount + 1;
+  })) << got.size()
+      << " drained, next ack " << next_ack;
+  int busy_seen = 0;
+  for (const Notification& n : got) {
+    EXPECT_EQ(n.kind, Notification::Kind::kMessage);
+    if (n.sender == "other") {
+      EXPECT_EQ(n.bytes, other_bytes);
+    } else {
+      ASSERT_EQ(n.sender, "busy");
+      EXPECT_EQ(n.bytes, sent[busy_seen]) << "notification " << busy_seen + 1;
+      ++busy_seen;
+    }
+  }
+  EXPECT_EQ(busy_seen, kCount);
+  EXPECT_EQ(receiver->stats().waiting, 0u);
+  EXPECT_EQ(receiver->stats().dropped, 0u);
+}
+
+// A notification read but held back is not acknowledged; if its connection breaks meanwhile
+// it is counted dropped, and the sender, which had delivered before, is reported lost.
+TEST(NotificationListener, AHeldBackNotificationWhoseConnectionBreaksIsCountedDropped) {
+  NotificationReceiver::Options options = listener_options();
+  options.max_pending = 4;  // alone, a sender holds 2: its first notification and its reservation
+  auto receiver = listener(options);
+  RawNotifyClient c = must(RawNotifyClient::connect(receiver->endpoint()));
+  ASSERT_TRUE(c.open(notify_hello("breaker", 3)).ok());
+  const std::string first = random_text(200, 31);
+  ASSERT_TRUE(c.notify(1, first).ok());
+  ASSERT_EQ(must(c.ack()), 1u);
+  ASSERT_TRUE(c.notify(2, random_text(200, 32)).ok());
+  ASSERT_TRUE(wait_for_state([&] { return receiver->stats().waiting == 1; }));
+  const linger reset_on_close{1, 0};
+  ASSERT_EQ(::setsockopt(c.fd(), SOL_SOCKET, SO_LINGER, &reset_on_close, sizeof(reset_on_close)),
+            0);
+  c.close();
+  ASSERT_TRUE(wait_for_state([&] { return receiver->stats().connections == 0; }));
+  EXPECT_EQ(receiver->stats().dropped, 1u);
+  std::vector<Notification> got = receiver->drain(SIZE_MAX);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].bytes, first);
+  EXPECT_EQ(got[1].kind, Notification::Kind::kSenderLost);
+  EXPECT_EQ(got[1].sender, "breaker");
+  EXPECT_EQ(receiver->stats().inbox_entries, 0u);
+  EXPECT_EQ(receiver->stats().buffered_bytes, 0u);
+}
+
+TEST(NotificationListener, FramesThatStopComingAreClosedAndTheirBuffersFreed) {
+  NotificationReceiver::Options options = listener_options();
+  options.io_timeout = 1000ms;
+  auto receiver = listener(options);
+  constexpr int kStalled = 10;
+  std::vector<RawNotifyClient> stalled;
+  for (int i = 0; i < kStalled; ++i) {
+    RawNotifyClient c = must(RawNotifyClient::connect(receiver->endpoint()));
+    ASSERT_TRUE(c.open(notify_hello("staller" + std::to_string(i), 1)).ok());
+    // Half a notification: its header and 2000 of its 4104 bytes.
+    std::vector<std::byte> frame =
+        make_frame(detail::kNotifyFormat, static_cast<uint16_t>(detail::NotifyFrame::kNotify),
+                   detail::encode_notify(1, random_text(4096, i)));
+    frame.resize(kFrameHeaderBytes + 2000);
+    ASSERT_TRUE(send_all(c.fd(), frame, Clock::now() + 5s).ok());
+    stalled.push_back(std::move(c));
+  }
+  // And a hello that stops half way.
+  RawNotifyClient half_hello = must(RawNotifyClient::connect(receiver->endpoint()));
+  ASSERT_TRUE(
+      send_all(half_hello.fd(), std::vector<std::byte>(6, std::byte{0x4B}), Clock::now() + 5s)
+          .ok());
+  ASSERT_TRUE(wait_for_state([&] {
+    return receiver->stats().buffered_bytes >= kStalled * (kFrameHeaderBytes + 2000);
+  })) << receiver->stats().buffered_bytes;
+  ASSERT_TRUE(wait_for_state([&] { return receiver->stats().connections == 0; }, 5s));
+  EXPECT_EQ(receiver->stats().buffered_bytes, 0u);
+  for (RawNotifyClient& c : stalled) {
+    std::byte probe[16];
+    EXPECT_EQ(::recv(c.fd(), probe, sizeof(probe), MSG_DONTWAIT), 0) << "closed by the listener";
+  }
+  // They had delivered nothing: no entry.
+  EXPECT_TRUE(receiver->drain(SIZE_MAX).empty());
 }
 
 }  // namespace

@@ -85,7 +85,7 @@ TEST(MetricsServer, ServesTheBytesAnEngineMovedInATextPromtoolAccepts) {
                        "kvferry_engine_batch_latency_seconds_count{engine=\"scraped\","
                        "transport=\"local\"} 1"))
       << text;
-  // The same text as in-process (after the server's own exposer_* metrics).
+  // The same text as in-process.
   EXPECT_TRUE(contains(text, to_prometheus_text(engine->metrics()))) << text;
 
   // promtool (Debian's prometheus package, installed by scripts/setup.sh) lints it.

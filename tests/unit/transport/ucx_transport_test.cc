@@ -161,11 +161,17 @@ TEST_F(UcxTransportTest, ASecretSealsTheWorkerAddressAndRefusesPeersThatCannotPr
   EXPECT_TRUE(contains(open->why_not(kHostToHost, PeerPlace::kOtherHost, peer), "KVFERRY_SECRET"));
 }
 
-TEST_F(UcxTransportTest, EnginesSharingASecretMoveBytesAndOneWithoutItIsRefused) {
+// The options of an engine with emulated ucx allowed and `secret` set.
+EngineOptions emulated_ucx_options(std::string name, std::optional<std::string> secret) {
   EngineOptions o;
+  o.name = std::move(name);
   o.ucx_allow_emulated = true;
-  o.secret = "s3cret";
-  o.name = "target";
+  o.secret.swap(secret);
+  return o;
+}
+
+TEST_F(UcxTransportTest, EnginesSharingASecretMoveBytesAndOneWithoutItIsRefused) {
+  EngineOptions o = emulated_ucx_options("target", "s3cret");
   auto target = must(TransferEngine::create(o));
   o.name = "initiator";
   auto initiator = must(TransferEngine::create(o));
