@@ -81,7 +81,7 @@ struct EngineOptions {
   // tcp transport: data listener ("host:port"; empty = the listen_address host, any
   // port), connections per peer, and receiver I/O threads. Four lanes, not two, even on two
   // cores: with two streams both cores idled ~12 % in a large batch (each lane's sender and
-  // receiver blocked at once); docs/PERFORMANCE.md "tcp large batches".
+  // receiver blocked at once); docs/TRANSPORTS.md "tcp lanes".
   std::string tcp_listen_address;
   int tcp_lanes = 4;
   int tcp_io_threads = 2;

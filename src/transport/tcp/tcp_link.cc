@@ -84,8 +84,7 @@ constexpr uint64_t kInlineSendBytes = uint64_t{256} << 10;
 constexpr uint64_t kOneLaneBytes = uint64_t{512} << 10;
 // A larger part is striped over the lanes in chunks of at least this many bytes (or half the
 // part, if that is less): with four lanes, a 1 MiB READ cut in four 256 KiB chunks woke four
-// readers and took longer than two chunks of 512 KiB (docs/PERFORMANCE.md "tcp large
-// batches").
+// readers and took longer than two chunks of 512 KiB (docs/TRANSPORTS.md "tcp lanes").
 constexpr uint64_t kStripeChunkBytes = uint64_t{1} << 20;
 // How long the reader thread leaves an answer to the posting thread's wait: a batch that
 // nobody waits for (status() polling) is read by the reader thread after this.

@@ -45,10 +45,11 @@ inline constexpr size_t kTcpProofBytes = 32;
 // kTcpHotRequestBytes, the initiator's waiter (for its answer) and the receiver's I/O thread
 // (for the next request) poll without sleeping for kTcpHotTime before they block. In a
 // request/answer exchange the other side's next move comes sooner than a sleeping thread
-// wakes, and on a VM a halted vCPU takes tens of microseconds to wake (docs/PERFORMANCE.md,
-// "Session 9": one 4 KiB op 34-47 -> 12-14 us, one 72 KiB deepseek-v3 page 98-109 -> 28-29
-// us). Not after several requests or a larger one: those keep the threads busy anyway, and a
-// polling thread would take the core a sender or receiver needs. Bounded, so idle ends sleep.
+// wakes, and on a VM a halted vCPU takes tens of microseconds to wake (polling took one 4 KiB
+// op from 34-47 to 12-14 us, one 72 KiB deepseek-v3 page from 98-109 to 28-29 us; docs/
+// TRANSPORTS.md, "tcp lanes"). Not after several requests or a larger one: those keep the threads
+// busy anyway, and a polling thread would take the core a sender or receiver needs. Bounded, so
+// idle ends sleep.
 inline constexpr uint64_t kTcpHotRequestBytes = uint64_t{256} << 10;
 inline constexpr std::chrono::microseconds kTcpHotTime{100};
 // Scratch buffer into which payload bytes that must not land (a refused or expired

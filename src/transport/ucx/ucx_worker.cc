@@ -25,7 +25,7 @@ constexpr std::chrono::milliseconds kMaxActiveSleep{100};
 // After any progress (a task, an event, a channel's step) the thread keeps polling without
 // sleeping for this long before it arms the worker and blocks: in a request/answer exchange
 // the answer comes sooner than a sleeping thread wakes (on a VM, a halted vCPU's wake-up is
-// tens of microseconds: docs/PERFORMANCE.md, "Session 9"). Bounded, so an idle worker sleeps.
+// tens of microseconds: docs/TRANSPORTS.md, "tcp lanes"). Bounded, so an idle worker sleeps.
 constexpr std::chrono::microseconds kHotTime{100};
 // How long the destructor lets channels finish closing their endpoints.
 constexpr std::chrono::seconds kCloseGrace{2};
