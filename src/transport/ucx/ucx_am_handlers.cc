@@ -33,7 +33,7 @@ struct UcxWorker::AmReceive {
   UcxWorker* worker = nullptr;
   UcxAmId id = UcxAmId::kWrite;
   UcxAmHeader header;
-  std::unique_ptr<char[]> buffer;  // where the payload is received
+  UcxLandingBuffers::Lease buffer;  // where the payload is received
   size_t length = 0;
   ucp_ep_h reply_ep = nullptr;  // target: where the write's ack goes
   int64_t began_ns = 0;         // target: when the write's header arrived (our clock)
@@ -164,7 +164,7 @@ ucs_status_t UcxWorker::serve_write(const UcxAmHeader& h, void* data, size_t len
   receive->worker = this;
   receive->id = UcxAmId::kWrite;
   receive->header = h;
-  receive->buffer = std::make_unique_for_overwrite<char[]>(length);  // received into
+  receive->buffer = landing_.acquire(length);
   receive->length = length;
   receive->reply_ep = reply_ep;
   receive->began_ns = now_ns();
@@ -172,7 +172,7 @@ ucs_status_t UcxWorker::serve_write(const UcxAmHeader& h, void* data, size_t len
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.recv_am = &UcxWorker::on_reply_received;
   param.user_data = receive.get();
-  char* into = receive->buffer.get();
+  char* into = receive->buffer.data();
   ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_, data, into, length, &param);
   // From here on the descriptor is UCX's again, whatever the outcome.
   if (UCS_PTR_IS_ERR(request)) {
@@ -208,7 +208,7 @@ void UcxWorker::finish_write(const AmReceive& receive, ucs_status_t status) {
   } else {
     Result<UcxAmPin> pin = check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now);
     if (pin.ok()) {
-      if (receive.length != 0) std::memcpy(pin->ptr, receive.buffer.get(), receive.length);
+      if (receive.length != 0) std::memcpy(pin->ptr, receive.buffer.data(), receive.length);
     } else {
       verdict = pin.status();
     }
@@ -248,13 +248,13 @@ ucs_status_t UcxWorker::deliver_reply(UcxAmId id, const UcxAmHeader& h, void* da
   receive->worker = this;
   receive->id = id;
   receive->header = h;
-  receive->buffer = std::make_unique_for_overwrite<char[]>(length);  // received into
+  receive->buffer = landing_.acquire(length);
   receive->length = length;
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.cb.recv_am = &UcxWorker::on_reply_received;
   param.user_data = receive.get();
-  char* into = receive->buffer.get();
+  char* into = receive->buffer.data();
   ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_, data, into, length, &param);
   if (UCS_PTR_IS_PTR(request)) {
     (void)receive.release();
@@ -282,7 +282,7 @@ void UcxWorker::on_reply_received(void* request, ucs_status_t status, size_t len
     h.status = static_cast<uint32_t>(StatusCode::kPeerDisconnected);
     length = 0;
   }
-  client->on_am_reply(receive->id, h, receive->buffer.get(), status == UCS_OK ? length : 0);
+  client->on_am_reply(receive->id, h, receive->buffer.data(), status == UCS_OK ? length : 0);
 }
 
 }  // namespace kvferry::detail

@@ -184,7 +184,7 @@ void UcxWorker::run() {
     bool progressed = !tasks.empty();
     while (ucp_worker_progress(worker_) != 0) progressed = true;
     const Clock::time_point now = Clock::now();
-    Clock::time_point wake_at = Clock::time_point::max();
+    Clock::time_point wake_at = landing_.release_if_idle(now);
     for (size_t i = 0; i < active_.size();) {
       UcxPumped::Outcome o = active_[i]->pump(now, wake_at);
       progressed = progressed || o.progressed;

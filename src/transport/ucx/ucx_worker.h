@@ -40,6 +40,7 @@
 #include "kvferry/status.h"
 #include "transport/region_index.h"
 #include "transport/ucx/ucx_am_wire.h"
+#include "transport/ucx/ucx_landing_buffers.h"
 #include "transport/ucx/ucx_resources.h"
 
 namespace kvferry::detail {
@@ -145,6 +146,7 @@ class UcxWorker {
   LogThrottle write_dropped_log_;  // rendezvous writes that failed or took too long
   uint64_t next_am_request_ = 1;   // progress thread only
   std::unordered_map<uint64_t, UcxAmClient*> am_waiters_;  // progress thread only
+  UcxLandingBuffers landing_{kUcxLandingCacheBytes};       // progress thread only
   std::thread thread_;
 };
 
