@@ -27,7 +27,9 @@
 // contestant's GB/s is its mean over all its batches, p50/p99 over the same samples; memcpy
 // and the bare call each count their faster thread count (by mean); the ratio is engine ÷
 // memcpy (or ÷ the stream). CPU and wake-ups are metered around each contestant's turns
-// only, summed per contestant.
+// only, summed per contestant. Single-op cells also give p99.9, the engine's and the
+// reference's. `--load N` runs N spinning processes beside every contestant (CpuLoad,
+// bench_util.h): the contended case, against references contended alike.
 //
 // Destinations are laid out in reverse block order so ops never merge: the figures measure
 // per-op cost, not the merger. Cells above --max-batch-bytes are listed as skipped.
@@ -130,6 +132,7 @@ struct EngineBenchArgs {
   int rounds = 5;
   std::string iperf3;  // the iperf3 binary: races it in tcp and ucx cells ("" = not)
   unsigned iperf3_port = 9160;
+  int load = 0;  // busy processes beside the contestants (CpuLoad)
 };
 
 // The bench's own buffers for one local memory kind: the pattern source, the engine's local
@@ -211,6 +214,7 @@ struct Row {
   std::string local_memory, peer_memory;  // peer: the serve child's --memory ("" for local)
   double gbps = 0, p50_us = 0, p99_us = 0, ref_gbps = 0, ref_p50_us = 0, ref_p99_us = 0, ratio = 0,
          p50_ratio = 0, mops = 0;
+  double p999_us = 0, ref_p999_us = 0;  // single-op cells only (0 elsewhere)
   // tcp only (0 elsewhere): both processes together, per GB moved and per batch.
   double cpu_s_per_gb = 0, ref_cpu_s_per_gb = 0, switches_per_batch = 0, ref_switches_per_batch = 0;
   // tcp batches of at most kTcpHotRequestBytes (0 elsewhere): p50 of the blocking and of the
@@ -707,6 +711,10 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
             row.ref_gbps = bytes / ref_lat.mean_ns();
             row.ref_p50_us = ref_lat.percentile_us(50);
             row.ref_p99_us = ref_lat.percentile_us(99);
+            if (n == 1) {
+              row.p999_us = engine_lat.percentile_us(99.9);
+              row.ref_p999_us = ref_lat.percentile_us(99.9);
+            }
             row.ratio = row.gbps / row.ref_gbps;
             row.p50_ratio = row.p50_us / row.ref_p50_us;
             row.mops = n / engine_lat.mean_ns() * 1e3;
@@ -750,6 +758,9 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
                 : ref == ref_one ? "socket"
                                  : "polled",
                 row.ref_gbps, row.ref_p50_us, row.ref_p99_us, row.ratio, row.p50_ratio, row.mops);
+            if (n == 1) {
+              line += fmt::format("  p99.9 {:.1f} us (ref {:.1f})", row.p999_us, row.ref_p999_us);
+            }
             if (measure_cpu) {
               line += fmt::format("  cpu {:.2f} s/GB (socket {:.2f})  wakes/batch {:.1f} ({:.1f})",
                                   row.cpu_s_per_gb, row.ref_cpu_s_per_gb, row.switches_per_batch,
@@ -822,9 +833,19 @@ void add_bench_engine_command(CLI::App& bench) {
       "loopback, default writes and -l 1M; figures from its own reports)");
   cmd->add_option("--iperf3-port", args->iperf3_port, "port of the iperf3 server (--iperf3)")
       ->check(CLI::Range(1u, 65535u));
+  cmd->add_option("--load", args->load,
+                  "busy processes spinning beside the contestants, one per core in turn: the "
+                  "contended case, measured like the quiet one")
+      ->check(CLI::Range(0, 1024));
   cmd->callback([args] {
     std::vector<Row> rows;
+    std::optional<CpuLoad> load;
+    if (args->load > 0) {
+      load.emplace(args->load);
+      std::cout << "# load: " << load->size() << " busy process(es) beside the contestants\n";
+    }
     Status s = run_grid(*args, rows);
+    load.reset();
     if (!s.ok()) {
       std::cerr << "kvferry bench engine: " << s.to_string() << "\n";
       throw CLI::RuntimeError(1);
@@ -840,6 +861,9 @@ void add_bench_engine_command(CLI::App& bench) {
                        {"gbps", r.gbps},
                        {"p50_us", r.p50_us},
                        {"p99_us", r.p99_us},
+                       {"p999_us", r.p999_us},
+                       {"ref_p999_us", r.ref_p999_us},
+                       {"load", args->load},
                        {"ref_gbps", r.ref_gbps},
                        {"ref_p50_us", r.ref_p50_us},
                        {"ref_p99_us", r.ref_p99_us},
