@@ -1,0 +1,173 @@
+// TcpLane's lifetime: the connection and its handshake, the threads, and failing or
+// expiring what the lane carries (its peer's liveness, the batches' deadlines).
+#include "transport/tcp/tcp_lane.h"
+
+#include <fmt/format.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+
+#include "core/auth.h"
+#include "core/named_thread.h"
+
+namespace kvferry::detail {
+
+Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
+                                                  Clock::time_point deadline) {
+  KVF_ASSIGN_OR_RETURN(Fd fd, connect_tcp(o.endpoint, deadline));
+  std::array<std::byte, kTcpHeaderBytes> raw{};
+  TcpHeader hello;
+  hello.type = TcpFrame::kHello;
+  const auto t_sent = Clock::now();
+  hello.deadline_ns = to_ns(t_sent);
+  encode_tcp_header(hello, raw.data());
+  auto unreachable = [&](const Status& s) {
+    return Status(s.code() == StatusCode::kProtocolError ? s.code() : StatusCode::kPeerUnreachable,
+                  "tcp handshake with " + o.peer_name + ": " + s.message());
+  };
+  if (Status s = send_all(fd.get(), raw, deadline); !s.ok()) return unreachable(s);
+  if (Status s = recv_all(fd.get(), raw, deadline); !s.ok()) {
+    if (s.code() == StatusCode::kPeerDisconnected) {
+      // What a receiver of another protocol version does with our kHello (it logs why).
+      s = Status(s.code(), s.message() + fmt::format(" (closed at kHello: a receiver of another "
+                                                     "tcp protocol version than {} does that)",
+                                                     kTcpVersion));
+    }
+    return unreachable(s);
+  }
+  const auto t_received = Clock::now();
+  auto ack = decode_tcp_header(raw.data());
+  if (!ack.ok()) return unreachable(ack.status());
+  if (ack->type != TcpFrame::kHelloAck) return ProtocolError("tcp handshake: expected HelloAck");
+  if (ack->request_id != o.expected_incarnation) {
+    return PeerDisconnected(fmt::format("peer {} restarted (incarnation {:016x}, expected {:016x})",
+                                        o.peer_name, ack->request_id, o.expected_incarnation));
+  }
+  // The receiver read its clock between t_sent and t_received (ours): the smallest offset
+  // consistent with that makes converted deadlines early, never late.
+  const int64_t offset_ns = ack->deadline_ns - to_ns(t_received);
+  if (ack->length != 0) {
+    AuthNonce nonce;
+    if (ack->length != nonce.size()) return ProtocolError("tcp handshake: bad nonce length");
+    if (Status s = recv_all(fd.get(), nonce, deadline); !s.ok()) return unreachable(s);
+    if (!o.secret) {
+      return Unauthenticated("peer " + o.peer_name +
+                             " requires authentication; no secret is configured here");
+    }
+    AuthProof proof = auth_proof(*o.secret, nonce);
+    TcpHeader auth;
+    auth.type = TcpFrame::kAuth;
+    auth.length = proof.size();
+    encode_tcp_header(auth, raw.data());
+    if (Status s = send_all(fd.get(), raw, deadline); !s.ok()) return unreachable(s);
+    if (Status s = send_all(fd.get(), proof, deadline); !s.ok()) return unreachable(s);
+    if (Status s = recv_all(fd.get(), raw, deadline); !s.ok()) {
+      return Unauthenticated("peer " + o.peer_name + " refused our credentials");
+    }
+    auto verdict = decode_tcp_header(raw.data());
+    if (!verdict.ok() || verdict->type != TcpFrame::kAck || verdict->status != 0) {
+      return Unauthenticated("peer " + o.peer_name + " refused our credentials (wrong secret?)");
+    }
+  }
+  return std::shared_ptr<TcpLane>(
+      new TcpLane(std::move(fd), o.peer_name, offset_ns, o.frame_rest_timeout, o.device));
+}
+
+TcpLane::TcpLane(Fd fd, std::string peer, int64_t offset_ns,
+                 std::chrono::milliseconds frame_rest_timeout,
+                 std::shared_ptr<TcpDeviceStaging> device)
+    : fd_(std::move(fd)),
+      peer_(std::move(peer)),
+      clock_offset_ns_(offset_ns),
+      frame_rest_timeout_(frame_rest_timeout),
+      landers_(std::move(device)) {
+  sender_ = named_thread("kvf-tcp-tx", [this] { send_loop(); });
+  reader_ = named_thread("kvf-tcp-rx", [this] { read_loop(); });
+}
+
+TcpLane::~TcpLane() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  reader_cv_.notify_all();
+  ::shutdown(fd_.get(), SHUT_RDWR);
+  sender_.join();
+  reader_.join();
+  fail_all(PeerDisconnected("connection to " + peer_ + " closed"), /*sender_gone=*/true);
+}
+
+void TcpLane::fail_all(const Status& why, bool sender_gone) {
+  std::deque<TcpChunk> queued;
+  std::vector<TcpChunk> flying;
+  {
+    std::lock_guard lock(mu_);
+    if (!broken_) {
+      broken_ = true;
+      broken_status_ = why;
+    }
+    queued.swap(queue_);
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      if (!sender_gone && !it->second.sent) {
+        ++it;
+        continue;
+      }
+      flying.push_back(std::move(it->second));
+      it = in_flight_.erase(it);
+    }
+    expired_.clear();
+  }
+  ::shutdown(fd_.get(), SHUT_RDWR);
+  cv_.notify_all();
+  for (TcpChunk& c : queued) finish(c, loss_status(c, why));
+  for (TcpChunk& c : flying) finish(c, loss_status(c, why));
+}
+
+Status TcpLane::loss_status(const TcpChunk& c, const Status& why) const {
+  Status own = c.batch->stop_reason();
+  if (!own.ok()) return own;
+  if (why.code() == StatusCode::kTimeout) {
+    return PeerDisconnected("lane to " + peer_ + " closed: " + why.message());
+  }
+  return why;
+}
+
+Clock::time_point TcpLane::latest_deadline() const {
+  std::lock_guard lock(mu_);
+  Clock::time_point latest{};
+  for (const TcpChunk& c : queue_) latest = std::max(latest, c.batch->deadline());
+  for (const auto& [id, c] : in_flight_) latest = std::max(latest, c.batch->deadline());
+  for (const auto& [id, e] : expired_) latest = std::max(latest, e.deadline);
+  return latest;
+}
+
+bool TcpLane::expire_overdue() {
+  std::vector<TcpChunk> failed;
+  bool stuck = false;
+  {
+    std::lock_guard lock(mu_);
+    const auto now = Clock::now();
+    Clock::time_point latest{};
+    for (auto it = in_flight_.begin(); it != in_flight_.end();) {
+      TcpChunk& c = it->second;
+      latest = std::max(latest, c.batch->deadline());
+      if (now < c.batch->deadline() || !c.sent) {
+        ++it;
+        continue;
+      }
+      expired_.emplace(it->first, ExpiredRequest{c.kind, c.length, c.batch->deadline()});
+      failed.push_back(std::move(c));
+      it = in_flight_.erase(it);
+    }
+    for (const TcpChunk& c : queue_) latest = std::max(latest, c.batch->deadline());
+    for (const auto& [id, e] : expired_) latest = std::max(latest, e.deadline);
+    const Clock::time_point heard{Clock::duration(last_input_.load())};
+    stuck = !expired_.empty() && now >= latest + kLaneGrace && now >= heard + kLaneGrace;
+  }
+  for (TcpChunk& c : failed) finish(c, expiry_status(c));
+  return stuck;
+}
+
+}  // namespace kvferry::detail
