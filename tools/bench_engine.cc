@@ -834,8 +834,8 @@ void add_bench_engine_command(CLI::App& bench) {
   cmd->add_option("--iperf3-port", args->iperf3_port, "port of the iperf3 server (--iperf3)")
       ->check(CLI::Range(1u, 65535u));
   cmd->add_option("--load", args->load,
-                  "busy processes spinning beside the contestants, one per core in turn: the "
-                  "contended case, measured like the quiet one")
+                  "busy processes spinning beside the contestants (placed by the scheduler): "
+                  "the contended case, measured like the quiet one")
       ->check(CLI::Range(0, 1024));
   cmd->callback([args] {
     std::vector<Row> rows;

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <fmt/format.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -200,32 +199,18 @@ class CpuMeter {
   uint64_t switches_ = 0;
 };
 
-// A CPU load beside the measurement (`--load N`): N child processes, each spinning on one
-// core (child i pinned to core i mod the cores this process may use), as another busy
-// process of a serving host would. Processes, not threads, so the contestants' CPU meters
-// (which read this process and its peer) do not count them. They die with this process
-// (PR_SET_PDEATHSIG) and are killed and reaped when the CpuLoad goes.
+// A CPU load beside the measurement (`--load N`): N child processes that spin, placed by
+// the scheduler like any other busy process of a serving host (the GPU driver, Python,
+// tokenizers). Processes, not threads, so the contestants' CPU meters (which read this
+// process and its peer) do not count them. They die with this process (PR_SET_PDEATHSIG)
+// and are killed and reaped when the CpuLoad goes.
 class CpuLoad {
  public:
   explicit CpuLoad(int n) {
-    cpu_set_t allowed;
-    CPU_ZERO(&allowed);
-    std::vector<int> cores;
-    if (::sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
-      for (int c = 0; c < CPU_SETSIZE; ++c) {
-        if (CPU_ISSET(c, &allowed)) cores.push_back(c);
-      }
-    }
     for (int i = 0; i < n; ++i) {
       const pid_t pid = ::fork();
       if (pid == 0) {  // only async-signal-safe calls from here on
         ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (!cores.empty()) {
-          cpu_set_t one;
-          CPU_ZERO(&one);
-          CPU_SET(cores[static_cast<size_t>(i) % cores.size()], &one);
-          ::sched_setaffinity(0, sizeof(one), &one);
-        }
         volatile uint64_t spin = 0;
         for (;;) spin = spin + 1;
       }

@@ -20,7 +20,7 @@ Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
   TcpHeader hello;
   hello.type = TcpFrame::kHello;
   const auto t_sent = Clock::now();
-  hello.deadline_ns = to_ns(t_sent);
+  hello.deadline_ns = steady_ns(t_sent);
   encode_tcp_header(hello, raw.data());
   auto unreachable = [&](const Status& s) {
     return Status(s.code() == StatusCode::kProtocolError ? s.code() : StatusCode::kPeerUnreachable,
@@ -46,7 +46,7 @@ Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
   }
   // The receiver read its clock between t_sent and t_received (ours): the smallest offset
   // consistent with that makes converted deadlines early, never late.
-  const int64_t offset_ns = ack->deadline_ns - to_ns(t_received);
+  const int64_t offset_ns = ack->deadline_ns - steady_ns(t_received);
   if (ack->length != 0) {
     AuthNonce nonce;
     if (ack->length != nonce.size()) return ProtocolError("tcp handshake: bad nonce length");

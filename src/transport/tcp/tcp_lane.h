@@ -30,15 +30,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/spin_gate.h"
 #include "transport/tcp/tcp_device_lander.h"
 #include "transport/tcp/tcp_link.h"
 #include "transport/tcp/tcp_wire.h"
 
 namespace kvferry::detail {
-
-inline int64_t to_ns(Clock::time_point t) {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-}
 
 // One op of a vector frame: where its bytes are here and at the peer.
 struct TcpPiece {
@@ -435,6 +432,16 @@ class TcpLane {
     return -1;
   }
 
+  // One poll of a hot wait: receive_now, timed by the reading role's SpinGate; a poll that
+  // lost the core ends the spell (hot_until cleared), one that brought input settles it.
+  int receive_hot(Clock::time_point& hot_until) {
+    const Clock::time_point began = Clock::now();
+    const int got = receive_now();
+    if (got == 0 && !spin_.keep_polling(began, Clock::now())) hot_until = Clock::time_point{};
+    if (got > 0) spin_.settle(began);
+    return got;
+  }
+
   Status lost(const Status& why) const {
     return PeerDisconnected("connection to " + peer_ + " lost: " + why.message());
   }
@@ -485,6 +492,7 @@ class TcpLane {
   // The reading role (guarded by mu_): someone reads the lane's input (the reader thread or
   // a waiter, read_for); only its holder touches the input buffer and the landers.
   bool reading_ = false;
+  SpinGate spin_;  // the reading role's (whoever holds it): polls only while polling pays
   bool reader_asleep_ = false;           // guarded by mu_: the reader thread waits on reader_cv_
   Clock::time_point last_registered_{};  // guarded by mu_: the last request sent
   std::condition_variable reader_cv_;

@@ -18,10 +18,14 @@ namespace kvferry::detail {
 bool TcpLane::wait_readable(Clock::time_point hot_until) {
   for (;;) {
     pollfd p{fd_.get(), POLLIN, 0};
-    const bool hot = Clock::now() < hot_until;
+    const Clock::time_point began = Clock::now();
+    const bool hot = began < hot_until;
     int rc = ::poll(&p, 1, hot ? 0 : 50);
     if (rc > 0) return true;
-    if (hot) continue;
+    if (hot) {
+      if (rc == 0 && !spin_.keep_polling(began, Clock::now())) hot_until = Clock::time_point{};
+      continue;
+    }
     {
       std::lock_guard lock(mu_);
       if (stopping_ || broken_) return false;
@@ -108,7 +112,7 @@ void TcpLane::read_for(const BatchProgress* batch, Clock::time_point until) {
     reading_ = true;
   }
   // A small lone request is answered sooner than a sleeping thread wakes.
-  const Clock::time_point hot_until = hot ? Clock::now() + kTcpHotTime : Clock::time_point{};
+  Clock::time_point hot_until = hot ? spin_.open(Clock::now(), kTcpHotTime) : Clock::time_point{};
   std::array<std::byte, kTcpHeaderBytes> raw{};
   for (;;) {
     {
@@ -119,7 +123,7 @@ void TcpLane::read_for(const BatchProgress* batch, Clock::time_point until) {
       const Clock::time_point now = Clock::now();
       if (now >= until) break;
       if (now < hot_until) {
-        const int got = receive_now();
+        const int got = receive_hot(hot_until);
         if (got < 0) break;
         if (got == 0) continue;
       } else {
@@ -186,7 +190,7 @@ void TcpLane::read_loop() {
         if (thread_may_rest()) {
           // Waits hot for the next answer after a lone one, then rests.
           if (Clock::now() >= hot_until) break;
-          const int got = receive_now();
+          const int got = receive_hot(hot_until);
           if (got < 0) {
             release_reading_role();
             return;
@@ -208,7 +212,7 @@ void TcpLane::read_loop() {
         release_reading_role();
         return;
       }
-      hot_until = lone_answered() ? Clock::now() + kTcpHotTime : Clock::time_point{};
+      hot_until = lone_answered() ? spin_.open(Clock::now(), kTcpHotTime) : Clock::time_point{};
     }
     release_reading_role();
   }

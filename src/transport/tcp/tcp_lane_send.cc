@@ -96,7 +96,7 @@ bool TcpLane::send_chunks(std::vector<TcpChunk>& chunks) {
       iov_.push_back({c.local, c.length});
     }
     // The deadline on the receiver's clock, never later than ours.
-    h.deadline_ns = to_ns(c.batch->deadline()) + clock_offset_ns_;
+    h.deadline_ns = steady_ns(c.batch->deadline()) + clock_offset_ns_;
     const OpKind kind = c.kind;
     const std::shared_ptr<BatchProgress> batch = c.batch;
     bool registered = false;

@@ -49,8 +49,10 @@ void TcpServer::IoThread::loop() {
   while (!stopping_.load()) {
     // Wakes at least every 100 ms so a write whose sender went silent mid-payload gives
     // up its pin at its deadline instead of holding the region forever.
-    const bool hot = hot_until_ns_ != 0 && monotonic_ns() < hot_until_ns_;
+    const Clock::time_point began = Clock::now();
+    const bool hot = hot_until_ns_ != 0 && steady_ns(began) < hot_until_ns_;
     int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), hot ? 0 : 100);
+    if (hot && n == 0 && !spin_.keep_polling(began, Clock::now())) hot_until_ns_ = 0;
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return;
     const int64_t now = monotonic_ns();
@@ -83,8 +85,9 @@ void TcpServer::IoThread::loop() {
       if (!alive) drop(fd);
     }
     if (requests_ == 1 && request_bytes_ <= kTcpHotRequestBytes) {  // see kTcpHotTime
-      hot_until_ns_ = monotonic_ns() +
-                      std::chrono::duration_cast<std::chrono::nanoseconds>(kTcpHotTime).count();
+      const Clock::time_point answered = Clock::now();
+      spin_.settle(answered);
+      hot_until_ns_ = steady_ns(spin_.open(answered, kTcpHotTime));
     } else if (requests_ != 0) {
       hot_until_ns_ = 0;
     }

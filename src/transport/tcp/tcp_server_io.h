@@ -30,6 +30,7 @@
 
 #include "core/auth.h"
 #include "core/log_throttle.h"
+#include "core/spin_gate.h"
 #include "transport/peer_liveness.h"
 #include "transport/tcp/tcp_device_lander.h"
 #include "transport/tcp/tcp_device_reader.h"
@@ -58,10 +59,7 @@ inline constexpr size_t kMaxReceiveEntries = 64;
 // How often an I/O thread looks for connections past a deadline, an idle or a stall limit.
 inline constexpr int64_t kLimitCheckNs = 20'000'000;
 
-inline int64_t monotonic_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
-      .count();
-}
+inline int64_t monotonic_ns() { return steady_ns(Clock::now()); }
 
 // A registered range pinned for the duration of one request (see RegionUse).
 struct Pin {
@@ -319,8 +317,10 @@ struct TcpServer::IoThread {
   int64_t next_limit_check_ns_ = 0;  // I/O thread only
   LogThrottle frame_overdue_log_;
   // Polling without sleeping until then (0: not), and the frames and their bytes that began
-  // in this round of input (see kTcpHotTime). I/O thread only.
+  // in this round of input (see kTcpHotTime); polls only while polling pays (SpinGate). I/O
+  // thread only.
   int64_t hot_until_ns_ = 0;
+  SpinGate spin_;
   size_t requests_ = 0;
   uint64_t request_bytes_ = 0;
   std::mutex mu_;

@@ -41,6 +41,11 @@ inline constexpr size_t kTcpVecEntryBytes = 16;
 inline constexpr size_t kTcpNonceBytes = 32;
 inline constexpr size_t kTcpProofBytes = 32;
 
+// A steady-clock time as nanoseconds since its epoch (the form atomics and deadlines keep).
+inline int64_t steady_ns(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
 // Both ends of a small exchange poll before they sleep: after a lone request of at most
 // kTcpHotRequestBytes, the initiator's waiter (for its answer) and the receiver's I/O thread
 // (for the next request) poll without sleeping for kTcpHotTime before they block. In a
@@ -49,7 +54,8 @@ inline constexpr size_t kTcpProofBytes = 32;
 // op from 34-47 to 12-14 us, one 72 KiB deepseek-v3 page from 98-109 to 28-29 us; docs/
 // TRANSPORTS.md, "tcp lanes"). Not after several requests or a larger one: those keep the threads
 // busy anyway, and a polling thread would take the core a sender or receiver needs. Bounded, so
-// idle ends sleep.
+// idle ends sleep; and not while the core is contended: a poll that lost the core closes the
+// thread's SpinGate (core/spin_gate.h) for a back-off, and it sleeps at once until then.
 inline constexpr uint64_t kTcpHotRequestBytes = uint64_t{256} << 10;
 inline constexpr std::chrono::microseconds kTcpHotTime{100};
 // Scratch buffer into which payload bytes that must not land (a refused or expired

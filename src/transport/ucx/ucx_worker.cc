@@ -15,6 +15,7 @@
 
 #include "core/logging.h"
 #include "core/named_thread.h"
+#include "core/spin_gate.h"
 
 namespace kvferry::detail {
 namespace {
@@ -25,7 +26,8 @@ constexpr std::chrono::milliseconds kMaxActiveSleep{100};
 // After any progress (a task, an event, a channel's step) the thread keeps polling without
 // sleeping for this long before it arms the worker and blocks: in a request/answer exchange
 // the answer comes sooner than a sleeping thread wakes (on a VM, a halted vCPU's wake-up is
-// tens of microseconds: docs/TRANSPORTS.md, "tcp lanes"). Bounded, so an idle worker sleeps.
+// tens of microseconds: docs/TRANSPORTS.md, "tcp lanes"). Bounded, so an idle worker sleeps;
+// and not while the core is contended (SpinGate), where a sleeping thread is woken sooner.
 constexpr std::chrono::microseconds kHotTime{100};
 // How long the destructor lets channels finish closing their endpoints.
 constexpr std::chrono::seconds kCloseGrace{2};
@@ -168,7 +170,9 @@ void UcxWorker::run() {
   ::pthread_setname_np(::pthread_self(), "kvf-ucx");
   std::optional<Clock::time_point> stop_by;
   Clock::time_point hot_until{};
+  SpinGate spin;  // polls only while polling pays (core/spin_gate.h)
   for (;;) {
+    const Clock::time_point began = Clock::now();
     std::vector<std::function<void()>> tasks;
     bool stopping = false;
     {
@@ -202,10 +206,11 @@ void UcxWorker::run() {
       return;
     }
     if (progressed) {
-      hot_until = now + kHotTime;
+      spin.settle(now);
+      hot_until = spin.open(now, kHotTime);
       continue;
     }
-    if (now < hot_until) continue;
+    if (now < hot_until && spin.keep_polling(began, now)) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     if (!active_.empty()) wake_at = std::min(wake_at, now + kMaxActiveSleep);
     int timeout_ms = -1;
