@@ -8,10 +8,10 @@
 // beside it).
 //
 // So the gate watches each polling spell. A poll (one non-blocking system call) that took
-// more than kPreemptedGap means the thread lost its core during it: the spell ends, and the gate stays closed (the thread
-// sleeps at once) for a back-off that starts at kMinBackoff and doubles, up to kMaxBackoff,
-// each time a spell after a back-off is preempted again. A spell that ends on its own (an
-// answer came, or the hot time passed) with no preemption resets the back-off.
+// more than kPreemptedGap means the thread lost its core during it: the spell ends, and the gate
+// stays closed (the thread sleeps at once) for a back-off that starts at kMinBackoff and doubles,
+// up to kMaxBackoff, each time a spell after a back-off is preempted again. A spell that ends on
+// its own (an answer came, or the hot time passed) with no preemption resets the back-off.
 //
 // Thread-safety: none; one gate per polling role (a connection's I/O thread, a lane's
 // reading role), used by whichever thread holds that role.
