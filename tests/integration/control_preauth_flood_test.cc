@@ -198,6 +198,21 @@ struct PdPair {
 };
 
 // 256 connections claiming and sending 16 MiB first frames while a legitimate request runs.
+// The attackers gone: the prefill keeps only the decode's connection, no extra thread, and
+// what their buffers took goes back to the system. Returns the resident bytes after.
+uint64_t expect_nothing_stays(PdPair& pair, GreedyClients& greedy, uint64_t rss_before,
+                              uint64_t threads_before) {
+  greedy.disperse();
+  EXPECT_TRUE(eventually([&] { return pair.prefill->stats().decode_connections == 1; }))
+      << pair.prefill->stats().decode_connections << " decode connections";
+  EXPECT_TRUE(eventually([&] { return thread_count() <= threads_before + 2; }))
+      << thread_count() << " threads, " << threads_before << " before";
+  const uint64_t rss_after = settled_resident_bytes(rss_before + kRetainedSlackBytes);
+  EXPECT_LE(rss_after, rss_before + kRetainedSlackBytes)
+      << "resident " << (rss_after >> 20) << " MiB after, " << (rss_before >> 20) << " before";
+  return rss_after;
+}
+
 void flood_first_frames(const std::optional<std::string>& secret) {
   PdPair pair(secret);
   pair.transfer_and_verify(1);  // the decode's link and the engines' peers exist before
@@ -220,15 +235,7 @@ void flood_first_frames(const std::optional<std::string>& secret) {
   EXPECT_LT(greedy.most_sent(), payload.size());
   EXPECT_LE(peak, rss_before + kMaxPeakRiseBytes)
       << "resident " << (peak >> 20) << " MiB at the peak, " << (rss_before >> 20) << " before";
-  greedy.disperse();
-  EXPECT_TRUE(eventually([&] { return pair.prefill->stats().decode_connections == 1; }))
-      << pair.prefill->stats().decode_connections << " decode connections";
-  EXPECT_TRUE(eventually([&] { return thread_count() <= threads_before + 2; }))
-      << thread_count() << " threads, " << threads_before << " before";
-  // What their buffers took goes back to the system once they are gone.
-  const uint64_t rss_after = settled_resident_bytes(rss_before + kRetainedSlackBytes);
-  EXPECT_LE(rss_after, rss_before + kRetainedSlackBytes)
-      << "resident " << (rss_after >> 20) << " MiB after, " << (rss_before >> 20) << " before";
+  const uint64_t rss_after = expect_nothing_stays(pair, greedy, rss_before, threads_before);
   pair.transfer_and_verify(3);  // and after
   std::printf(
       "%s: %zu connections claiming %u bytes; resident before %.1f MiB, peak +%.1f MiB, "
@@ -271,15 +278,7 @@ TEST(ControlPortPreAuthFlood, FramesOfExactlyTheCapHeldOpenCostAtMostTheCapEach)
   const uint64_t peak = sampler.stop();
   EXPECT_LE(peak, rss_before + kMaxPeakRiseBytes)
       << "resident " << (peak >> 20) << " MiB at the peak, " << (rss_before >> 20) << " before";
-  greedy.disperse();
-  EXPECT_TRUE(eventually([&] { return pair.prefill->stats().decode_connections == 1; }))
-      << pair.prefill->stats().decode_connections << " decode connections";
-  EXPECT_TRUE(eventually([&] { return thread_count() <= threads_before + 2; }))
-      << thread_count() << " threads, " << threads_before << " before";
-  // What their buffers took goes back to the system once they are gone.
-  const uint64_t rss_after = settled_resident_bytes(rss_before + kRetainedSlackBytes);
-  EXPECT_LE(rss_after, rss_before + kRetainedSlackBytes)
-      << "resident " << (rss_after >> 20) << " MiB after, " << (rss_before >> 20) << " before";
+  const uint64_t rss_after = expect_nothing_stays(pair, greedy, rss_before, threads_before);
   std::printf(
       "%zu connections holding %u of a %u-byte frame; resident before %.1f MiB, peak "
       "+%.1f MiB, after %+.1f MiB\n",
