@@ -6,8 +6,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <random>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/auth.h"
 #include "core/host_identity.h"
@@ -23,6 +27,50 @@ uint64_t new_incarnation() {
   uint64_t id = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   id ^= static_cast<uint64_t>(Clock::now().time_since_epoch().count());
   return id == 0 ? 1 : id;
+}
+
+// AlreadyExists naming region `index` of the caller's batch and the range it overlaps.
+Status overlap_error(size_t index, const MemoryRegion& r, std::string_view what_it_overlaps) {
+  return AlreadyExists(fmt::format("region {} [{:#x}, +{}) overlaps {}", index,
+                                   reinterpret_cast<uint64_t>(r.addr), r.length, what_it_overlaps));
+}
+
+// The indices of `regions` in address order, or AlreadyExists when two of them overlap or one
+// overlaps a region of `registered`. O(n log n + n log m): a sort, a pass over neighbours, and
+// a binary search of the registered regions per region. Where several overlaps exist, the
+// one named is the first in the caller's order against registered regions, or else the first
+// pair in address order (naming the later of the two in the caller's order).
+Result<std::vector<size_t>> sorted_without_overlap(std::span<const MemoryRegion> regions,
+                                                   const RegionIndex& registered) {
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const MemoryRegion& r = regions[i];
+    if (const RegionEntry* e =
+            registered.find_overlap(reinterpret_cast<uint64_t>(r.addr), r.length)) {
+      return overlap_error(i, r, fmt::format("registered region [{:#x}, +{})", e->addr, e->length));
+    }
+  }
+  std::vector<std::pair<uint64_t, size_t>> starts;  // (address, index in the caller's batch)
+  starts.reserve(regions.size());
+  for (size_t i = 0; i < regions.size(); ++i) {
+    starts.emplace_back(reinterpret_cast<uint64_t>(regions[i].addr), i);
+  }
+  std::sort(starts.begin(), starts.end());
+  // Sorted by start, the regions are disjoint when each ends at or before the next starts.
+  for (size_t k = 1; k < starts.size(); ++k) {
+    const size_t before = starts[k - 1].second;
+    const size_t after = starts[k].second;
+    if (starts[k].first - starts[k - 1].first >= regions[before].length) continue;
+    const size_t named = std::max(before, after);
+    const size_t other = std::min(before, after);
+    return overlap_error(
+        named, regions[named],
+        fmt::format("region {} [{:#x}, +{}) of the same batch", other,
+                    reinterpret_cast<uint64_t>(regions[other].addr), regions[other].length));
+  }
+  std::vector<size_t> order;
+  order.reserve(starts.size());
+  for (const auto& start : starts) order.push_back(start.second);
+  return order;
 }
 
 }  // namespace
@@ -234,29 +282,24 @@ Status EngineImpl::check_regions(std::span<const MemoryRegion> regions) {
 }
 
 Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
-  // Every region is checked before any is handed to a transport.
+  // Every region is checked (mapped, no overlap) before any is handed to a transport, so a
+  // refusal here leaves nothing to roll back.
   KVF_RETURN_IF_ERROR(check_regions(regions));
   auto current = local_regions_.load();
-  std::vector<RegionEntry> entries(current->entries().begin(), current->entries().end());
+  KVF_ASSIGN_OR_RETURN(std::vector<size_t> by_addr, sorted_without_overlap(regions, *current));
+  // Registered in the caller's order, so an error names the region the caller would expect.
+  std::vector<RegionEntry> added;
+  added.reserve(regions.size());
+  auto roll_back = [&] {
+    unregister_regions(added);
+    release_shm_backings_locked(added);
+  };
   for (size_t i = 0; i < regions.size(); ++i) {
     const MemoryRegion& r = regions[i];
     auto addr = reinterpret_cast<uint64_t>(r.addr);
-    const std::span<const RegionEntry> added_so_far(
-        entries.begin() + static_cast<ptrdiff_t>(current->entries().size()), entries.end());
-    // Overlap against everything registered so far, including earlier entries of this call.
-    for (const RegionEntry& e : entries) {
-      if (addr < e.end() && e.addr < addr + r.length) {
-        unregister_regions(added_so_far);
-        release_shm_backings_locked(added_so_far);
-        return AlreadyExists(
-            fmt::format("region {} [{:#x}, +{}) overlaps registered region [{:#x}, +{})", i, addr,
-                        r.length, e.addr, e.length));
-      }
-    }
     Result<std::optional<ShmBacking>> backing = claim_shm_backing_locked(addr, r.length);
     if (!backing.ok()) {
-      unregister_regions(added_so_far);
-      release_shm_backings_locked(added_so_far);
+      roll_back();
       return Status(backing.status().code(),
                     fmt::format("region {} at {:#x}: {}", i, addr, backing.status().message()));
     }
@@ -269,15 +312,22 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
     }
     if (prepared.ok()) prepared = register_region_everywhere(entry, i);
     if (!prepared.ok()) {
-      unregister_regions(added_so_far);
-      release_shm_backings_locked(added_so_far);
+      roll_back();
       release_shm_backings_locked({&entry, 1});
       return prepared;
     }
-    entries.push_back(std::move(entry));
+    added.push_back(std::move(entry));
   }
-  std::sort(entries.begin(), entries.end(),
-            [](const RegionEntry& a, const RegionEntry& b) { return a.addr < b.addr; });
+  // Two sorted runs (what was registered, what this call adds) merge into the new snapshot.
+  std::vector<RegionEntry> added_by_addr;
+  added_by_addr.reserve(added.size());
+  for (size_t i : by_addr) added_by_addr.push_back(std::move(added[i]));
+  const std::span<const RegionEntry> existing = current->entries();
+  std::vector<RegionEntry> entries;
+  entries.reserve(existing.size() + added_by_addr.size());
+  std::merge(existing.begin(), existing.end(), std::make_move_iterator(added_by_addr.begin()),
+             std::make_move_iterator(added_by_addr.end()), std::back_inserter(entries),
+             [](const RegionEntry& a, const RegionEntry& b) { return a.addr < b.addr; });
   local_regions_.store(std::make_shared<const RegionIndex>(std::move(entries)));
   publish_locked().ignore();
   return Status::Ok();
@@ -384,12 +434,20 @@ Status EngineImpl::unregister_memory(std::span<void* const> addrs) {
 
 Status EngineImpl::unregister_locked(std::span<void* const> addrs) {
   auto current = local_regions_.load();
+  const std::span<const RegionEntry> entries = current->entries();
+  // Marked by position in the sorted snapshot: O(log n) per address, one pass to split. An
+  // address given twice names the same region, which goes once.
+  std::vector<bool> is_victim(entries.size(), false);
   std::vector<const RegionEntry*> victims;
+  victims.reserve(addrs.size());
   for (void* p : addrs) {
     auto addr = reinterpret_cast<uint64_t>(p);
     const RegionEntry* e = current->find_start(addr);
     if (e == nullptr)
       return NotRegistered(fmt::format("no registered region starts at {:#x}", addr));
+    const auto at = static_cast<size_t>(e - entries.data());
+    if (is_victim[at]) continue;
+    is_victim[at] = true;
     victims.push_back(e);
   }
   // Claim every victim, then check for batches in flight (see RegionUse).
@@ -404,12 +462,10 @@ Status EngineImpl::unregister_locked(std::span<void* const> addrs) {
   }
   std::vector<RegionEntry> kept;
   std::vector<RegionEntry> gone;
-  for (const RegionEntry& e : current->entries()) {
-    if (std::find(victims.begin(), victims.end(), &e) == victims.end()) {
-      kept.push_back(e);
-    } else {
-      gone.push_back(e);
-    }
+  kept.reserve(entries.size() - victims.size());
+  gone.reserve(victims.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    (is_victim[i] ? gone : kept).push_back(entries[i]);
   }
   local_regions_.store(std::make_shared<const RegionIndex>(std::move(kept)));
   unregister_regions(gone);

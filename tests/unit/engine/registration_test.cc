@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <random>
 #include <vector>
 
 #include "mapped_pages.h"
@@ -137,6 +139,121 @@ TEST(Registration, TenThousandRegionsRegisterInOneCall) {
   for (size_t i = 0; i < kRegions; ++i) regions.push_back({buf.data() + i * kBytes, kBytes, {}});
   ASSERT_TRUE(engine->register_memory(regions).ok());
   EXPECT_TRUE(engine->registered_location(buf.data() + 9'999 * kBytes, kBytes).ok());
+}
+
+uint64_t address_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+TEST(Registration, ABatchOverlappingItselfIsRefusedNamingBothAndRegistersNothing) {
+  auto engine = make_engine("reg");
+  std::vector<char> buf(16 * 256);
+  std::vector<MemoryRegion> regions;
+  for (size_t i = 0; i < 7; ++i) regions.push_back({buf.data() + (i + 1) * 256, 256, {}});
+  regions[5] = {buf.data() + 256 + 100, 50, {}};  // inside region 0, not its neighbour
+  Status s = engine->register_memory(regions);
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists) << s.to_string();
+  EXPECT_TRUE(
+      contains(s.message(), fmt::format("region 5 [{:#x}, +50)", address_of(regions[5].addr))))
+      << s.message();
+  EXPECT_TRUE(
+      contains(s.message(), fmt::format("region 0 [{:#x}, +256)", address_of(regions[0].addr))))
+      << s.message();
+  for (const MemoryRegion& r : regions) {
+    EXPECT_EQ(engine->registered_location(r.addr, r.length).status().code(),
+              StatusCode::kNotRegistered);
+  }
+  regions.erase(regions.begin() + 5);
+  EXPECT_TRUE(engine->register_memory(regions).ok());
+}
+
+TEST(Registration, ABatchOverlappingARegisteredRegionIsRefusedAndTheRegisteredOneSurvives) {
+  auto engine = make_engine("reg");
+  std::vector<char> buf(4 * 4096);
+  ASSERT_TRUE(engine->register_memory(buf.data(), 4096).ok());
+  MemoryRegion regions[] = {{buf.data() + 8192, 4096, {}}, {buf.data() + 4000, 200, {}}};
+  Status s = engine->register_memory(regions);
+  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists) << s.to_string();
+  EXPECT_TRUE(
+      contains(s.message(), fmt::format("region 1 [{:#x}, +200)", address_of(buf.data() + 4000))))
+      << s.message();
+  EXPECT_TRUE(contains(s.message(), fmt::format("[{:#x}, +4096)", address_of(buf.data()))))
+      << s.message();
+  EXPECT_TRUE(engine->registered_location(buf.data(), 4096).ok());
+  EXPECT_EQ(engine->registered_location(buf.data() + 8192, 1).status().code(),
+            StatusCode::kNotRegistered);
+  EXPECT_TRUE(engine->unregister_memory(buf.data()).ok());
+}
+
+TEST(Registration, TouchingRangesAreAcceptedInAnyOrder) {
+  auto engine = make_engine("reg");
+  std::vector<char> buf(4 * 4096);
+  ASSERT_TRUE(engine->register_memory(buf.data() + 2 * 4096, 4096).ok());
+  // Given in descending order; the first ends where the registered one starts.
+  MemoryRegion regions[] = {
+      {buf.data() + 4096, 4096, {}}, {buf.data(), 4096, {}}, {buf.data() + 3 * 4096, 4096, {}}};
+  ASSERT_TRUE(engine->register_memory(regions).ok());
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_TRUE(engine->registered_location(buf.data() + i * 4096, 4096).ok()) << i;
+  }
+  EXPECT_EQ(engine->registered_location(buf.data() + 4000, 200).status().code(),
+            StatusCode::kNotRegistered);  // across two regions
+}
+
+TEST(Registration, TwentyThousandShuffledRegionsRegisterAndUnregisterInOneCallEach) {
+  auto engine = make_engine("reg");
+  constexpr size_t kRegions = 20'000, kBytes = 64;
+  std::vector<char> buf(kRegions * kBytes);
+  std::vector<MemoryRegion> regions;
+  for (size_t i = 0; i < kRegions; ++i) regions.push_back({buf.data() + i * kBytes, kBytes, {}});
+  std::mt19937_64 rng(11);
+  std::shuffle(regions.begin(), regions.end(), rng);
+  ASSERT_TRUE(engine->register_memory(regions).ok());
+  for (size_t i = 0; i < kRegions; ++i) {
+    ASSERT_TRUE(engine->registered_location(buf.data() + i * kBytes, kBytes).ok()) << i;
+  }
+  std::vector<void*> addrs;
+  for (const MemoryRegion& r : regions) addrs.push_back(r.addr);
+  std::shuffle(addrs.begin(), addrs.end(), rng);
+  ASSERT_TRUE(engine->unregister_memory(addrs).ok());
+  for (size_t i = 0; i < kRegions; ++i) {
+    ASSERT_EQ(engine->registered_location(buf.data() + i * kBytes, 1).status().code(),
+              StatusCode::kNotRegistered)
+        << i;
+  }
+  // The whole buffer is free again: one region covering it registers.
+  EXPECT_TRUE(engine->register_memory(buf.data(), buf.size()).ok());
+}
+
+TEST(Registration, UnregisterWithAnUnknownAddressInTheBatchChangesNothing) {
+  auto engine = make_engine("reg");
+  std::vector<char> buf(5 * 256);
+  std::vector<MemoryRegion> regions;
+  for (size_t i = 0; i < 5; ++i) regions.push_back({buf.data() + i * 256, 256, {}});
+  ASSERT_TRUE(engine->register_memory(regions).ok());
+  // A vector, not an array: an array would decay to the single-address overload.
+  std::vector<void*> addrs = {buf.data(), buf.data() + 256, buf.data() + 300, buf.data() + 768};
+  Status s = engine->unregister_memory(addrs);
+  EXPECT_EQ(s.code(), StatusCode::kNotRegistered) << s.to_string();
+  EXPECT_TRUE(contains(s.message(), fmt::format("{:#x}", address_of(buf.data() + 300))))
+      << s.message();
+  for (const MemoryRegion& r : regions) EXPECT_TRUE(engine->registered_location(r.addr, 256).ok());
+  std::vector<void*> all;
+  for (const MemoryRegion& r : regions) all.push_back(r.addr);
+  EXPECT_TRUE(engine->unregister_memory(all).ok());
+}
+
+TEST(Registration, AnAddressGivenTwiceToUnregisterRemovesItsRegionOnce) {
+  auto engine = make_engine("reg");
+  std::vector<char> buf(3 * 256);
+  MemoryRegion regions[] = {
+      {buf.data(), 256, {}}, {buf.data() + 256, 256, {}}, {buf.data() + 512, 256, {}}};
+  ASSERT_TRUE(engine->register_memory(regions).ok());
+  std::vector<void*> addrs = {buf.data(), buf.data() + 256, buf.data()};
+  ASSERT_TRUE(engine->unregister_memory(addrs).ok());
+  EXPECT_EQ(engine->registered_location(buf.data(), 1).status().code(), StatusCode::kNotRegistered);
+  EXPECT_EQ(engine->registered_location(buf.data() + 256, 1).status().code(),
+            StatusCode::kNotRegistered);
+  EXPECT_TRUE(engine->registered_location(buf.data() + 512, 256).ok());  // not given: stays
+  EXPECT_TRUE(engine->register_memory(buf.data(), 512).ok());
 }
 
 TEST(Registration, RegisteredLocationAnswersOnlyForRangesInsideOneRegion) {
