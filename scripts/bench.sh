@@ -94,6 +94,16 @@ for b in blocks:
 json.dump(rows, open(f"{out}/engine-tcp.json", "w"), indent=1)
 PY
 
+# Single small ops, one thread: the latency distribution (p50, p99, p99.9) against the plain
+# round trip of the same run, quiet and with 1 and 2 busy processes beside the contestants.
+echo "== engine: single small ops over tcp, quiet and under load"
+: >"$out/engine-tcp-single.txt"
+for load in 0 1 2; do
+  build/kvferry bench engine --transports tcp --op write,read --threads 1 \
+    --block-bytes 4096,65536 --ops 1 --min-time-ms 1000 --load "$load" \
+    --json "$out/engine-tcp-single-load$load.json" | tee -a "$out/engine-tcp-single.txt"
+done
+
 # cma into a serve child's registered anonymous memory (what serving stacks register), with
 # 4 KiB pages and then with huge pages advised on both sides; the second reference is the
 # bare process_vm_writev of the same iovec lists (ratio/bare).
@@ -140,6 +150,18 @@ build/kvferry bench kv --preset deepseek-v3 --pages random --tokens 128,1024,409
   tee "$out/kv.txt"
 build/kvferry bench kv --preset deepseek-v3 --pages random --tokens 4096 \
   --transport tcp --threads 2 --min-time-ms 1000 --json "$out/kv-tcp.json" | tee "$out/kv-tcp.txt"
+
+# Opt-in integrity (PdIntegrity's digests on the critical path), interleaved with plain runs.
+echo "== KV: integrity on and off"
+build/kvferry bench kv --preset deepseek-v3,llama-3.1-8b --tokens 1024,16384 \
+  --transport local,shm,tcp --threads 1 --strategy all_layers --integrity --min-time-ms 150 \
+  --json "$out/kv-integrity.json" | tee "$out/kv-integrity.txt"
+
+if [ -d build/python/kvferry ]; then
+  echo "== Python: kvferry.plan and kvferry.nixl against the same work in C++"
+  PYTHONPATH=build/python /usr/bin/python3 python/bench_plan.py --rounds 40 | tee "$out/python-plan.txt"
+  PYTHONPATH=build/python /usr/bin/python3 python/bench_nixl.py --rounds 5 | tee "$out/python-nixl.txt"
+fi
 
 echo "== planner micro-benchmarks"
 build/kvferry_micro_bench --benchmark_min_time=0.3 | tee "$out/planner.txt"

@@ -5,9 +5,11 @@
 # build and builds a consumer project against it, pip-installs the Python module into a
 # fresh venv and runs pytest there, then builds the unit tests with AddressSanitizer and
 # UndefinedBehaviorSanitizer and runs them, then the unit tests under ThreadSanitizer, then
-# runs the libFuzzer targets for a bounded time (scripts/fuzz.sh; FUZZ_SECONDS per target).
+# runs the libFuzzer targets side by side for a bounded time (scripts/fuzz.sh, FUZZ_SECONDS).
 # Every test stops by itself. CI builds Release once, and that one build is the one tested,
 # installed and pip-packaged; scripts/build.sh's default for development stays RelWithDebInfo.
+# Its three builds are unity builds (UNITY=ON): the phase table of a cold run, and why, is in
+# docs/ARCHITECTURE.md ("CI time").
 #   --no-sanitizers   skip the ASan+UBSan pass
 #   --no-tsan         skip the ThreadSanitizer pass
 #   --no-fuzz         skip the fuzzers
@@ -46,7 +48,7 @@ scripts/format.sh --check
 
 phase "build (Release, gcc -O3, -Werror)"
 # Every part on, also in a build/ that scripts/demo.sh configured for the CLI alone.
-BUILD_TYPE=Release scripts/build.sh -DKVFERRY_BUILD_TESTS=ON -DKVFERRY_BUILD_BENCH=ON \
+UNITY=ON BUILD_TYPE=Release scripts/build.sh -DKVFERRY_BUILD_TESTS=ON -DKVFERRY_BUILD_BENCH=ON \
   -DKVFERRY_PYTHON=ON -DKVFERRY_UCX=ON
 phase "clang-tidy (src/)"
 scripts/tidy.sh
@@ -75,8 +77,10 @@ KVFERRY_CMAKE_BUILD_DIR=build KVFERRY_BUILD_JOBS="$JOBS" \
 
 if [ "$sanitizers" = 1 ]; then
   phase "unit tests under ASan+UBSan"
-  BUILD_DIR=build-asan TARGETS=kvferry_unit_tests \
-    scripts/build.sh -DKVFERRY_SANITIZE=ON -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF
+  # -O1 -g1, as for TSan below (ASan asks for -O1 or higher); reports still carry file:line.
+  UNITY=ON BUILD_DIR=build-asan TARGETS=kvferry_unit_tests \
+    scripts/build.sh -DKVFERRY_SANITIZE=ON -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     ctest --test-dir build-asan -L unit --output-on-failure -j "$JOBS" --timeout 600
 fi
@@ -87,7 +91,7 @@ if [ "$tsan" = 1 ]; then
   # -O1 -g1: a cold build on 2 cores took 256 s against 352 s at -O2 -g, and the run 26 s
   # (TSan reports still carry file:line).
   phase "unit tests under ThreadSanitizer"
-  BUILD_DIR=build-tsan TARGETS=kvferry_unit_tests \
+  UNITY=ON BUILD_DIR=build-tsan TARGETS=kvferry_unit_tests \
     scripts/build.sh -DKVFERRY_SANITIZE=thread -DKVFERRY_BUILD_BENCH=OFF -DKVFERRY_PYTHON=OFF \
     "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG"
   # UCX's libucm patches madvise, which glibc calls as a thread exits, after TSan tore down

@@ -40,6 +40,18 @@ inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+inline uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// A peer of `engine` over tcp only, at `endpoint` or at `to`'s endpoint.
+inline PeerHandle open_tcp(TransferEngine& engine, const std::string& endpoint) {
+  PeerOptions o;
+  o.transport = TransportKind::kTcp;
+  return must(engine.open_peer(endpoint, o));
+}
+inline PeerHandle open_tcp(TransferEngine& from, const TransferEngine& to) {
+  return open_tcp(from, to.endpoint());
+}
+
 // The first `count` lines a child writes to `fd` (a pipe), waiting at most `limit` in all;
 // lines that did not come are empty.
 inline std::vector<std::string> read_lines(int fd, size_t count, std::chrono::milliseconds limit) {

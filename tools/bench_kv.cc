@@ -65,7 +65,7 @@ constexpr auto kChildTimeout = std::chrono::seconds(30);
 
 // The KV shape of one rank of a model. MLA presets use bytes_per_token; MHA/GQA presets K and
 // V of kv_heads x head_dim bf16 values per token.
-struct ModelPreset {
+struct KvPreset {
   std::string_view name;
   bool mla = false;
   uint32_t num_layers = 0;
@@ -74,29 +74,29 @@ struct ModelPreset {
   uint32_t head_dim = 0;
 };
 
-constexpr ModelPreset kPresets[] = {
+constexpr KvPreset kPresets[] = {
     {.name = "deepseek-v3", .mla = true, .num_layers = 61, .mla_bytes_per_token = 1152},
     {.name = "llama-3.1-8b", .num_layers = 32, .kv_heads = 8, .head_dim = 128},
     {.name = "qwen3-235b", .num_layers = 94, .kv_heads = 4, .head_dim = 128},
 };
 
-Result<ModelPreset> find_preset(std::string_view name) {
+Result<KvPreset> find_preset(std::string_view name) {
   std::string valid;
-  for (const ModelPreset& p : kPresets) {
+  for (const KvPreset& p : kPresets) {
     if (p.name == name) return p;
     valid += (valid.empty() ? "" : ", ") + std::string(p.name);
   }
   return InvalidArgument(fmt::format("unknown preset '{}' (valid: {})", name, valid));
 }
 
-kv::MlaShape mla_shape(const ModelPreset& p, uint32_t page_size, uint64_t pool_pages) {
+kv::MlaShape mla_shape(const KvPreset& p, uint32_t page_size, uint64_t pool_pages) {
   return {.num_layers = p.num_layers,
           .page_size_tokens = page_size,
           .bytes_per_token = p.mla_bytes_per_token,
           .num_pages = pool_pages};
 }
 
-kv::MhaShape mha_shape(const ModelPreset& p, uint32_t page_size, uint64_t pool_pages) {
+kv::MhaShape mha_shape(const KvPreset& p, uint32_t page_size, uint64_t pool_pages) {
   return {.num_layers = p.num_layers,
           .page_size_tokens = page_size,
           .kv_heads = p.kv_heads,
@@ -106,12 +106,12 @@ kv::MhaShape mha_shape(const ModelPreset& p, uint32_t page_size, uint64_t pool_p
           .num_pages = pool_pages};
 }
 
-Result<uint64_t> pool_bytes(const ModelPreset& p, uint32_t page_size, uint64_t pool_pages) {
+Result<uint64_t> pool_bytes(const KvPreset& p, uint32_t page_size, uint64_t pool_pages) {
   return p.mla ? KvLayout::region_bytes(mla_shape(p, page_size, pool_pages))
                : KvLayout::region_bytes(mha_shape(p, page_size, pool_pages));
 }
 
-Result<KvLayout> pool_layout(const ModelPreset& p, uint32_t page_size, uint64_t pool_pages,
+Result<KvLayout> pool_layout(const KvPreset& p, uint32_t page_size, uint64_t pool_pages,
                              uint64_t base) {
   return p.mla ? KvLayout::mla(mla_shape(p, page_size, pool_pages), base)
                : KvLayout::mha(mha_shape(p, page_size, pool_pages), base);
@@ -431,7 +431,7 @@ Status spot_check(const TransferPlan& plan, ServePeer* serve, uint64_t dst_base)
 
 // Everything one (preset, tokens) needs: pools, page lists, the serve child.
 struct RequestSetup {
-  ModelPreset preset;
+  KvPreset preset;
   uint64_t tokens = 0;
   uint64_t pool_pages = 0;
   uint64_t pool_bytes = 0;
@@ -655,9 +655,9 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
     return InvalidArgument(fmt::format("--pool-slack must be >= 1, got {}", args.pool_slack));
   }
   KVF_ASSIGN_OR_RETURN(PagePlacement placement, parse_page_placement(args.pages));
-  std::vector<ModelPreset> presets;
+  std::vector<KvPreset> presets;
   for (const std::string& name : args.presets) {
-    KVF_ASSIGN_OR_RETURN(ModelPreset preset, find_preset(name));
+    KVF_ASSIGN_OR_RETURN(KvPreset preset, find_preset(name));
     presets.push_back(preset);
   }
   std::vector<SendStrategy> strategies;
@@ -695,7 +695,7 @@ Status run_grid(const KvBenchArgs& args, std::vector<KvRow>& rows,
   // Source pool, local destination pool, and the serve child's pool.
   const int pools = any_shm ? 3 : 2;
   Progress progress("bench kv", presets.size() * args.tokens.size() * args.transports.size());
-  for (const ModelPreset& preset : presets) {
+  for (const KvPreset& preset : presets) {
     for (uint64_t tokens : args.tokens) {
       RequestSetup request{preset, tokens, 0, 0, {}, {}};
       const uint64_t pages = std::max<uint64_t>(1, (tokens + args.page_size - 1) / args.page_size);

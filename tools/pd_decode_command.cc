@@ -44,7 +44,7 @@ constexpr auto kAbortWatch = std::chrono::milliseconds(300);
 // A failed request whose abort is not acknowledged within this keeps its pages out of the pool.
 constexpr auto kAckQuarantine = std::chrono::seconds(20);
 
-struct Job {
+struct DecodeJob {
   uint64_t room = 0;
   uint64_t tokens = 0;
   std::vector<kv::PageIndex> pages;
@@ -58,7 +58,7 @@ struct Job {
 
 // What the next owner of the pages would do at once: overwrite them (here with a pattern
 // seeded by the old room, so that a late write of any byte shows).
-void fill_watch_pattern(const pd::RankBuffers& b, const Job& job) {
+void fill_watch_pattern(const pd::RankBuffers& b, const DecodeJob& job) {
   uint64_t seed = job.room * 0x9e3779b97f4a7c15ull;
   for (const kv::KvEntry& e : b.layout.entries()) {
     for (kv::PageIndex p : job.pages) {
@@ -68,7 +68,7 @@ void fill_watch_pattern(const pd::RankBuffers& b, const Job& job) {
 }
 
 // True when every byte still holds fill_watch_pattern's pattern.
-bool watch_pattern_intact(const pd::RankBuffers& b, const Job& job) {
+bool watch_pattern_intact(const pd::RankBuffers& b, const DecodeJob& job) {
   uint64_t seed = job.room * 0x9e3779b97f4a7c15ull;
   for (const kv::KvEntry& e : b.layout.entries()) {
     for (kv::PageIndex p : job.pages) {
@@ -127,15 +127,15 @@ int run_decode(const WorkerArgs& args) {
 
   PageAllocator allocator(args.pool_pages);
   std::mutex mu;
-  std::list<std::shared_ptr<Job>> jobs;
-  std::list<std::shared_ptr<Job>> releasing;  // failed, pages not yet back in the pool
+  std::list<std::shared_ptr<DecodeJob>> jobs;
+  std::list<std::shared_ptr<DecodeJob>> releasing;  // failed, pages not yet back in the pool
   const auto watch_released = std::chrono::milliseconds(args.watch_released_ms);
   std::atomic<bool> stop{false};
   std::thread poller([&] {
     while (!stop) {
       const auto now = Clock::now();
       for (auto it = releasing.begin(); it != releasing.end();) {
-        Job& job = **it;
+        DecodeJob& job = **it;
         if (!job.watching) {
           if (!job.receiver.wait_abort_acked(std::chrono::milliseconds(0)).ok()) {
             if (now - job.failed_at < kAckQuarantine) {
@@ -165,7 +165,7 @@ int run_decode(const WorkerArgs& args) {
         out.line(fmt::format("released {} {}", job.room, unchanged ? "unchanged" : "changed"));
         it = releasing.erase(it);
       }
-      std::vector<std::shared_ptr<Job>> finished;
+      std::vector<std::shared_ptr<DecodeJob>> finished;
       {
         std::lock_guard lock(mu);
         for (auto it = jobs.begin(); it != jobs.end();) {
@@ -211,7 +211,7 @@ int run_decode(const WorkerArgs& args) {
     uint64_t room = 0, tokens = 0;
     if (verb == "quit") break;
     if (verb == "req" && (in >> room >> tokens >> bootstrap) && tokens > 0) {
-      auto job = std::make_shared<Job>();
+      auto job = std::make_shared<DecodeJob>();
       job->room = room;
       job->tokens = tokens;
       auto pages = allocator.allocate((tokens + args.page_tokens - 1) / args.page_tokens);
@@ -232,7 +232,7 @@ int run_decode(const WorkerArgs& args) {
       std::lock_guard lock(mu);
       jobs.push_back(job);
     } else if (verb == "check" && (in >> room)) {
-      std::shared_ptr<Job> job;
+      std::shared_ptr<DecodeJob> job;
       {
         std::lock_guard lock(mu);
         for (auto& j : jobs) {
@@ -249,7 +249,7 @@ int run_decode(const WorkerArgs& args) {
       out.line(fmt::format("check {} {} {} {}", room, pd::request_state_name(job->receiver.poll()),
                            job->pages.size() - corrupt, job->pages.size()));
     } else if (verb == "abort" && (in >> room)) {
-      std::shared_ptr<Job> job;
+      std::shared_ptr<DecodeJob> job;
       {
         std::lock_guard lock(mu);
         for (auto& j : jobs) {

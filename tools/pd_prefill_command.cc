@@ -32,7 +32,7 @@ struct PrefillArgs {
   int chunk_delay_ms = 0;  // simulated compute per chunk (fault tests)
 };
 
-struct Job {
+struct PrefillJob {
   uint64_t room = 0;
   uint64_t tokens = 0;
   std::vector<kv::PageIndex> pages;
@@ -84,13 +84,13 @@ int run_prefill(const PrefillArgs& args) {
   const uint32_t page_tokens = args.worker.page_tokens;
   ThreadPool compute(2);
   std::mutex mu;
-  std::list<std::shared_ptr<Job>> jobs;
+  std::list<std::shared_ptr<PrefillJob>> jobs;
   std::atomic<bool> stop{false};
 
   // Chunked prefill: each chunk's pages are "computed" (filled) and sent as soon as ready.
-  auto prefill = [&](const std::shared_ptr<Job>& job) {
+  auto prefill = [&](const std::shared_ptr<PrefillJob>& job) {
     struct Done {
-      Job& j;
+      PrefillJob& j;
       ~Done() { j.compute_done = true; }
     } done{*job};
     const size_t pages_per_chunk = args.chunk_tokens / page_tokens;
@@ -119,7 +119,7 @@ int run_prefill(const PrefillArgs& args) {
 
   std::thread poller([&] {
     while (!stop) {
-      std::vector<std::shared_ptr<Job>> finished;
+      std::vector<std::shared_ptr<PrefillJob>> finished;
       {
         std::lock_guard lock(mu);
         for (auto it = jobs.begin(); it != jobs.end();) {
@@ -157,7 +157,7 @@ int run_prefill(const PrefillArgs& args) {
     uint64_t room = 0, tokens = 0;
     if (verb == "quit") break;
     if (verb == "req" && (in >> room >> tokens) && tokens > 0) {
-      auto job = std::make_shared<Job>();
+      auto job = std::make_shared<PrefillJob>();
       job->room = room;
       job->tokens = tokens;
       auto pages = allocator.allocate((tokens + page_tokens - 1) / page_tokens);

@@ -23,6 +23,7 @@
 namespace kvferry::kv {
 namespace {
 
+using kvferry::testing::addr_of;
 using kvferry::testing::make_engine;
 using kvferry::testing::must;
 
@@ -63,8 +64,6 @@ KvLayout layout_at(Model model, uint64_t base) {
   return must(model == Model::kMha ? KvLayout::mha(mha_shape(), base)
                                    : KvLayout::mla(mla_shape(), base));
 }
-
-uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 enum class Placement { kRandom, kRunsOfThree };
 

@@ -27,12 +27,7 @@ namespace {
 using cli::ServePeer;
 using cli::start_serve_peer;
 using testing::must;
-
-PeerHandle open_tcp(TransferEngine& engine, const std::string& endpoint) {
-  PeerOptions o;
-  o.transport = TransportKind::kTcp;
-  return must(engine.open_peer(endpoint, o));
-}
+using testing::open_tcp;
 
 // Submits `count` batches of the one op, sharing the lanes (a batch may not write one
 // destination twice, so each is a batch of its own), and checks that each fails with its own

@@ -10,18 +10,15 @@
 
 #include "core/pattern.h"
 #include "mapped_pages.h"
+#include "test_support.h"
 
 namespace kvferry {
 namespace {
 
+using kvferry::testing::addr_of;
+using kvferry::testing::contains;
 const size_t kPage = kvferry::testing::kPageBytes;
 using Pages = kvferry::testing::MappedPages;
-
-uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // Pages of anonymous memory, some of which a test unmaps again (a hole in the address space).
 

@@ -10,9 +10,8 @@
 namespace kvferry {
 namespace {
 
+using testing::addr_of;
 using testing::must;
-
-uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 std::unique_ptr<TransferEngine> engine_with_metrics(const std::string& name, bool metrics) {
   EngineOptions options;

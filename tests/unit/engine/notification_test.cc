@@ -23,11 +23,10 @@
 namespace kvferry {
 namespace {
 
+using testing::addr_of;
 using namespace std::chrono_literals;
 using testing::contains;
 using testing::must;
-
-uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 // Tests declare their buffers before their engines, so the engines' threads end before the
 // memory they registered is freed (ThreadSanitizer does not see the order a socket gives).

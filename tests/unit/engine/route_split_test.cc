@@ -13,10 +13,9 @@
 namespace kvferry {
 namespace {
 
+using testing::addr_of;
 using testing::contains;
 using testing::must;
-
-uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 // What a test transport does with the parts it is given.
 struct Script {

@@ -17,10 +17,9 @@
 namespace kvferry {
 namespace {
 
+using testing::addr_of;
 using testing::make_engine;
 using testing::must;
-
-uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 constexpr size_t kBytes = 1 << 20;
 constexpr size_t kOpBytes = 64 << 10;

@@ -15,11 +15,10 @@
 namespace kvferry {
 namespace {
 
+using testing::addr_of;
 using testing::contains;
 using testing::make_engine;
 using testing::must;
-
-uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
 
 std::vector<std::byte> patterned(size_t bytes, uint64_t seed) {
   std::vector<std::byte> v(bytes);

@@ -24,6 +24,13 @@ struct ModelShape {
   uint32_t pages = 32;
 };
 
+// A tensor-parallel pairing: MLA or MHA, prefill TP size, decode TP size.
+struct TpCase {
+  bool mla;
+  uint32_t prefill_tp;
+  uint32_t decode_tp;
+};
+
 struct TestRank {
   std::unique_ptr<TransferEngine> engine;
   RankBuffers buffers;

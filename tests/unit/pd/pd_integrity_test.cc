@@ -11,6 +11,7 @@
 namespace kvferry::pd {
 namespace {
 
+using testing::TpCase;
 using namespace std::chrono_literals;
 using testing::ModelShape;
 using testing::TestRank;
@@ -111,12 +112,6 @@ std::byte* page_byte(const TestRank& r, uint32_t entry, kv::PageIndex page, uint
   const kv::KvEntry& e = r.buffers.layout.entries()[entry];
   return reinterpret_cast<std::byte*>(e.base + page * e.page_stride + offset);
 }
-
-struct TpCase {
-  bool mla;
-  uint32_t prefill_tp;
-  uint32_t decode_tp;
-};
 
 class PdIntegrityTp : public ::testing::TestWithParam<TpCase> {};
 

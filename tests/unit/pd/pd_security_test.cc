@@ -17,6 +17,7 @@
 namespace kvferry::pd {
 namespace {
 
+using kvferry::testing::contains;
 using namespace std::chrono_literals;
 using testing::ModelShape;
 using testing::TestRank;
@@ -29,10 +30,6 @@ PdTimeouts patient_with_raw_clients() {
   PdTimeouts t = testing::fast_timeouts();
   t.heartbeat_timeout = 60s;
   return t;
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 // Prefill and decode of one room; the room moves its pages once the sender sends.

@@ -9,15 +9,10 @@
 namespace kvferry::pd {
 namespace {
 
+using testing::TpCase;
 using namespace std::chrono_literals;
 using testing::ModelShape;
 using testing::TestRank;
-
-struct TpCase {
-  bool mla;
-  uint32_t prefill_tp;
-  uint32_t decode_tp;
-};
 
 class PdSessionTp : public ::testing::TestWithParam<TpCase> {};
 

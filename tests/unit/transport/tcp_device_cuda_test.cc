@@ -21,15 +21,10 @@ namespace {
 
 using kvferry::testing::make_engine;
 using kvferry::testing::must;
+using kvferry::testing::open_tcp;
 using Seconds = std::chrono::duration<double>;
 
 constexpr MemoryLocation kCuda0{MemoryLocation::Kind::kCuda, 0};
-
-PeerHandle open_tcp(TransferEngine& engine, const std::string& endpoint) {
-  PeerOptions o;
-  o.transport = TransportKind::kTcp;
-  return must(engine.open_peer(endpoint, o));
-}
 
 TEST(TcpDeviceGpu, DeviceToDeviceAcrossTwoProcessesArrivesIntact) {
   KVF_SKIP_WITHOUT_GPU();

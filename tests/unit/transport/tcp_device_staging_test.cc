@@ -19,10 +19,11 @@
 namespace kvferry {
 namespace {
 
+using testing::addr_of;
 using testing::FakeCudaMemoryApi;
 using testing::must;
+using testing::open_tcp;
 
-uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
 constexpr MemoryLocation kCuda0{MemoryLocation::Kind::kCuda, 0};
 
 // The build's transports without cuda_ipc, with tcp staging through `api`.
@@ -52,12 +53,6 @@ std::unique_ptr<TransferEngine> engine_with(const std::string& name,
   o.tcp_staging_buffer_bytes = staging_bytes;
   o.tcp_staging_buffers = staging_buffers;
   return must(detail::EngineImpl::create_engine(o, transports_with(std::move(api))));
-}
-
-PeerHandle open_tcp(TransferEngine& from, const TransferEngine& to) {
-  PeerOptions o;
-  o.transport = TransportKind::kTcp;
-  return must(from.open_peer(to.endpoint(), o));
 }
 
 class TcpDeviceStaging : public ::testing::Test {

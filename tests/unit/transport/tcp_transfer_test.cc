@@ -19,10 +19,10 @@
 namespace kvferry {
 namespace {
 
+using testing::addr_of;
 using testing::contains;
 using testing::must;
-
-uint64_t addr_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
+using testing::open_tcp;
 
 // Tests declare their buffers before their engines, so the engines (and their I/O threads)
 // end before the memory they registered is freed: its last use is then ordered before the
@@ -33,12 +33,6 @@ std::unique_ptr<TransferEngine> engine_with(const std::string& name,
   o.name = name;
   o.secret = std::move(secret);
   return must(TransferEngine::create(o));
-}
-
-PeerHandle open_tcp(TransferEngine& from, const TransferEngine& to) {
-  PeerOptions o;
-  o.transport = TransportKind::kTcp;
-  return must(from.open_peer(to.endpoint(), o));
 }
 
 TEST(TcpTransfer, WriteAndReadArriveIntactAcrossLanes) {
