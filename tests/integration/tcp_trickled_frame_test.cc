@@ -21,7 +21,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-constexpr uint64_t kRegionBytes = 1ull << 20;
+constexpr uint64_t kTrickleRegionBytes = 1ull << 20;
 constexpr uint64_t kWriteBytes = 4096;
 constexpr uint64_t kRegionSeed = 30;
 constexpr uint64_t kTrickleSeed = 31;
@@ -43,7 +43,7 @@ class TrickledFrame : public ::testing::Test {
     options.tcp_stall_timeout = kStallTimeout;
     options.frame_rest_timeout = kFrameRestTimeout;
     target_ = must(TransferEngine::create(options));
-    region_.resize(kRegionBytes);
+    region_.resize(kTrickleRegionBytes);
     fill_pattern(region_, kRegionSeed);
     ASSERT_TRUE(target_->register_memory(region_.data(), region_.size()).ok());
     tcp_endpoint_ = must(fetch_tcp_endpoint(target_->endpoint()));
@@ -56,12 +56,12 @@ class TrickledFrame : public ::testing::Test {
     options.forced_transport = TransportKind::kTcp;
     options.frame_rest_timeout = kFrameRestTimeout;
     auto initiator = must(TransferEngine::create(options));
-    std::vector<std::byte> source(kRegionBytes);
+    std::vector<std::byte> source(kTrickleRegionBytes);
     fill_pattern(source, seed);
     ASSERT_TRUE(initiator->register_memory(source.data(), source.size()).ok());
     PeerHandle peer = must(initiator->open_peer(target_->endpoint()));
     std::vector<TransferOp> ops = {{OpKind::kWrite, reinterpret_cast<uint64_t>(source.data()),
-                                    reinterpret_cast<uint64_t>(region_.data()), kRegionBytes}};
+                                    reinterpret_cast<uint64_t>(region_.data()), kTrickleRegionBytes}};
     BatchHandle batch = must(initiator->submit(peer, ops));
     BatchStatus done = initiator->wait(batch, 10s);
     ASSERT_EQ(done.state, BatchState::kCompleted) << done.status.to_string();

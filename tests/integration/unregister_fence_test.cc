@@ -16,7 +16,7 @@ namespace {
 
 using testing::must;
 
-constexpr uint64_t kBytes = 1 << 20;
+constexpr uint64_t kFenceRegionBytes = 1 << 20;
 
 // ucx here has only UCX's emulated paths (tcp, shared memory), which carry kvferry's checked
 // active messages once allowed.
@@ -30,12 +30,12 @@ std::unique_ptr<TransferEngine> engine_for(const std::string& name, TransportKin
 struct Target {
   explicit Target(TransportKind route) : engine(engine_for("target", route)) {
     if (route == TransportKind::kShm) {
-      SharedBuffer shared = must(engine->allocate_shared(kBytes));
+      SharedBuffer shared = must(engine->allocate_shared(kFenceRegionBytes));
       bytes = static_cast<std::byte*>(shared.addr);
     } else {
-      plain.resize(kBytes);
+      plain.resize(kFenceRegionBytes);
       bytes = plain.data();
-      EXPECT_TRUE(engine->register_memory(bytes, kBytes).ok());
+      EXPECT_TRUE(engine->register_memory(bytes, kFenceRegionBytes).ok());
     }
   }
   std::unique_ptr<TransferEngine> engine;
@@ -49,21 +49,21 @@ TEST_P(UnregisterFence, AWriteAfterUnregisterReturnedFailsAndLandsNothing) {
   const TransportKind route = GetParam();
   Target target(route);
   auto initiator = engine_for("initiator", route);
-  std::vector<std::byte> src(kBytes);
+  std::vector<std::byte> src(kFenceRegionBytes);
   fill_pattern(src, 17);
-  ASSERT_TRUE(initiator->register_memory(src.data(), kBytes).ok());
+  ASSERT_TRUE(initiator->register_memory(src.data(), kFenceRegionBytes).ok());
   PeerOptions options;
   options.transport = route;
   PeerHandle peer = must(initiator->open_peer(target.engine->endpoint(), options));
   ASSERT_EQ(peer.transport(), route);
   const TransferOp op{OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()),
-                      reinterpret_cast<uint64_t>(target.bytes), kBytes};
+                      reinterpret_cast<uint64_t>(target.bytes), kFenceRegionBytes};
   // While registered, the write lands whole.
   ASSERT_TRUE(initiator->transfer_sync(peer, {&op, 1}).ok());
   ASSERT_TRUE(std::equal(src.begin(), src.end(), target.bytes));
 
   ASSERT_TRUE(target.engine->unregister_memory(target.bytes).ok());
-  std::fill(target.bytes, target.bytes + kBytes, std::byte{0xEE});  // the pool's new owner
+  std::fill(target.bytes, target.bytes + kFenceRegionBytes, std::byte{0xEE});  // the pool's new owner
   fill_pattern(src, 18);
   // Twice: the first attempt may refresh the descriptor, the second runs on what it learnt.
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -74,7 +74,7 @@ TEST_P(UnregisterFence, AWriteAfterUnregisterReturnedFailsAndLandsNothing) {
       EXPECT_FALSE(done.status.ok());
     }
   }
-  EXPECT_TRUE(std::all_of(target.bytes, target.bytes + kBytes, [](std::byte b) {
+  EXPECT_TRUE(std::all_of(target.bytes, target.bytes + kFenceRegionBytes, [](std::byte b) {
     return b == std::byte{0xEE};
   })) << "bytes landed in memory whose registration had ended";
 }
