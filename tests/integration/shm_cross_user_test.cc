@@ -31,7 +31,7 @@ using testing::contains;
 using testing::must;
 
 constexpr uint64_t kWriteBytes = 64 << 10;
-constexpr const char* kSecret = "cross-user-secret";
+constexpr const char* kCrossUserSecret = "cross-user-secret";
 
 // What the unprivileged initiator saw, one line each.
 struct Outcome {
@@ -124,10 +124,10 @@ TEST_F(ShmCrossUser, AnotherUserWithoutTheSecretTakesTheNextRouteAndForcedShmIsR
 }
 
 TEST_F(ShmCrossUser, AnotherUserWithTheSecretMapsTheMemoryOverShm) {
-  ::setenv("KVFERRY_SECRET", kSecret, 1);  // the serve child inherits it
+  ::setenv("KVFERRY_SECRET", kCrossUserSecret, 1);  // the serve child inherits it
   ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, 1 << 20));
   ::unsetenv("KVFERRY_SECRET");
-  const Outcome out = run_other_user(peer, kSecret, 44);
+  const Outcome out = run_other_user(peer, kCrossUserSecret, 44);
   EXPECT_EQ(out.transport, "shm") << out.transport << " / " << out.reason;
   EXPECT_EQ(out.write, "ok");
   EXPECT_EQ(out.forced_shm, "ok");
