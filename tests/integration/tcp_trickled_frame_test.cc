@@ -61,7 +61,8 @@ class TrickledFrame : public ::testing::Test {
     ASSERT_TRUE(initiator->register_memory(source.data(), source.size()).ok());
     PeerHandle peer = must(initiator->open_peer(target_->endpoint()));
     std::vector<TransferOp> ops = {{OpKind::kWrite, reinterpret_cast<uint64_t>(source.data()),
-                                    reinterpret_cast<uint64_t>(region_.data()), kTrickleRegionBytes}};
+                                    reinterpret_cast<uint64_t>(region_.data()),
+                                    kTrickleRegionBytes}};
     BatchHandle batch = must(initiator->submit(peer, ops));
     BatchStatus done = initiator->wait(batch, 10s);
     ASSERT_EQ(done.state, BatchState::kCompleted) << done.status.to_string();

@@ -63,7 +63,8 @@ TEST_P(UnregisterFence, AWriteAfterUnregisterReturnedFailsAndLandsNothing) {
   ASSERT_TRUE(std::equal(src.begin(), src.end(), target.bytes));
 
   ASSERT_TRUE(target.engine->unregister_memory(target.bytes).ok());
-  std::fill(target.bytes, target.bytes + kFenceRegionBytes, std::byte{0xEE});  // the pool's new owner
+  std::fill(target.bytes, target.bytes + kFenceRegionBytes,
+            std::byte{0xEE});  // the pool's new owner
   fill_pattern(src, 18);
   // Twice: the first attempt may refresh the descriptor, the second runs on what it learnt.
   for (int attempt = 0; attempt < 2; ++attempt) {
