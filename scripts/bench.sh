@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the benchmarks whose figures docs/PERFORMANCE.md records, into bench-results/.
-# Every ratio is against a reference measured in the same run. Takes a few minutes.
+# Every ratio is against a reference measured in the same run. Takes about 12 minutes.
 # Run it alone (kvf-bench scripts/bench.sh on the shared VM).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,9 +4,9 @@
 # the decode side, then a summary. Arguments go to `kvferry demo` (see --help).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Only what the demo needs: the build packages and the CLI, in the Release build that
+# Only what the demo needs: the build packages and the CLI, in the Release unity build that
 # scripts/test.sh uses too (so it reuses these objects).
 scripts/setup.sh build
-BUILD_TYPE=Release TARGETS=kvferry_cli scripts/build.sh -DKVFERRY_BUILD_TESTS=OFF \
+UNITY=ON BUILD_TYPE=Release TARGETS=kvferry_cli scripts/build.sh -DKVFERRY_BUILD_TESTS=OFF \
   -DKVFERRY_BUILD_BENCH=OFF
 exec build/kvferry demo "$@"

@@ -11,7 +11,7 @@ LABELS=${LABELS:-integration|python}
 JOBS=${JOBS:-$(nproc)}
 export KVFERRY_LOG_LEVEL=${KVFERRY_LOG_LEVEL:-warn}
 scripts/setup.sh >/dev/null
-BUILD_TYPE=Release scripts/build.sh -DKVFERRY_BUILD_TESTS=ON -DKVFERRY_PYTHON=ON
+UNITY=ON BUILD_TYPE=Release scripts/build.sh -DKVFERRY_BUILD_TESTS=ON -DKVFERRY_PYTHON=ON
 logs=$(mktemp -d /tmp/kvferry-flake-hunt-XXXXXX)
 load=""
 cleanup() {
