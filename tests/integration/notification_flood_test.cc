@@ -70,12 +70,12 @@ TEST(NotificationListenerFlood, ConnectHelloCloseFloodLeavesNoEntryAndMemoryFlat
   constexpr int kCycles = 100'000;
   constexpr uint64_t kRssSlackBytes = uint64_t{50} << 20;
   const uint64_t rss_before = resident_bytes();
-  // A connect that fails never reached the listener: at this rate the client side can run
-  // short of loopback ports (each closed cycle leaves one in TIME_WAIT), more so while other
-  // processes open connections too. Such a cycle is tried again, a bounded number of times;
-  // a cycle the listener accepted and did not welcome is a failure. Reasons are kept and
-  // printed, so that a failure says which it was.
-  constexpr int kConnectTries = 20;
+  // A connect that fails never reached the listener: at this rate the client side runs short
+  // of loopback ports (each closed cycle leaves one in TIME_WAIT, which the kernel lends to a
+  // new connect only a second later). Such a connect is tried again until a port is free,
+  // for at most kConnectPatience; a cycle the listener accepted and did not welcome is a
+  // failure. Reasons are kept and printed, so that a failure says which it was.
+  constexpr auto kConnectPatience = 10s;
   std::atomic<int> next{0};
   std::atomic<int> welcomed{0};
   std::atomic<int> connect_retries{0};
@@ -91,9 +91,11 @@ TEST(NotificationListenerFlood, ConnectHelloCloseFloodLeavesNoEntryAndMemoryFlat
     attackers.emplace_back([&] {
       for (int i = next.fetch_add(1); i < kCycles; i = next.fetch_add(1)) {
         Result<RawNotifyClient> c = RawNotifyClient::connect(endpoint);
-        for (int tries = 1; !c.ok() && tries < kConnectTries; ++tries) {
+        const auto give_up = Clock::now() + kConnectPatience;
+        while (!c.ok() && Clock::now() < give_up) {
           note(c.status());
           ++connect_retries;
+          std::this_thread::sleep_for(1ms);  // the port state changes with time, not with tries
           c = RawNotifyClient::connect(endpoint);
         }
         if (!c.ok()) {
