@@ -11,6 +11,7 @@ namespace kvferry::cli {
 
 void add_bench_engine_command(CLI::App& bench);
 void add_bench_kv_command(CLI::App& bench);
+void add_bench_scale_command(CLI::App& bench);
 
 std::string self_executable() {
   std::array<char, 4096> path{};
@@ -23,6 +24,7 @@ void add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_engine_command(*bench);
   add_bench_kv_command(*bench);
+  add_bench_scale_command(*bench);
 }
 
 }  // namespace kvferry::cli

@@ -1,5 +1,5 @@
-// `kvferry bench engine`, `bench kv` and `demo` given a bad value: each run exits non-zero
-// before it measures or starts anything, and its message names the option and the value.
+// `kvferry bench engine`, `bench kv`, `bench scale` and `demo` given a bad value: each run exits
+// non-zero before it measures or starts anything, and its message names the option and the value.
 // Unchecked, a negative --ops would print cells "skipped" for 17 EiB batches, --threads 0
 // would measure a "thr=0" cell, --tokens 0 would move a page per layer, a port above 65535
 // would reach iperf3, and a demo with --prefill-tp 0 would wait for the missing side until
@@ -77,6 +77,16 @@ INSTANTIATE_TEST_SUITE_P(
                                "--max-memory-gib: Value -1 "}));
 
 INSTANTIATE_TEST_SUITE_P(
+    BenchScale, CliBadValue,
+    ::testing::Values(BadValue{{"bench", "scale", "--axis", "peers,nope"},
+                               "--axis nope (valid: all, peers, regions"},
+                      BadValue{{"bench", "scale", "--peers", "1,0"}, "--peers: Value 0 "},
+                      BadValue{{"bench", "scale", "--descriptors", "1000000000"},
+                               "--descriptors: Value 1000000000 "},
+                      BadValue{{"bench", "scale", "--min-time-ms", "0"},
+                               "--min-time-ms: Value 0 "}));
+
+INSTANTIATE_TEST_SUITE_P(
     Demo, CliBadValue,
     ::testing::Values(BadValue{{"demo", "--prefill-tp", "0"}, "--prefill-tp 0 (valid: 1..64)"},
                       BadValue{{"demo", "--decode-tp", "0"}, "--decode-tp 0 (valid: 1..64)"},
@@ -93,6 +103,7 @@ TEST(CliHelp, EveryNumericOptionShowsItsDefault) {
   for (const std::vector<std::string>& command :
        {std::vector<std::string>{"demo", "--help"},
         std::vector<std::string>{"bench", "engine", "--help"},
+        std::vector<std::string>{"bench", "scale", "--help"},
         {"serve", "--help"}}) {
     CliRun run = run_cli(command);
     EXPECT_EQ(run.exit_code, 0) << run.output;
