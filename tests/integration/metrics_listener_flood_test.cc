@@ -23,8 +23,8 @@ namespace {
 using namespace std::chrono_literals;
 
 constexpr const char* kCounterName = "kvferry_flood_test_scrapes_total";
-constexpr size_t kIdleClients = 300;
-constexpr size_t kCrowdSources = 10;  // 30 connections per source, under the default 64
+constexpr size_t kMetricsIdleClients = 300;
+constexpr size_t kMetricsCrowdSources = 10;  // 30 connections per source, under the default 64
 constexpr int kScrapes = 50;
 constexpr double kMinScrapeSuccess = 0.9;
 
@@ -75,14 +75,14 @@ TEST(MetricsListenerIdleFlood, NineInTenScrapesSucceedWhileIdleConnectionsAreHel
   // Hundreds of idle connections, reopened before the listener's 2 s deadline closes them.
   std::thread holders([&] {
     while (!stop) {
-      HostileCrowd idle(endpoint, kIdleClients, kCrowdSources);
+      HostileCrowd idle(endpoint, kMetricsIdleClients, kMetricsCrowdSources);
       for (int i = 0; i < 15 && !stop; ++i) std::this_thread::sleep_for(100ms);
     }
   });
   // Connections opened and closed as fast as one thread can.
   std::thread churn([&] {
     while (!stop) {
-      Fd fd = connect_from("127.0.0." + std::to_string(2 + kCrowdSources), endpoint);
+      Fd fd = connect_from("127.0.0." + std::to_string(2 + kMetricsCrowdSources), endpoint);
       if (fd.valid()) ++churned;
     }
   });
@@ -102,7 +102,7 @@ TEST(MetricsListenerIdleFlood, NineInTenScrapesSucceedWhileIdleConnectionsAreHel
   std::printf(
       "%d of %d scrapes succeeded (slowest %lld ms) beside %zu held idle connections "
       "and %llu churned connects\n",
-      succeeded, kScrapes, static_cast<long long>(slowest.count()), kIdleClients,
+      succeeded, kScrapes, static_cast<long long>(slowest.count()), kMetricsIdleClients,
       static_cast<unsigned long long>(churned.load()));
   EXPECT_GE(succeeded, static_cast<int>(kScrapes * kMinScrapeSuccess))
       << succeeded << " of " << kScrapes << " scrapes succeeded";

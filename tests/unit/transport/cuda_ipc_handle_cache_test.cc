@@ -7,7 +7,7 @@
 namespace kvferry::cuda_ipc {
 namespace {
 
-using testing::FakeCudaMemoryApi;
+using ::kvferry::testing::FakeCudaMemoryApi;  // not cuda_ipc::testing (GPU tests)
 
 constexpr uint64_t kIncarnationA = 0xa;
 constexpr uint64_t kIncarnationB = 0xb;

@@ -6,7 +6,7 @@
 namespace kvferry::cuda_ipc {
 namespace {
 
-using testing::FakeCudaMemoryApi;
+using ::kvferry::testing::FakeCudaMemoryApi;  // not cuda_ipc::testing (GPU tests)
 
 constexpr uint64_t kBase = 0x3'0000'0000;  // handle id (base >> 20) & 0xff == 0
 
