@@ -1,7 +1,6 @@
 #include "transport/tcp/tcp_server.h"
 
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -203,8 +202,6 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(const TcpServerOptions& opti
   auto server =
       std::unique_ptr<TcpServer>(new TcpServer(options, std::move(regions), std::move(acceptor)));
   server->acceptor_->start([s = server.get()](Fd conn, ConnectionSlot slot) {
-    int one = 1;
-    ::setsockopt(conn.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     s->io_[s->next_io_.fetch_add(1) % s->io_.size()]->adopt(std::move(conn), std::move(slot));
   });
   return server;

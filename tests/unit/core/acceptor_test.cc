@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -54,6 +55,20 @@ TEST(Acceptor, HandsEveryConnectionToTheCallback) {
   EXPECT_TRUE(inbox.connections[0].valid());
   EXPECT_TRUE(inbox.connections[1].valid());
   EXPECT_EQ(acceptor->backoffs(), 0u);
+}
+
+// Small frames in a row (PD control replies, handshake answers) must not wait for the peer's
+// delayed ACK: with Nagle on, 16 one-page PD requests in flight took 44 ms a wave, not 0.5.
+TEST(Acceptor, HandsConnectionsWithNagleOff) {
+  auto acceptor = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test")));
+  Inbox inbox;
+  acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
+  Fd a = connect_to(*acceptor);
+  ASSERT_TRUE(inbox.wait_for(1, 5s));
+  int nodelay = 0;
+  socklen_t len = sizeof(nodelay);
+  ASSERT_EQ(::getsockopt(inbox.connections[0].get(), IPPROTO_TCP, TCP_NODELAY, &nodelay, &len), 0);
+  EXPECT_NE(nodelay, 0);
 }
 
 TEST(Acceptor, StopEndsTheThreadPromptlyAndTheCallbackNeverRunsAfter) {
