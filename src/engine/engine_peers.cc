@@ -181,10 +181,14 @@ void EngineImpl::connect_links(PeerState& peer, const SegmentDescriptor& d) {
   });
 }
 
+// A peer whose routes are forced to a transport that does not map memory never has its
+// memory mapped: mapping (with MAP_POPULATE) costs a page table entry per page of the peer's
+// pool, and a forced-tcp peer never reads it.
 bool EngineImpl::maps_remote_host_memory(const PeerState& peer) const {
   if (peer.place != PeerPlace::kSameHost || !peer.shm_refused.empty()) return false;
   for (size_t i = 0; i < transports_.size(); ++i) {
-    if (peer.links[i] && transports_[i]->capabilities().maps_remote_host_memory) return true;
+    if (!peer.links[i] || (peer.forced && transports_[i]->kind() != *peer.forced)) continue;
+    if (transports_[i]->capabilities().maps_remote_host_memory) return true;
   }
   return false;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <thread>
 #include <vector>
@@ -210,6 +211,38 @@ TEST(ShmTransfer, TwoEnginesOnOneHostUseShmAndMoveBytes) {
   EXPECT_FALSE(find_pattern_mismatch(src, 99));
 }
 
+// Lines of /proc/self/maps that map a memfd (shared memory handed out by allocate_shared).
+size_t memfd_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("/memfd:") != std::string::npos;
+  return n;
+}
+
+// Mapping a peer's pool costs a page table entry per page (it is mapped populated): only a
+// route that copies through it pays that. A peer opened with every route forced to tcp, as
+// a peer on another host would be reached, maps nothing; opened plainly, it maps the pool.
+TEST(ShmTransfer, APeerForcedToTcpHasItsSharedMemoryLeftUnmapped) {
+  auto prefill = make_engine("prefill");
+  auto decode = make_engine("decode");
+  SharedBuffer target = must(decode->allocate_shared(1 << 20));
+  std::vector<std::byte> src = patterned(1 << 20, 98);
+  ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
+  const size_t before = memfd_mappings();
+  PeerHandle over_tcp =
+      must(prefill->open_peer(decode->endpoint(), {.transport = TransportKind::kTcp}));
+  EXPECT_EQ(memfd_mappings(), before);
+  TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(target.addr), src.size()};
+  ASSERT_TRUE(prefill->transfer_sync(over_tcp, {&op, 1}).ok());
+  EXPECT_FALSE(find_pattern_mismatch({static_cast<std::byte*>(target.addr), src.size()}, 98));
+  EXPECT_EQ(memfd_mappings(), before);
+  prefill->close_peer(over_tcp);
+
+  PeerHandle over_shm = must(prefill->open_peer(decode->endpoint()));
+  EXPECT_EQ(over_shm.transport(), TransportKind::kShm);
+  EXPECT_EQ(memfd_mappings(), before + 1);
+}
+
 TEST(ShmTransfer, ClosedPeerRefusesOpsUntilOpenedAgain) {
   auto prefill = make_engine("prefill");
   auto decode = make_engine("decode");
@@ -296,7 +329,7 @@ TEST(TransportChoice, ImpossibleForcedChoiceIsAnErrorSayingWhy) {
 TEST(TransportChoice, ShmDisallowedOnOneSideLeavesNoTransport) {
   auto a = make_engine("a");
   EngineOptions o;
-  o.name = "b";
+  o.name = "shm-disallowed";
   o.allowed_transports = TransportSet{TransportKind::kLocal};  // neither shm nor tcp
   auto b = must(TransferEngine::create(o));
   auto r = a->open_peer(b->endpoint());
