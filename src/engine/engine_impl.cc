@@ -18,6 +18,7 @@
 #include "core/logging.h"
 #include "core/net.h"
 #include "core/own_memory.h"
+#include "metadata/segment_descriptor.h"
 
 namespace kvferry::detail {
 namespace {
@@ -286,6 +287,12 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
   // refusal here leaves nothing to roll back.
   KVF_RETURN_IF_ERROR(check_regions(regions));
   auto current = local_regions_.load();
+  if (current->entries().size() + regions.size() > kMaxDescriptorRegions) {
+    return InvalidArgument(fmt::format(
+        "registering {} regions beside the {} registered would advertise more than a peer "
+        "accepts ({}): register fewer, larger regions",
+        regions.size(), current->entries().size(), kMaxDescriptorRegions));
+  }
   KVF_ASSIGN_OR_RETURN(std::vector<size_t> by_addr, sorted_without_overlap(regions, *current));
   // Registered in the caller's order, so an error names the region the caller would expect.
   std::vector<RegionEntry> added;

@@ -101,9 +101,11 @@ struct SegmentDescriptor {
 // Whether the peer advertises memory of this kind.
 bool advertises(const SegmentDescriptor& descriptor, MemoryKind kind);
 
-// Upper bounds a parser enforces.
-inline constexpr size_t kMaxDescriptorBytes = 16u << 20;
-inline constexpr size_t kMaxDescriptorRegions = 1u << 16;
+// Upper bounds a parser enforces; an engine refuses to register more regions than a peer
+// would parse. A region takes 50-300 bytes of JSON (more for shm and cuda backings), so the
+// byte bound holds the region bound's worth of any kind.
+inline constexpr size_t kMaxDescriptorBytes = 64u << 20;
+inline constexpr size_t kMaxDescriptorRegions = 1u << 18;
 inline constexpr size_t kMaxShmSocketNameBytes = 100;  // either socket; below sun_path's 108
 
 std::string serialize_segment_descriptor(const SegmentDescriptor& descriptor);

@@ -5,9 +5,11 @@
 
 #include <algorithm>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "mapped_pages.h"
+#include "metadata/segment_descriptor.h"
 #include "test_support.h"
 
 namespace kvferry {
@@ -142,6 +144,43 @@ TEST(Registration, TenThousandRegionsRegisterInOneCall) {
 }
 
 uint64_t address_of(const void* p) { return reinterpret_cast<uint64_t>(p); }
+
+// What an engine registers, its peers must accept: past 65,536 regions (a region per block in
+// some stacks) a peer opens it and writes into its last region; past what a descriptor carries,
+// registering is refused up front, naming the counts, and nothing is registered.
+TEST(Registration, APeerAcceptsTheDescriptorOfEveryRegistrationTheEngineAccepts) {
+  auto target = make_engine("many-regions");
+  constexpr size_t kRegions = 70'000, kBytes = 64;
+  std::vector<char> buf(kRegions * kBytes);
+  std::vector<MemoryRegion> regions;
+  for (size_t i = 0; i < kRegions; ++i) regions.push_back({buf.data() + i * kBytes, kBytes, {}});
+  ASSERT_TRUE(target->register_memory(regions).ok());
+
+  auto writer = make_engine("writer");
+  std::vector<char> src(kBytes, 'k');
+  ASSERT_TRUE(writer->register_memory(src.data(), src.size()).ok());
+  PeerHandle peer = must(writer->open_peer(target->endpoint()));
+  TransferOp op{OpKind::kWrite, address_of(src.data()),
+                address_of(buf.data() + (kRegions - 1) * kBytes), kBytes};
+  ASSERT_TRUE(writer->transfer_sync(peer, {&op, 1}).ok());
+  EXPECT_EQ(std::string(buf.end() - kBytes, buf.end()), std::string(kBytes, 'k'));
+
+  std::vector<char> more((kMaxDescriptorRegions - kRegions + 1) * kBytes);
+  std::vector<MemoryRegion> too_many;
+  for (size_t i = 0; i * kBytes < more.size(); ++i) {
+    too_many.push_back({more.data() + i * kBytes, kBytes, {}});
+  }
+  Status refused = target->register_memory(too_many);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(refused.message(), fmt::format("registering {} regions beside the {} "
+                                                      "registered",
+                                                      too_many.size(), kRegions)))
+      << refused.message();
+  EXPECT_TRUE(contains(refused.message(), std::to_string(kMaxDescriptorRegions)))
+      << refused.message();
+  EXPECT_EQ(target->registered_location(more.data(), kBytes).status().code(),
+            StatusCode::kNotRegistered);
+}
 
 TEST(Registration, ABatchOverlappingItselfIsRefusedNamingBothAndRegistersNothing) {
   auto engine = make_engine("reg");
