@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the benchmarks whose figures docs/PERFORMANCE.md records, into bench-results/.
-# Every ratio is against a reference measured in the same run. Takes about 12 minutes.
+# Every ratio is against a reference measured in the same run. Takes about 15 minutes.
 # Run it alone (kvf-bench scripts/bench.sh on the shared VM).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -162,6 +162,11 @@ if [ -d build/python/kvferry ]; then
   PYTHONPATH=build/python /usr/bin/python3 python/bench_plan.py --rounds 40 | tee "$out/python-plan.txt"
   PYTHONPATH=build/python /usr/bin/python3 python/bench_nixl.py --rounds 5 | tee "$out/python-nixl.txt"
 fi
+
+# How costs grow with peers (256 `kvferry serve` children), regions, descriptors per batch,
+# batches and PD requests in flight; scripts/plot.sh draws one chart per axis.
+echo "== scale"
+build/kvferry bench scale --peers 1,4,16,64,256 --json "$out/scale.json" | tee "$out/scale.txt"
 
 echo "== planner micro-benchmarks"
 build/kvferry_micro_bench --benchmark_min_time=0.3 | tee "$out/planner.txt"

@@ -7,6 +7,8 @@
 #                       strategy and transport
 #   tcp-vs-socket.png   the tcp transport vs a plain TCP stream of the same bytes and
 #                       iperf3 in the same turns, WRITE and READ
+#   scale-AXIS.png      `bench scale`: one chart per axis (peers, regions, descriptors,
+#                       inflight, pd), two panels each, x on a log scale
 # Usage: scripts/plot.sh [RESULTS_DIR (bench-results)] [OUT_DIR (docs/img)]
 # Needs gnuplot (gnuplot-nox) and jq; charts whose JSON is missing are skipped with a note.
 set -euo pipefail
@@ -118,4 +120,64 @@ GP
   echo "plot: $out/tcp-vs-socket.png"
 else
   echo "plot: no $results/engine-tcp.json, tcp chart skipped" >&2
+fi
+
+if [ -f "$results/scale.json" ]; then
+  # One chart per axis of `bench scale`, x on a log scale, two panels each: (left, right) =
+  # (what grows with x, what should not). A series is "metric" or "metric (series)".
+  scale_panel() {  # AXIS TITLE YLABEL LOGY METRIC...
+    local axis=$1 title=$2 ylabel=$3 logy=$4 filter="" m
+    shift 4
+    for m in "$@"; do
+      filter+="${filter:+, }(.[] | select(.axis == \"$axis\") | {title: (\"$m\" + (if .series == \"\" then \"\" else \" (\" + .series + \")\" end)), x: .x, y: .$m})"
+    done
+    echo "set title \"$title\""
+    echo "set ylabel \"$ylabel\""
+    if [ "$logy" = log ]; then echo "set logscale y 10"; else echo "unset logscale y; set yrange [0:*]"; fi
+    series "$filter" "$results/scale.json" "scale-$axis-$(echo "$title" | tr -c 'a-z0-9' '-')"
+  }
+  scale_chart() {  # AXIS XLABEL PANEL1 PANEL2 (each a scale_panel output)
+    gnuplot <<GP
+$common
+set terminal pngcairo size 1200,480 font "DejaVu Sans,11" noenhanced
+set output "$out/scale-$1.png"
+set logscale x 10
+set format x "%.0f"
+set key inside left top
+set xlabel "$2"
+set multiplot layout 1,2 title "bench scale: $1"
+$3
+$4
+unset multiplot
+GP
+    echo "plot: $out/scale-$1.png"
+  }
+  has_axis() { jq -e --arg a "$1" 'any(.[]; .axis == $a)' "$results/scale.json" >/dev/null; }
+  if has_axis peers; then
+    scale_chart peers "tcp peers of one engine" \
+      "$(scale_panel peers "threads of the process (idle engine, after the writes)" "count" log threads threads_idle)" \
+      "$(scale_panel peers "64 KiB write, one peer at a time" "us" log p50_us p99_us first_write_us_p50 open_us_p50)"
+  fi
+  if has_axis regions; then
+    scale_chart regions "regions registered" \
+      "$(scale_panel regions "registration" "us per region" log register_us_per_region unregister_us_per_region)" \
+      "$(scale_panel regions "a 64-byte local write, and a peer's handshake" "us" log submit_us_p50 submit_wait_us_p50 handshake_us_p50)"
+  fi
+  if has_axis descriptors; then
+    scale_chart descriptors "64-byte ops in one batch" \
+      "$(scale_panel descriptors "submit + completion" "ns per op" log total_ns_per_op)" \
+      "$(scale_panel descriptors "submit alone" "ns per op" log submit_ns_per_op)"
+  fi
+  if has_axis inflight; then
+    scale_chart inflight "one-op 4 KiB batches in flight" \
+      "$(scale_panel inflight "submit + completion" "us per batch" log total_us_per_batch)" \
+      "$(scale_panel inflight "batches per second" "batches/s" log batches_per_s)"
+  fi
+  if has_axis pd; then
+    scale_chart pd "one-page PD requests in flight" \
+      "$(scale_panel pd "requests per second" "requests/s" log requests_per_s)" \
+      "$(scale_panel pd "wave time / N, and one engine transfer of the page" "us" log us_per_request engine_us_p50 overhead_us)"
+  fi
+else
+  echo "plot: no $results/scale.json, scale charts skipped" >&2
 fi
