@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iterator>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string_view>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "core/auth.h"
+#include "core/fd_limit.h"
 #include "core/host_identity.h"
 #include "core/logging.h"
 #include "core/net.h"
@@ -139,6 +141,15 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
                                        transport_kind_name(*options.forced_transport)));
   }
   KVF_ASSIGN_OR_RETURN(std::optional<std::string> secret, resolve_secret(options.secret));
+  static std::once_flag open_files_raised;
+  std::call_once(open_files_raised, [] {
+    if (std::optional<OpenFilesLimitChange> change = raise_open_files_limit()) {
+      log().info(
+          "raised this process's open-files limit from {} to {} (an engine holds about "
+          "four descriptors per tcp peer)",
+          change->from, change->to);
+    }
+  });
   std::unique_ptr<EngineImpl> engine(new EngineImpl(std::move(options)));
   engine->served_ = served;
   engine->secret_ = std::move(secret);
