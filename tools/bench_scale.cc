@@ -3,6 +3,7 @@
 //
 //   peers        one engine here, N tcp peers (each a `kvferry serve` child): threads, RSS
 //                and fds per peer, open_peer time, first and steady-state 64 KiB writes
+//                (against a plain TCP stream to the same children)
 //   regions      N 4 KiB regions registered and unregistered in one batch, the descriptor a
 //                peer fetches (bytes, handshake time), submit cost of a 64-byte local write
 //   descriptors  one batch of N 64-byte local ops, merged and unmerged: cost per op

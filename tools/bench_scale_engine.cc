@@ -8,7 +8,10 @@
 //               connect then), malloc_trim'd before each reading; per-peer figures are the
 //               differences over N. open_peer and the first write are timed per peer
 //               (median over peers); then 64 KiB writes round-robin over the peers give the
-//               steady-state p50/p99. The bytes are verified in the first and last child.
+//               steady-state p50/p99, each followed by the same write over a plain TCP stream
+//               to the same child's sink (the reference: what waking N processes in turn
+//               costs this host without kvferry). A last write of other bytes is verified in
+//               the first and last child.
 //  regions      N 4 KiB regions carved from one mapping, registered in one batch and later
 //               unregistered in one batch (time per region and in all); the descriptor a
 //               peer fetches over the p2p handshake (its bytes, the handshake's p50, the time
@@ -26,6 +29,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -43,6 +47,7 @@
 #include "metadata/segment_descriptor.h"
 #include "process_figures.h"
 #include "serve_client.h"
+#include "socket_stream.h"
 
 namespace kvferry::cli {
 namespace {
@@ -114,6 +119,20 @@ Status run_peers_axis(const ScaleArgs& args, std::vector<ScalePoint>& out) {
   const uint64_t most = *std::max_element(args.peers.begin(), args.peers.end());
   std::cerr << fmt::format("bench scale: starting {} `kvferry serve` children\n", most);
   KVF_ASSIGN_OR_RETURN(std::vector<ServePeer> children, start_children(most, kPeerBufferBytes));
+  // The reference: the same 64 KiB write over a plain TCP stream to each child's sink.
+  std::vector<SocketStream> plain;
+  plain.reserve(most);
+  for (ServePeer& child : children) {
+    KVF_ASSIGN_OR_RETURN(Endpoint at, parse_endpoint(child.endpoint));
+    KVF_ASSIGN_OR_RETURN(std::string reply, child.process.ask("sink", kServeReplyTimeout));
+    unsigned port = 0;
+    if (std::sscanf(reply.c_str(), "ok %u", &port) != 1) {
+      return Internal("bench scale: a serve child did not start its sink: " + reply);
+    }
+    KVF_ASSIGN_OR_RETURN(SocketStream stream,
+                         SocketStream::connect(at.host, static_cast<uint16_t>(port), false));
+    plain.push_back(std::move(stream));
+  }
   const PeerOptions tcp{.transport = TransportKind::kTcp};
   for (const uint64_t n : args.peers) {
     KVF_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> engine, make_scale_engine("scale-peers"));
@@ -127,7 +146,8 @@ Status run_peers_axis(const ScaleArgs& args, std::vector<ScalePoint>& out) {
 
     const ProcessFigures idle = settled_figures();
     std::vector<PeerHandle> peers;  // destroyed before the engine
-    LatencySampler open_ns, first_ns, steady_ns;
+    LatencySampler open_ns, first_ns, steady_ns, plain_ns;
+    const CopyList plain_block = {{nullptr, src.data()}};
     for (uint64_t i = 0; i < n; ++i) {
       const auto t0 = SteadyClock::now();
       KVF_ASSIGN_OR_RETURN(PeerHandle peer, engine->open_peer(children[i].endpoint, tcp));
@@ -142,24 +162,35 @@ Status run_peers_axis(const ScaleArgs& args, std::vector<ScalePoint>& out) {
       first_ns.add(ns_since(t0));
     }
     const ProcessFigures written = settled_figures();
+    // Round-robin over the peers, the engine's write and the plain stream's in turn to the
+    // same child.
     uint64_t next = 0;
     const Status measured = repeat_for(
         args.min_time_ms,
         [&](bool record) {
           const uint64_t i = next++ % n;
           const TransferOp op = write_to(i);
-          const auto t0 = SteadyClock::now();
+          auto t0 = SteadyClock::now();
           KVF_RETURN_IF_ERROR(engine->transfer_sync(peers[i], std::span(&op, 1)));
           if (record) steady_ns.add(ns_since(t0));
+          t0 = SteadyClock::now();
+          KVF_RETURN_IF_ERROR(plain[i].write_batch(plain_block, kPeerWriteBytes));
+          if (record) plain_ns.add(ns_since(t0));
           return Status::Ok();
         },
         n);
     KVF_RETURN_IF_ERROR(measured);
-    KVF_RETURN_IF_ERROR(verify_in_child(children[0], seed, kPeerWriteBytes));
-    KVF_RETURN_IF_ERROR(verify_in_child(children[n - 1], seed, kPeerWriteBytes));
+    // The sink received the same bytes: a last engine write of other bytes is what is checked.
+    fill_pattern(bytes_of(src), seed + 1);
+    for (const uint64_t i : {uint64_t{0}, n - 1}) {
+      const TransferOp op = write_to(i);
+      KVF_RETURN_IF_ERROR(engine->transfer_sync(peers[i], std::span(&op, 1)));
+      KVF_RETURN_IF_ERROR(verify_in_child(children[i], seed + 1, kPeerWriteBytes));
+    }
     open_ns.finish();
     first_ns.finish();
     steady_ns.finish();
+    plain_ns.finish();
 
     ScalePoint point{ScaleAxis::kPeers, "tcp", n};
     auto& m = point.metrics;
@@ -175,6 +206,9 @@ Status run_peers_axis(const ScaleArgs& args, std::vector<ScalePoint>& out) {
     m["first_write_us_max"] = first_ns.percentile_us(100);
     m["p50_us"] = steady_ns.percentile_us(50);
     m["p99_us"] = steady_ns.percentile_us(99);
+    m["plain_p50_us"] = plain_ns.percentile_us(50);
+    m["plain_p99_us"] = plain_ns.percentile_us(99);
+    m["p50_vs_plain"] = steady_ns.percentile_us(50) / plain_ns.percentile_us(50);
     add_scale_point(out, std::move(point));
   }
   return Status::Ok();

@@ -62,6 +62,7 @@ TEST(BenchScale, EveryAxisYieldsAPointPerXAndVerifiesWhatItMoved) {
       EXPECT_GE(p["fds_per_peer"].get<double>(), 1.0);
       EXPECT_GE(p["threads"].get<uint64_t>(), p["threads_idle"].get<uint64_t>());
       EXPECT_GT(p["p50_us"].get<double>(), 0.0);
+      EXPECT_GT(p["plain_p50_us"].get<double>(), 0.0);  // the same-run plain TCP reference
     } else if (p["axis"] == "regions") {
       EXPECT_EQ(p["peer_parses"], 1);
       EXPECT_GT(p["descriptor_bytes"].get<uint64_t>(), 0u);
