@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvferry/status.h"
@@ -86,6 +88,17 @@ inline void write_line(int fd, const std::string& text) {
 inline bool drop_to_nobody() {
   return ::setgroups(0, nullptr) == 0 && ::setresgid(65534, 65534, 65534) == 0 &&
          ::setresuid(65534, 65534, 65534) == 0;
+}
+
+// Polls `done` every 20 ms until it holds or `limit` passed; returns its last value.
+inline bool eventually(const std::function<bool()>& done,
+                       std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 }  // namespace kvferry::testing

@@ -54,6 +54,10 @@ RejectionWarnings& rejected_frame_warnings() {
   static RejectionWarnings warnings;
   return warnings;
 }
+// How long the rest of a heartbeat frame may take once part of it went (see
+// try_send_heartbeat): the wheel's thread waits that long at most, and only then.
+constexpr auto kHeartbeatRestTimeout = std::chrono::milliseconds(100);
+
 LogThrottle& silent_peer_warnings() {
   static LogThrottle throttle;
   return throttle;
@@ -70,31 +74,26 @@ std::shared_ptr<ControlChannel> ControlChannel::open(Fd fd, std::string peer_nam
   return channel;
 }
 
-void ControlChannel::start(const Heartbeats& heartbeats) {
+void ControlChannel::start(const Heartbeats& heartbeats, HeartbeatWheel& wheel) {
   last_received_ns_ = Clock::now().time_since_epoch().count();
-  // Each thread keeps the channel alive until it is done (the reader until it has run
-  // on_close), so a callback may drop the owner's last reference without destroying the
-  // object under a running thread.
-  reader_ = named_thread("kvf-pd-ctl-rx", [self = self_.lock()] {
+  // The reader keeps the channel alive until it has run on_close, so a callback may drop the
+  // owner's last reference without destroying the object under a running thread.
+  std::shared_ptr<ControlChannel> self = self_.lock();
+  reader_ = named_thread("kvf-pd-ctl-rx", [self] {
     t_reader_of = self.get();
     self->read_loop();
   });
-  heartbeat_ = named_thread(
-      "kvf-pd-ctl-hb", [self = self_.lock(), heartbeats] { self->heartbeat_loop(heartbeats); });
+  wheel.add(self, heartbeats);
 }
 
 ControlChannel::~ControlChannel() {
   close();
-  // The last reference was one of the channel's own threads (see start()): that one is
-  // exiting, let it go; the other has finished.
-  const auto self = std::this_thread::get_id();
-  for (std::thread* t : {&reader_, &heartbeat_}) {
-    if (!t->joinable()) continue;
-    if (t->get_id() == self) {
-      t->detach();
-    } else {
-      t->join();
-    }
+  // The last reference was the reader's own (see start()): it is exiting, let it go.
+  if (!reader_.joinable()) return;
+  if (reader_.get_id() == std::this_thread::get_id()) {
+    reader_.detach();
+  } else {
+    reader_.join();
   }
 }
 
@@ -113,17 +112,10 @@ Status ControlChannel::send(const ControlMessage& message, std::chrono::millisec
 
 void ControlChannel::close() {
   if (!closed_.exchange(true)) ::shutdown(fd_.get(), SHUT_RDWR);
-  {
-    std::lock_guard lock(close_mu_);  // so the heartbeat thread cannot miss the wake-up
-  }
-  close_cv_.notify_all();
-  // The reader may call close() (from its callbacks): it joins neither itself nor the
-  // heartbeat thread (the destructor does).
+  // The reader may call close() (from its callbacks): it does not join itself (the
+  // destructor lets it go).
   if (t_reader_of == this) return;
   if (reader_.joinable()) reader_.join();
-  if (heartbeat_.joinable() && heartbeat_.get_id() != std::this_thread::get_id()) {
-    heartbeat_.join();
-  }
 }
 
 void ControlChannel::fail(Status reason) {
@@ -134,26 +126,100 @@ void ControlChannel::fail(Status reason) {
   ::shutdown(fd_.get(), SHUT_RDWR);  // the reader wakes, ends and reports failure_
 }
 
-void ControlChannel::heartbeat_loop(const Heartbeats& heartbeats) {
-  const PdTimeouts& t = heartbeats.timeouts;
-  const auto silence = t.effective_heartbeat_timeout();
-  Clock::time_point next_beat = Clock::now();
-  uint64_t sequence = 0;
-  std::unique_lock lock(close_mu_);
-  while (!close_cv_.wait_for(lock, t.tick(), [this] { return closed_.load(); })) {
+bool ControlChannel::tick(Clock::time_point now, const Heartbeats& heartbeats,
+                          Clock::time_point& next_beat, uint64_t& sequence) {
+  if (closed_) return false;
+  const auto silence = heartbeats.timeouts.effective_heartbeat_timeout();
+  if (now - last_received() > silence) {
+    silent_peer_warnings().warn("control channel {}: silent for more than {} ms", peer_name_,
+                                silence.count());
+    fail(PeerDisconnected("silent for more than " + std::to_string(silence.count()) + " ms"));
+    return false;
+  }
+  if (now >= next_beat) {
+    next_beat = now + heartbeats.timeouts.heartbeat_interval;
+    try_send_heartbeat(Heartbeat{sequence++, heartbeats.incarnation});
+  }
+  return true;
+}
+
+void ControlChannel::try_send_heartbeat(const Heartbeat& beat) {
+  std::unique_lock lock(send_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // another frame is going out: a sign of life as well
+  const std::vector<std::byte> frame = encode_control_message(beat);
+  const ssize_t n = ::send(fd_.get(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  if (n == static_cast<ssize_t>(frame.size())) return;
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;  // full
+  if (n < 0) {
+    ::shutdown(fd_.get(), SHUT_RDWR);  // the reader ends and reports the broken connection
+    return;
+  }
+  // Part of the frame went (the buffer had a few bytes free): the rest must follow before
+  // any other frame, or the stream is unusable.
+  Status rest = send_all(fd_.get(), std::span(frame).subspan(static_cast<size_t>(n)),
+                         Clock::now() + kHeartbeatRestTimeout);
+  if (!rest.ok()) ::shutdown(fd_.get(), SHUT_RDWR);
+}
+
+HeartbeatWheel::~HeartbeatWheel() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void HeartbeatWheel::add(const std::shared_ptr<ControlChannel>& channel,
+                         const ControlChannel::Heartbeats& heartbeats) {
+  const Clock::time_point now = Clock::now();
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    // The first beat goes one tick after the start, as every later check does.
+    entries_.push_back(Entry{channel, heartbeats, now + heartbeats.timeouts.tick(), now, 0});
+    changed_ = true;
+    if (!thread_.joinable()) thread_ = named_thread("kvf-pd-beat", [this] { run(); });
+  }
+  cv_.notify_all();
+}
+
+size_t HeartbeatWheel::size() const {
+  std::lock_guard lock(mu_);
+  return entries_.size();
+}
+
+void HeartbeatWheel::run() {
+  std::unique_lock lock(mu_);
+  while (!stopping_) {
+    changed_ = false;
+    const Clock::time_point now = Clock::now();
+    // Channels are released after mu_ is: the last reference may be this one, and a
+    // channel's destructor joins its reader, whose callbacks may add a channel here.
+    std::vector<std::shared_ptr<ControlChannel>> held;
+    Clock::time_point wake = now + std::chrono::seconds(1);
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      std::shared_ptr<ControlChannel> channel = it->channel.lock();
+      if (!channel) {
+        it = entries_.erase(it);
+        continue;
+      }
+      if (now >= it->next_tick) {
+        if (!channel->tick(now, it->heartbeats, it->next_beat, it->sequence)) {
+          held.push_back(std::move(channel));
+          it = entries_.erase(it);
+          continue;
+        }
+        it->next_tick = now + it->heartbeats.timeouts.tick();
+      }
+      wake = std::min(wake, it->next_tick);
+      held.push_back(std::move(channel));
+      ++it;
+    }
     lock.unlock();
-    const auto now = Clock::now();
-    if (now - last_received() > silence) {
-      silent_peer_warnings().warn("control channel {}: silent for more than {} ms", peer_name_,
-                                  silence.count());
-      fail(PeerDisconnected("silent for more than " + std::to_string(silence.count()) + " ms"));
-      return;
-    }
-    if (now >= next_beat) {
-      next_beat = now + t.heartbeat_interval;
-      send(Heartbeat{sequence++, heartbeats.incarnation}).ignore();
-    }
+    held.clear();
     lock.lock();
+    cv_.wait_until(lock, wake, [this] { return stopping_ || changed_; });
   }
 }
 
@@ -209,8 +275,6 @@ void ControlChannel::read_loop() {
     ::shutdown(fd_.get(), SHUT_RDWR);
   }
   if (!failure.ok()) reason = failure;  // fail() shut the socket: say why, not how it ended
-  { std::lock_guard lock(close_mu_); }
-  close_cv_.notify_all();
   on_close_(Status(reason.code(), "control channel to " + peer_name_ + ": " + reason.message()));
 }
 

@@ -167,8 +167,8 @@ void PrefillServerImpl::on_accepted(Fd fd, ConnectionSlot slot) {
       [this, weak](const Status& reason) {
         if (auto self = weak.lock()) on_close(self, reason);
       });
-  // The challenge goes first, before the heartbeat thread can send anything (a few bytes
-  // into a fresh socket's buffer: this does not wait on the peer).
+  // The challenge goes first, before a heartbeat can be sent (a few bytes into a fresh
+  // socket's buffer: this does not wait on the peer).
   Result<AuthChallengeMessage> challenge =
       make_control_challenge(engine_.secret(), engine_.incarnation());
   if (!challenge.ok() || !peer->channel->send(*challenge).ok()) {
@@ -189,7 +189,7 @@ void PrefillServerImpl::on_accepted(Fd fd, ConnectionSlot slot) {
     std::erase_if(channels_, [](const std::weak_ptr<ControlChannel>& c) { return c.expired(); });
     channels_.push_back(peer->channel);
   }
-  peer->channel->start({options_.timeouts, engine_.incarnation()});
+  peer->channel->start({options_.timeouts, engine_.incarnation()}, heartbeats_);
 }
 
 bool PrefillServerImpl::authenticate(const std::shared_ptr<DecodePeer>& peer,

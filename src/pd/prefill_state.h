@@ -171,6 +171,8 @@ class PrefillServerImpl {
   std::atomic<bool> stopping_{false};
   std::thread monitor_thread_;
   std::vector<std::unique_ptr<ThreadPool>> shards_;
+  // Heartbeats of every control channel (declared before them: it outlives them).
+  HeartbeatWheel heartbeats_;
 
   mutable std::mutex mu_;
   uint64_t next_peer_id_ = 0;

@@ -24,6 +24,7 @@
 
 #include "core/fd.h"
 #include "core/net.h"
+#include "test_support.h"
 
 namespace kvferry::testing {
 
@@ -48,17 +49,6 @@ inline uint64_t proc_status_field(const std::string& key) {
 }
 inline uint64_t resident_bytes() { return proc_status_field("VmRSS") * 1024; }
 inline uint64_t thread_count() { return proc_status_field("Threads"); }
-
-// Polls `done` every 20 ms until it holds or `limit` passed; returns its last value.
-inline bool eventually(const std::function<bool()>& done,
-                       std::chrono::milliseconds limit = std::chrono::seconds(5)) {
-  const auto deadline = Clock::now() + limit;
-  for (;;) {
-    if (done()) return true;
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
 
 // A blocking TCP connection to `to` (an IPv4 literal endpoint) from `source`; invalid if
 // the connect failed.
