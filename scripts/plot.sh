@@ -156,7 +156,7 @@ GP
   if has_axis peers; then
     scale_chart peers "tcp peers of one engine" \
       "$(scale_panel peers "threads of the process (idle engine, after the writes)" "count" log threads threads_idle)" \
-      "$(scale_panel peers "64 KiB write, one peer at a time" "us" log p50_us p99_us first_write_us_p50 open_us_p50)"
+      "$(scale_panel peers "64 KiB write, round-robin over the peers" "us" log p50_us p99_us plain_p50_us first_write_us_p50 open_us_p50)"
   fi
   if has_axis regions; then
     scale_chart regions "regions registered" \
