@@ -87,6 +87,23 @@ Status wait_ok(const TransferEngine& engine, const BatchHandle& batch) {
   return Timeout("bench scale: a batch did not complete in 60 s");
 }
 
+// Submits `ops` as one batch and waits for it, for `min_time_ms` (repeat_for): the time of
+// each submit call into `submit_ns`, of submit and wait into `total_ns`.
+Status time_batch(TransferEngine& engine, const PeerHandle& peer, std::span<const TransferOp> ops,
+                  int min_time_ms, LatencySampler& submit_ns, LatencySampler& total_ns) {
+  return repeat_for(min_time_ms, [&](bool record) {
+    const auto start = SteadyClock::now();
+    KVF_ASSIGN_OR_RETURN(BatchHandle batch, engine.submit(peer, ops));
+    const double submitted = ns_since(start);
+    KVF_RETURN_IF_ERROR(wait_ok(engine, batch));
+    if (record) {
+      submit_ns.add(submitted);
+      total_ns.add(ns_since(start));
+    }
+    return Status::Ok();
+  });
+}
+
 // The child answers "ok" to "verify SEED OFFSET LEN" when the range holds the pattern.
 Status verify_in_child(ServePeer& child, uint64_t seed, uint64_t bytes) {
   KVF_ASSIGN_OR_RETURN(
@@ -255,18 +272,8 @@ Status run_regions_axis(const ScaleArgs& args, std::vector<ScalePoint>& out) {
       const TransferOp op{OpKind::kWrite, addr_of(area.data()),
                           addr_of(area.data()) + (n - 1) * kRegionBytes + kRegionBytes / 2,
                           kSmallOpBytes};
-      const Status measured = repeat_for(args.min_time_ms, [&](bool record) {
-        const auto start = SteadyClock::now();
-        KVF_ASSIGN_OR_RETURN(BatchHandle batch, engine->submit(self, std::span(&op, 1)));
-        const double submitted = ns_since(start);
-        KVF_RETURN_IF_ERROR(wait_ok(*engine, batch));
-        if (record) {
-          submit_ns.add(submitted);
-          total_ns.add(ns_since(start));
-        }
-        return Status::Ok();
-      });
-      KVF_RETURN_IF_ERROR(measured);
+      KVF_RETURN_IF_ERROR(
+          time_batch(*engine, self, std::span(&op, 1), args.min_time_ms, submit_ns, total_ns));
       engine->close_peer(self);
     }
     submit_ns.finish();
@@ -320,18 +327,7 @@ Status run_descriptors_axis(const ScaleArgs& args, std::vector<ScalePoint>& out)
       }
       std::memset(dst.data(), 0, dst.size());
       LatencySampler submit_ns, total_ns;
-      const Status measured = repeat_for(args.min_time_ms, [&](bool record) {
-        const auto start = SteadyClock::now();
-        KVF_ASSIGN_OR_RETURN(BatchHandle batch, engine->submit(self, ops));
-        const double submitted = ns_since(start);
-        KVF_RETURN_IF_ERROR(wait_ok(*engine, batch));
-        if (record) {
-          submit_ns.add(submitted);
-          total_ns.add(ns_since(start));
-        }
-        return Status::Ok();
-      });
-      KVF_RETURN_IF_ERROR(measured);
+      KVF_RETURN_IF_ERROR(time_batch(*engine, self, ops, args.min_time_ms, submit_ns, total_ns));
       for (const TransferOp& op : ops) {
         if (std::memcmp(reinterpret_cast<const void*>(op.remote_addr),
                         reinterpret_cast<const void*>(op.local_addr), op.length) != 0) {
