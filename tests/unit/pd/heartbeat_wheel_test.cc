@@ -49,11 +49,12 @@ ControlChannel::Heartbeats fast_beats(std::chrono::milliseconds silence = 60s) {
 }
 
 // A channel on one end of a socketpair, the raw peer's descriptor on the other.
+// `closed` is declared first so that it outlives the channel, whose reader sets it.
 struct Link {
-  std::shared_ptr<ControlChannel> channel;
-  Fd channel_end;  // a duplicate of the channel's own descriptor
-  Fd peer;
   std::promise<Status> closed;
+  Fd peer;
+  Fd channel_end;  // a duplicate of the channel's own descriptor
+  std::shared_ptr<ControlChannel> channel;
 };
 
 std::unique_ptr<Link> open_link() {
