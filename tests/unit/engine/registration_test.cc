@@ -133,12 +133,20 @@ TEST(Registration, ABatchWithOneUnmappedRegionRegistersNothingAndNamesIt) {
   EXPECT_TRUE(engine->register_memory(buf.data(), 4096).ok());
 }
 
+// `buf` cut into regions of `bytes` each, in address order.
+std::vector<MemoryRegion> carve(std::vector<char>& buf, size_t bytes) {
+  std::vector<MemoryRegion> regions;
+  for (size_t at = 0; at + bytes <= buf.size(); at += bytes) {
+    regions.push_back({buf.data() + at, bytes, {}});
+  }
+  return regions;
+}
+
 TEST(Registration, TenThousandRegionsRegisterInOneCall) {
   auto engine = make_engine("reg");
   constexpr size_t kRegions = 10'000, kBytes = 64;
   std::vector<char> buf(kRegions * kBytes);
-  std::vector<MemoryRegion> regions;
-  for (size_t i = 0; i < kRegions; ++i) regions.push_back({buf.data() + i * kBytes, kBytes, {}});
+  std::vector<MemoryRegion> regions = carve(buf, kBytes);
   ASSERT_TRUE(engine->register_memory(regions).ok());
   EXPECT_TRUE(engine->registered_location(buf.data() + 9'999 * kBytes, kBytes).ok());
 }
@@ -152,8 +160,7 @@ TEST(Registration, APeerAcceptsTheDescriptorOfEveryRegistrationTheEngineAccepts)
   auto target = make_engine("many-regions");
   constexpr size_t kRegions = 70'000, kBytes = 64;
   std::vector<char> buf(kRegions * kBytes);
-  std::vector<MemoryRegion> regions;
-  for (size_t i = 0; i < kRegions; ++i) regions.push_back({buf.data() + i * kBytes, kBytes, {}});
+  std::vector<MemoryRegion> regions = carve(buf, kBytes);
   ASSERT_TRUE(target->register_memory(regions).ok());
 
   auto writer = make_engine("writer");
@@ -166,10 +173,7 @@ TEST(Registration, APeerAcceptsTheDescriptorOfEveryRegistrationTheEngineAccepts)
   EXPECT_EQ(std::string(buf.end() - kBytes, buf.end()), std::string(kBytes, 'k'));
 
   std::vector<char> more((kMaxDescriptorRegions - kRegions + 1) * kBytes);
-  std::vector<MemoryRegion> too_many;
-  for (size_t i = 0; i * kBytes < more.size(); ++i) {
-    too_many.push_back({more.data() + i * kBytes, kBytes, {}});
-  }
+  const std::vector<MemoryRegion> too_many = carve(more, kBytes);
   Status refused = target->register_memory(too_many);
   EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
   EXPECT_TRUE(contains(refused.message(), fmt::format("registering {} regions beside the {} "
@@ -241,8 +245,7 @@ TEST(Registration, TwentyThousandShuffledRegionsRegisterAndUnregisterInOneCallEa
   auto engine = make_engine("reg");
   constexpr size_t kRegions = 20'000, kBytes = 64;
   std::vector<char> buf(kRegions * kBytes);
-  std::vector<MemoryRegion> regions;
-  for (size_t i = 0; i < kRegions; ++i) regions.push_back({buf.data() + i * kBytes, kBytes, {}});
+  std::vector<MemoryRegion> regions = carve(buf, kBytes);
   std::mt19937_64 rng(11);
   std::shuffle(regions.begin(), regions.end(), rng);
   ASSERT_TRUE(engine->register_memory(regions).ok());
