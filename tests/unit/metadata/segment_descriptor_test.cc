@@ -100,6 +100,27 @@ TEST(SegmentDescriptor, RejectsOversizedInput) {
   EXPECT_TRUE(contains(r.status().message(), "exceeds"));
 }
 
+// A forged descriptor within the byte bound that lists more regions than any engine may
+// register is refused, naming the count, before any region of it is read.
+TEST(SegmentDescriptor, RejectsMoreRegionsThanAnEngineRegisters) {
+  SegmentDescriptor d = sample();
+  d.regions.clear();
+  for (uint64_t i = 0; i <= kMaxDescriptorRegions; ++i) {
+    RegionDescriptor region;
+    region.addr = 0x10000 + i * 64;
+    region.length = 64;
+    d.regions.push_back(region);
+  }
+  const std::string json = serialize_segment_descriptor(d);
+  ASSERT_LE(json.size(), kMaxDescriptorBytes);
+  auto r = parse_segment_descriptor(json);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kProtocolError);
+  EXPECT_TRUE(contains(r.status().message(),
+                       std::to_string(kMaxDescriptorRegions + 1) + " regions exceed the limit"))
+      << r.status().message().substr(0, 200);
+}
+
 TEST(SegmentDescriptor, IgnoresTransportsItDoesNotKnow) {
   std::string s = serialize_segment_descriptor(sample());
   s.replace(s.find("\"transports\":["), 14, "\"transports\":[\"warp\",");
