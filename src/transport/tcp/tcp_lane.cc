@@ -1,5 +1,5 @@
-// TcpLane's lifetime: the connection and its handshake, the threads, and failing or
-// expiring what the lane carries (its peer's liveness, the batches' deadlines).
+// TcpLane's lifetime: the connection and its handshake, its tending, and failing or expiring
+// what the lane carries (its peer's liveness, the batches' deadlines).
 #include "transport/tcp/tcp_lane.h"
 
 #include <fmt/format.h>
@@ -9,7 +9,6 @@
 #include <array>
 
 #include "core/auth.h"
-#include "core/named_thread.h"
 
 namespace kvferry::detail {
 
@@ -70,33 +69,91 @@ Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
       return Unauthenticated("peer " + o.peer_name + " refused our credentials (wrong secret?)");
     }
   }
-  return std::shared_ptr<TcpLane>(
-      new TcpLane(std::move(fd), o.peer_name, offset_ns, o.frame_rest_timeout, o.device));
+  std::shared_ptr<TcpLane> lane(new TcpLane(std::move(fd), o.peer_name, offset_ns,
+                                            o.frame_rest_timeout, o.device, o.service));
+  // Watched from the start: an idle lane's peer may close the connection.
+  KVF_ASSIGN_OR_RETURN(lane->watch_,
+                       o.service->pool().watch(lane->fd_.get(), [weak = std::weak_ptr(lane)] {
+                         if (std::shared_ptr<TcpLane> self = weak.lock()) self->on_ready();
+                       }));
+  return lane;
 }
 
 TcpLane::TcpLane(Fd fd, std::string peer, int64_t offset_ns,
                  std::chrono::milliseconds frame_rest_timeout,
-                 std::shared_ptr<TcpDeviceStaging> device)
+                 std::shared_ptr<TcpDeviceStaging> device, std::shared_ptr<TcpLaneService> service)
     : fd_(std::move(fd)),
       peer_(std::move(peer)),
       clock_offset_ns_(offset_ns),
       frame_rest_timeout_(frame_rest_timeout),
-      landers_(std::move(device)) {
-  sender_ = named_thread("kvf-tcp-tx", [this] { send_loop(); });
-  reader_ = named_thread("kvf-tcp-rx", [this] { read_loop(); });
+      landers_(std::move(device)),
+      service_(std::move(service)) {}
+
+// No turn runs any more (each holds the lane): nobody sends, so unsent WRITEs fail here too.
+TcpLane::~TcpLane() {
+  fail_all(PeerDisconnected("connection to " + peer_ + " closed"), /*sender_gone=*/true);
 }
 
-TcpLane::~TcpLane() {
+void TcpLane::close() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
-  reader_cv_.notify_all();
-  ::shutdown(fd_.get(), SHUT_RDWR);
-  sender_.join();
-  reader_.join();
-  fail_all(PeerDisconnected("connection to " + peer_ + " closed"), /*sender_gone=*/true);
+  fail_all(PeerDisconnected("connection to " + peer_ + " closed"));
+}
+
+void TcpLane::want_tending_locked(Clock::time_point when) {
+  if (when == Clock::time_point::max() || when >= tend_at_) return;
+  tend_at_ = when;
+  if (listed_) {
+    service_->pool().wake_timer_by(when);
+  } else {
+    listed_ = true;
+    service_->tend_by(shared_from_this(), when);
+  }
+}
+
+Clock::time_point TcpLane::next_tend_locked(Clock::time_point now) const {
+  if (stopping_ || broken_) return Clock::time_point::max();
+  Clock::time_point next = Clock::time_point::max();
+  for (const auto& [id, c] : in_flight_) {
+    // A grace already over while a waiter still reads: looked at again a grace later.
+    if (c.waiter_reads) next = std::min(next, std::max(c.sent_at, now) + kWaiterReadGrace);
+  }
+  if (!in_flight_.empty() || !expired_.empty() || !queue_.empty()) {
+    next = std::min(next, now + kReaderIdleSleep);
+  } else if (!armed_) {
+    next = std::min(next, std::max(last_registered_ + kReaderIdleSleep, now));
+  }
+  return next;
+}
+
+Clock::time_point TcpLane::tend(Clock::time_point now) {
+  bool start = false;
+  bool check_deadlines = false;
+  Clock::time_point next;
+  {
+    std::lock_guard lock(mu_);
+    if (!reading_ && !stopping_ && !broken_) {
+      if (in_pos_ != in_end_ || must_read_locked(now)) {
+        reading_ = true;
+        start = true;
+      } else if (!in_flight_.empty() || !expired_.empty()) {
+        check_deadlines = true;
+      } else if (!armed_ && now >= last_registered_ + kReaderIdleSleep) {
+        armed_ = true;  // idle: the pool watches for the peer closing the connection
+        watch_->arm();
+      }
+    }
+    next = next_tend_locked(now);
+    tend_at_ = next;
+    listed_ = next != Clock::time_point::max();
+  }
+  if (start) post_read_turn();
+  if (check_deadlines && expire_overdue()) {
+    fail_all(Timeout("peer " + peer_ + " sent nothing past the batch deadlines"));
+  }
+  return next;
 }
 
 void TcpLane::fail_all(const Status& why, bool sender_gone) {
@@ -120,7 +177,6 @@ void TcpLane::fail_all(const Status& why, bool sender_gone) {
     expired_.clear();
   }
   ::shutdown(fd_.get(), SHUT_RDWR);
-  cv_.notify_all();
   for (TcpChunk& c : queued) finish(c, loss_status(c, why));
   for (TcpChunk& c : flying) finish(c, loss_status(c, why));
 }

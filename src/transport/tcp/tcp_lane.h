@@ -1,13 +1,22 @@
-// TcpLane: one connection of a TcpLink (tcp_link.h) to the peer's receiver, with the sender
-// thread that writes its request frames (and WRITE payloads straight from local memory) and
-// the reader thread that reads the answers (acks, READ payloads); and the request chunks
-// (TcpChunk) and the constants the link and its lanes share. Private to the tcp transport:
-// tcp_lane.cc connects a lane and fails or expires what it carries, tcp_lane_send.cc sends,
-// tcp_lane_receive.cc reads the answers, tcp_link.cc cuts a part into chunks for the lanes.
+// TcpLane: one connection of a TcpLink (tcp_link.h) to the peer's receiver, which sends request
+// frames (and WRITE payloads straight from local memory) and reads the answers (acks, READ
+// payloads); and the request chunks (TcpChunk) and the constants the link and its lanes share.
+// Private to the tcp transport: tcp_lane.cc connects a lane, tends it and fails or expires
+// what it carries, tcp_lane_send.cc sends, tcp_lane_receive.cc reads the answers, tcp_link.cc
+// cuts a part into chunks for the lanes.
 //
-// Owned by its TcpLink (shared_ptr; a waiter reading its batch's answers holds a weak_ptr).
-// Thread-safety: broken(), idle(), enqueue() and read_for() may be called from any thread;
-// the sending and reading roles (see sending_, reading_) decide who uses the socket.
+// A lane has no thread of its own. Two roles use its socket, each held by one thread at a
+// time: sending (sending_), by the posting thread of a small part on an idle lane, else by a
+// turn on the transport's I/O pool (TcpLaneService); and reading (reading_), by the thread
+// waiting for a batch whose answer is due here (read_for), else by a turn on the pool, started
+// when a request is sent that no waiter reads, or when the connection turns readable while
+// nobody holds the role (the pool watches it then), or by the lane's tending. Between turns,
+// a lane that waits for answers or sits idle is only a descriptor in the pool's epoll set.
+//
+// Owned by its TcpLink (shared_ptr; a waiter reading its batch's answers holds a weak_ptr, a
+// turn on the pool a shared_ptr).
+// Thread-safety: broken(), idle(), enqueue(), read_for(), tend() and close() may be called
+// from any thread; the sending and reading roles decide who uses the socket.
 #pragma once
 
 #include <fmt/format.h>
@@ -18,7 +27,6 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -26,12 +34,13 @@
 #include <mutex>
 #include <span>
 #include <string>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "core/io_pool.h"
 #include "core/spin_gate.h"
 #include "transport/tcp/tcp_device_lander.h"
+#include "transport/tcp/tcp_lane_service.h"
 #include "transport/tcp/tcp_link.h"
 #include "transport/tcp/tcp_wire.h"
 
@@ -58,7 +67,7 @@ struct TcpChunk {
   // hot for its answer).
   bool sole = false;
   // Sent on the posting thread, whose wait for the batch reads the answer (the reading
-  // role): the reader thread leaves it alone for kWaiterReadGrace after it was sent.
+  // role): no reading turn starts for it until kWaiterReadGrace after it was sent.
   bool waiter_reads = false;
   Clock::time_point sent_at{};
   // A WRITE completes only when it is both acknowledged and its sendmsg has returned:
@@ -82,8 +91,8 @@ struct TcpChunk {
 // Chunks per sendmsg: a header and a payload iovec each, within IOV_MAX.
 inline constexpr size_t kMaxGather = 512;
 // A lane that is idle sends a post's chunks on the posting thread when they are at most this
-// many bytes: the socket buffer takes them at once, and the hand-off to the sender thread (a
-// wake-up, tens of microseconds on a busy machine) is the largest cost of a small op.
+// many bytes: the socket buffer takes them at once, and the hand-off to a sending turn on the
+// pool (a wake-up, tens of microseconds on a busy machine) is the largest cost of a small op.
 inline constexpr uint64_t kInlineSendBytes = uint64_t{256} << 10;
 // A part of at most this many bytes goes on one lane (as one frame when its ops pack), sent on
 // the posting thread, and its answer is read by the thread that waits for the batch (see
@@ -94,11 +103,12 @@ inline constexpr uint64_t kOneLaneBytes = uint64_t{512} << 10;
 // part, if that is less): with four lanes, a 1 MiB READ cut in four 256 KiB chunks woke four
 // readers and took longer than two chunks of 512 KiB (docs/TRANSPORTS.md "tcp lanes").
 inline constexpr uint64_t kStripeChunkBytes = uint64_t{1} << 20;
-// How long the reader thread leaves an answer to the posting thread's wait: a batch that
-// nobody waits for (status() polling) is read by the reader thread after this.
+// How long an answer is left to the posting thread's wait: a batch that nobody waits for
+// (status() polling) is read by a reading turn after this.
 inline constexpr std::chrono::microseconds kWaiterReadGrace{1000};
-// A lane without a request for this long is idle: its reader thread waits in poll() for a
-// closed connection (up to this long at a time) instead of on its condition variable.
+// A lane without a request for this long is idle: the pool watches its connection (for its
+// peer closing it) and it is no longer tended. While it carries requests it is tended this
+// often (their batches' deadlines).
 inline constexpr std::chrono::milliseconds kReaderIdleSleep{50};
 // After the answer to a lone request (one that had the lane to itself) the reader polls
 // without sleeping for kTcpHotTime before it blocks (tcp_wire.h), and the waiter of a lone
@@ -151,7 +161,7 @@ struct SentFrame {
   bool expired = false;  // its deadline was dealt with
 };
 
-class TcpLane {
+class TcpLane : public std::enable_shared_from_this<TcpLane> {
  public:
   // Connects and runs the tcp handshake, all of it before `deadline`.
   static Result<std::shared_ptr<TcpLane>> connect(const TcpLinkOptions& o,
@@ -169,37 +179,50 @@ class TcpLane {
     return !broken_ && !sending_ && queue_.empty() && in_flight_.empty();
   }
 
-  // Queues the chunks for the sender thread, or, when `send_here_if_idle` and nobody is
-  // sending on this lane, sends them on the calling thread (and, with `waiter_reads`, leaves
-  // their answers to that thread's wait for the batch: read_for).
+  // Queues the chunks for a sending turn on the pool, or, when `send_here_if_idle` and nobody
+  // is sending on this lane, sends them on the calling thread (and, with `waiter_reads`,
+  // leaves their answers to that thread's wait for the batch: read_for).
   void enqueue(std::vector<TcpChunk>& chunks, bool send_here_if_idle, bool waiter_reads = false) {
     bool send_here = false;
+    bool start_turn = false;
     {
       std::lock_guard lock(mu_);
-      if (!broken_) {
+      if (!broken_ && !stopping_) {
         if (send_here_if_idle && !sending_ && queue_.empty() && chunks.size() <= kMaxGather) {
           sending_ = true;
           send_here = true;
         } else {
           for (TcpChunk& c : chunks) queue_.push_back(std::move(c));
           chunks.clear();
+          start_turn = !std::exchange(sending_, true);
         }
       }
     }
     if (send_here) {
       for (TcpChunk& c : chunks) c.waiter_reads = waiter_reads;
+      send_turn_ = false;
       send_chunks(chunks);
       release_sending();
       return;
     }
+    if (start_turn) post_send_turn();
     // A lane that broke meanwhile fails what it was given.
     for (TcpChunk& c : chunks) finish(c, broken_status());
-    cv_.notify_one();
   }
+
+  // Closes the connection: everything queued or in flight fails (PeerDisconnected), and a
+  // turn under way ends. For the link that drops the lane; a turn may hold it a little longer.
+  void close();
+
+  // Run by the service at the time the lane asked for (want_tending_locked): starts a reading
+  // turn for answers a waiter left past kWaiterReadGrace, fails requests past their batch's
+  // deadline while nobody reads, and has the pool watch a lane gone quiet. Returns when it
+  // wants to run next (time_point::max(): not until it asks again).
+  Clock::time_point tend(Clock::time_point now);
 
  private:
   TcpLane(Fd fd, std::string peer, int64_t offset_ns, std::chrono::milliseconds frame_rest_timeout,
-          std::shared_ptr<TcpDeviceStaging> device);
+          std::shared_ptr<TcpDeviceStaging> device, std::shared_ptr<TcpLaneService> service);
 
   Status broken_status() const {
     std::lock_guard lock(mu_);
@@ -224,34 +247,31 @@ class TcpLane {
   // disconnection for it, even when the lane died of another batch's timeout.
   Status loss_status(const TcpChunk& c, const Status& why) const;
 
-  // Gives up the sending role; the sender thread takes what was queued meanwhile.
+  // Gives up the sending role, or hands it to a sending turn for what was queued meanwhile.
   void release_sending() {
     bool more = false;
     {
       std::lock_guard lock(mu_);
-      sending_ = false;
-      more = !queue_.empty();
+      more = !queue_.empty() && !broken_ && !stopping_;
+      sending_ = more;
     }
-    if (more) cv_.notify_one();
+    if (more) post_send_turn();
   }
 
-  void send_loop();
+  void post_send_turn() {
+    service_->pool().post([self = shared_from_this()] { self->send_turn(); });
+  }
+
+  // A sending turn: sends what is queued until the queue is empty, then gives up the role.
+  void send_turn();
 
   // Registers the chunks as in flight and sends them in one gathered sendmsg (or as few as
   // the socket needs). Only the holder of the sending role calls it. False: the lane broke
   // (everything on it has been failed).
   bool send_chunks(std::vector<TcpChunk>& chunks);
 
-  // After a send: the reader thread, asleep on reader_cv_, reads the answers (unless a waiter
-  // reads them: then it looks again after kWaiterReadGrace).
-  void wake_reader(bool waiter_reads) {
-    if (waiter_reads) return;
-    bool wake = false;
-    {
-      std::lock_guard lock(mu_);
-      wake = reader_asleep_;
-    }
-    if (wake) reader_cv_.notify_one();
+  void post_read_turn() {
+    service_->pool().post([self = shared_from_this()] { self->read_turn(); });
   }
 
   // Marks the requests as sent (their sendmsg has returned: nothing reads their memory
@@ -320,10 +340,6 @@ class TcpLane {
   // deadline.
   bool expire_overdue();
 
-  // Waits until input is available: polls without sleeping until `hot_until`, then sleeps
-  // (waking every 50 ms to expire overdue requests). False: the reader is done.
-  bool wait_readable(Clock::time_point hot_until);
-
   // Fills `out` from the input buffer, then from the socket (large remainders straight into
   // `out`, with what follows into the buffer), until `deadline`.
   Status read_input(std::span<std::byte> out, Clock::time_point deadline) {
@@ -336,8 +352,8 @@ class TcpLane {
   // when at least kDirectReceiveBytes are still wanted.
   Status read_input_scatter(std::span<iovec> parts, Clock::time_point deadline);
 
-  // True once, when the lane has just gone idle after carrying a single request that the
-  // reader thread answers (a waiter that reads its own answers waits hot itself).
+  // True once, when the lane has just gone idle after carrying a single request that a
+  // reading turn answered (a waiter that reads its own answers waits hot itself).
   bool lone_answered() {
     std::lock_guard lock(mu_);
     if (!in_flight_.empty()) return false;
@@ -350,10 +366,10 @@ class TcpLane {
 
  public:
   // The reading role, taken by the thread that waits for `batch` (its BatchHelper): while
-  // the lane's reader thread rests and the batch has a request in flight here, reads the
-  // lane's answers on this thread (those of other batches too) until the batch has none left
-  // here, or `until`. So the answer wakes the waiter itself, not the reader thread that would
-  // then wake it. Landing in device memory stays the reader thread's.
+  // nobody else reads and the batch has a request in flight here, reads the lane's answers on
+  // this thread (those of other batches too) until the batch has none left here, or `until`.
+  // So the answer wakes the waiter itself, not a reading turn that would then wake it.
+  // Landing in device memory is left to reading turns.
   void read_for(const BatchProgress* batch, Clock::time_point until);
 
  private:
@@ -371,37 +387,38 @@ class TcpLane {
     return found;
   }
 
-  // The reader thread takes the reading role when there is something for it to read: input
-  // already buffered, or a request in flight that no waiter reads (one left to a waiter is
-  // its own after kWaiterReadGrace). While requests are left to waiters, or the lane was busy
-  // within kReaderIdleSleep, it sleeps on reader_cv_ (kWaiterReadGrace at a time); on an idle
-  // lane it holds the role and sleeps in poll(), so a closed connection is seen at once
-  // (`readable`: input came, to be read). False: the lane is done.
-  bool take_reading_role(bool& readable);
-
-  // Gives up the reading role; the reader thread takes what is left.
-  void release_reading_role() {
-    bool wake = false;
-    {
-      std::lock_guard lock(mu_);
-      reading_ = false;
-      wake = reader_asleep_ && (in_pos_ != in_end_ || !in_flight_.empty());
-    }
-    if (wake) reader_cv_.notify_one();
-  }
-
-  // Whether the reader thread may give up the reading role now: nothing it must read is in
-  // flight (input buffered is read first).
-  bool thread_may_rest() {
-    std::lock_guard lock(mu_);
-    const Clock::time_point now = Clock::now();
+  // Whether a reading turn must read: a request is in flight that no waiter reads, or one
+  // left to a waiter past kWaiterReadGrace. mu_ held.
+  bool must_read_locked(Clock::time_point now) const {
     for (const auto& [id, c] : in_flight_) {
-      if (!c.waiter_reads || now >= c.sent_at + kWaiterReadGrace) return false;
+      if (!c.waiter_reads || now >= c.sent_at + kWaiterReadGrace) return true;
     }
-    return true;
+    return false;
   }
 
-  void read_loop();
+  // Gives up the reading role (a waiter's), or hands it to a reading turn when there is
+  // something to read.
+  void release_reading_role();
+
+  // A reading turn: holds the reading role (taken for it) and reads answers while they come
+  // (hot for a while after a lone one), then gives the role up (end_reading_turn).
+  void read_turn();
+
+  // The end of a reading turn, with nothing received: gives up the role, and has the pool
+  // watch the connection if an answer is still due that no waiter reads.
+  void end_reading_turn();
+
+  // The pool's watch saw the connection readable (or closed): a reading turn, here, unless
+  // someone holds the role.
+  void on_ready();
+
+  // Asks the service to run tend() by `when` (never later than already asked). mu_ held.
+  void want_tending_locked(Clock::time_point when);
+
+  // When the lane next needs tend(): the end of a waiter's grace, the next look at its batches'
+  // deadlines while it carries anything, or the moment it counts as idle (to be watched).
+  // mu_ held.
+  Clock::time_point next_tend_locked(Clock::time_point now) const;
 
   // Reads one answer frame and acts on it (a frame has started: the rest follows promptly
   // from a live peer). False: the lane failed (fail_all done).
@@ -468,9 +485,11 @@ class TcpLane {
   std::string peer_;
   int64_t clock_offset_ns_;
   std::chrono::milliseconds frame_rest_timeout_;  // TcpLinkOptions::frame_rest_timeout
-  TcpLanderSet landers_;                          // reader thread only
+  TcpLanderSet landers_;                          // the reading role's
+  std::shared_ptr<TcpLaneService> service_;
+  // The pool's watch of fd_ (set once, by connect): declared after fd_, destroyed before it.
+  std::unique_ptr<IoPool::Watch> watch_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   std::deque<TcpChunk> queue_;                        // guarded by mu_
   std::unordered_map<uint64_t, TcpChunk> in_flight_;  // guarded by mu_
   bool broken_ = false;                               // guarded by mu_
@@ -489,14 +508,20 @@ class TcpLane {
   bool shared_since_idle_ = false;
   // A request whose answer a waiter reads was carried since the lane was last idle (mu_).
   bool waiter_read_since_idle_ = false;
-  // The reading role (guarded by mu_): someone reads the lane's input (the reader thread or
-  // a waiter, read_for); only its holder touches the input buffer and the landers.
+  // The reading role (guarded by mu_): someone reads the lane's input (a reading turn, from
+  // the moment it is posted, or a waiter, read_for); only its holder touches the input
+  // buffer and the landers.
   bool reading_ = false;
   SpinGate spin_;  // the reading role's (whoever holds it): polls only while polling pays
-  bool reader_asleep_ = false;           // guarded by mu_: the reader thread waits on reader_cv_
+  bool armed_ = true;  // guarded by mu_: the watch fires when the connection turns readable
   Clock::time_point last_registered_{};  // guarded by mu_: the last request sent
-  std::condition_variable reader_cv_;
-  // The sending role's scratch (only its holder touches them).
+  // Guarded by mu_: the time tend() was asked for (max: none), and whether the service lists
+  // the lane.
+  Clock::time_point tend_at_ = Clock::time_point::max();
+  bool listed_ = false;
+  // The sending role's scratch (only its holder touches them). send_turn_: held by a sending
+  // turn on the pool (not a posting thread, which waits only for its own frames).
+  bool send_turn_ = false;
   std::vector<std::array<std::byte, kTcpHeaderBytes>> headers_ =
       std::vector<std::array<std::byte, kTcpHeaderBytes>>(kMaxGather);
   std::vector<iovec> iov_;
@@ -510,8 +535,6 @@ class TcpLane {
   std::unique_ptr<std::byte[]> input_ = std::make_unique<std::byte[]>(kReaderBufferBytes);
   size_t in_pos_ = 0;
   size_t in_end_ = 0;
-  std::thread sender_;
-  std::thread reader_;
 };
 
 }  // namespace kvferry::detail

@@ -1,4 +1,4 @@
-// TcpLane's reading side: the reader thread and the reading role a waiter may take
+// TcpLane's reading side: reading turns on the pool and the reading role a waiter may take
 // (read_for), the hot wait after a lone request, and the answers: acks, READ payloads
 // received straight into local memory or landed in device memory, late answers absorbed.
 #include <fmt/format.h>
@@ -14,28 +14,6 @@
 #include "transport/tcp/tcp_lane.h"
 
 namespace kvferry::detail {
-
-bool TcpLane::wait_readable(Clock::time_point hot_until) {
-  for (;;) {
-    pollfd p{fd_.get(), POLLIN, 0};
-    const Clock::time_point began = Clock::now();
-    const bool hot = began < hot_until;
-    int rc = ::poll(&p, 1, hot ? 0 : 50);
-    if (rc > 0) return true;
-    if (hot) {
-      if (rc == 0 && !spin_.keep_polling(began, Clock::now())) hot_until = Clock::time_point{};
-      continue;
-    }
-    {
-      std::lock_guard lock(mu_);
-      if (stopping_ || broken_) return false;
-    }
-    if (rc == 0 && expire_overdue()) {
-      fail_all(Timeout("peer " + peer_ + " sent nothing past the batch deadlines"));
-      return false;
-    }
-  }
-}
 
 Status TcpLane::read_input_scatter(std::span<iovec> parts, Clock::time_point deadline) {
   size_t first = 0;
@@ -145,77 +123,66 @@ void TcpLane::read_for(const BatchProgress* batch, Clock::time_point until) {
   release_reading_role();
 }
 
-bool TcpLane::take_reading_role(bool& readable) {
-  readable = false;
-  std::unique_lock lock(mu_);
-  for (;;) {
-    if (stopping_ || broken_) return false;
+void TcpLane::release_reading_role() {
+  bool start = false;
+  {
+    std::lock_guard lock(mu_);
     const Clock::time_point now = Clock::now();
-    if (!reading_) {
-      bool needed = in_pos_ != in_end_;
-      for (const auto& [id, c] : in_flight_) {
-        if (!c.waiter_reads || now >= c.sent_at + kWaiterReadGrace) needed = true;
-      }
-      if (needed) {
-        reading_ = true;
-        return true;
-      }
-      if (in_flight_.empty() && now - last_registered_ >= kReaderIdleSleep) {
-        reading_ = true;
-        lock.unlock();
-        pollfd p{fd_.get(), POLLIN, 0};
-        if (::poll(&p, 1, static_cast<int>(kReaderIdleSleep.count())) > 0) {
-          readable = true;
-          return true;
-        }
-        lock.lock();
-        reading_ = false;
-        continue;
-      }
-    }
-    reader_asleep_ = true;
-    reader_cv_.wait_until(lock, now + kWaiterReadGrace);
-    reader_asleep_ = false;
+    start = !stopping_ && !broken_ && (in_pos_ != in_end_ || must_read_locked(now));
+    reading_ = start;
+    if (!start) want_tending_locked(next_tend_locked(now));
   }
+  if (start) post_read_turn();
 }
 
-void TcpLane::read_loop() {
+void TcpLane::end_reading_turn() {
+  std::lock_guard lock(mu_);
+  reading_ = false;
+  const Clock::time_point now = Clock::now();
+  if (!stopping_ && !broken_ && must_read_locked(now) && !armed_) {
+    armed_ = true;  // nothing has come yet: the answer wakes a turn when it does
+    watch_->arm();
+  }
+  want_tending_locked(next_tend_locked(now));
+}
+
+void TcpLane::on_ready() {
+  {
+    std::lock_guard lock(mu_);
+    armed_ = false;
+    if (reading_ || stopping_ || broken_) return;  // the holder reads it
+    reading_ = true;
+  }
+  read_turn();
+}
+
+void TcpLane::read_turn() {
   std::array<std::byte, kTcpHeaderBytes> raw{};
   Clock::time_point hot_until{};
-  bool readable = false;
   for (;;) {
-    if (!take_reading_role(readable)) return;
-    for (;;) {
-      if (in_pos_ == in_end_ && !std::exchange(readable, false)) {
-        if (thread_may_rest()) {
-          // Waits hot for the next answer after a lone one, then rests.
-          if (Clock::now() >= hot_until) break;
-          const int got = receive_hot(hot_until);
-          if (got < 0) {
-            release_reading_role();
-            return;
-          }
-          if (got == 0) continue;
-        } else if (!wait_readable(hot_until)) {
-          release_reading_role();
-          return;
-        }
-      }
-      {
-        std::lock_guard lock(mu_);
-        if (stopping_ || broken_) {
-          reading_ = false;
-          return;
-        }
-      }
-      if (!read_frame(raw)) {
-        release_reading_role();
+    {
+      std::lock_guard lock(mu_);
+      if (stopping_ || broken_) {
+        reading_ = false;
         return;
       }
-      hot_until = lone_answered() ? spin_.open(Clock::now(), kTcpHotTime) : Clock::time_point{};
     }
-    release_reading_role();
+    if (in_pos_ == in_end_) {
+      // Waits hot for the next answer after a lone one; otherwise takes only what is there.
+      const bool hot = Clock::now() < hot_until;
+      const int got = hot ? receive_hot(hot_until) : receive_now();
+      if (got < 0) break;  // failed (fail_all done)
+      if (got == 0) {
+        if (hot) continue;
+        end_reading_turn();
+        return;
+      }
+    }
+    if (!read_frame(raw)) break;
+    hot_until = lone_answered() ? spin_.open(Clock::now(), kTcpHotTime) : Clock::time_point{};
   }
+  std::lock_guard lock(mu_);
+  reading_ = false;
 }
 
 Status TcpLane::on_frame(const std::byte* raw) {

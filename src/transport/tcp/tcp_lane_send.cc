@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <climits>
 #include <optional>
-#include <thread>
 
 #include "core/byte_codec.h"
 #include "transport/tcp/tcp_lane.h"
@@ -30,28 +29,32 @@ const std::byte* zero_payload() {
 
 }  // namespace
 
-void TcpLane::send_loop() {
+void TcpLane::send_turn() {
+  send_turn_ = true;
   std::vector<TcpChunk> batch_of_chunks;
   for (;;) {
     batch_of_chunks.clear();
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return stopping_ || broken_ || (!queue_.empty() && !sending_); });
-      if (stopping_ || broken_) return;
-      sending_ = true;
+      std::lock_guard lock(mu_);
+      // A lane that broke (or closed) failed its queue then.
+      if (stopping_ || broken_ || queue_.empty()) {
+        sending_ = false;
+        return;
+      }
       while (!queue_.empty() && batch_of_chunks.size() < kMaxGather) {
         batch_of_chunks.push_back(std::move(queue_.front()));
         queue_.pop_front();
       }
     }
-    const bool ok = send_chunks(batch_of_chunks);
-    release_sending();
-    if (!ok) return;
+    if (!send_chunks(batch_of_chunks)) {
+      std::lock_guard lock(mu_);
+      sending_ = false;
+      return;
+    }
   }
 }
 
 bool TcpLane::send_chunks(std::vector<TcpChunk>& chunks) {
-  const bool waiter_reads = !chunks.empty() && chunks.front().waiter_reads;
   iov_.clear();
   sent_ids_.clear();
   // The tables are encoded into the sending role's buffer (never the chunk's: a chunk may
@@ -113,6 +116,10 @@ bool TcpLane::send_chunks(std::vector<TcpChunk>& chunks) {
         if (c.waiter_reads) {
           c.sent_at = last_registered_;
           waiter_read_since_idle_ = true;
+          want_tending_locked(c.sent_at + kWaiterReadGrace);  // in case the waiter never reads
+        } else if (!reading_ && !armed_) {
+          armed_ = true;  // the answer starts a reading turn when it comes
+          watch_->arm();
         }
         in_flight_.emplace(h.request_id, std::move(c));
         peak_in_flight_ = std::max(peak_in_flight_, in_flight_.size());
@@ -169,7 +176,6 @@ bool TcpLane::send_chunks(std::vector<TcpChunk>& chunks) {
     return false;
   }
   finish_sent(sent_ids_);
-  wake_reader(waiter_reads);
   return true;
 }
 
@@ -260,7 +266,7 @@ Clock::time_point TcpLane::expire_frames(std::vector<iovec>& iov, size_t first, 
 
 Status TcpLane::send_iov(std::vector<iovec>& iov) {
   if (zero_payload() == nullptr) return Internal("cannot map the zero payload");
-  const bool posting_thread = std::this_thread::get_id() != sender_.get_id();
+  const bool posting_thread = !send_turn_;
   size_t first = 0;
   uint64_t sent_bytes = 0;
   Clock::time_point own_latest{};

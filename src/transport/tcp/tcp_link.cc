@@ -13,7 +13,7 @@ TcpLink::TcpLink(TcpLinkOptions options) : options_(std::move(options)) {
   connecting_.resize(lanes_.size(), false);
 }
 
-TcpLink::~TcpLink() = default;
+TcpLink::~TcpLink() { shutdown(); }
 
 Result<std::shared_ptr<TcpLane>> TcpLink::lane(size_t index, Clock::time_point batch_deadline) {
   std::unique_lock lock(mu_);
@@ -67,7 +67,10 @@ size_t TcpLink::quiet_lane() {
 
 void TcpLink::shutdown() {
   std::lock_guard lock(mu_);
-  for (auto& lane : lanes_) lane.reset();  // each lane fails what it carries and joins
+  for (auto& lane : lanes_) {
+    if (lane) lane->close();  // fails what it carries
+    lane.reset();
+  }
 }
 
 Result<TcpDeviceStager*> TcpLink::stager() {

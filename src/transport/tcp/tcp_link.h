@@ -47,6 +47,8 @@ namespace kvferry::detail {
 inline constexpr uint64_t kTcpChunkBytes = 4ull << 20;
 inline constexpr uint64_t kTcpMinChunkBytes = 256ull << 10;
 
+class TcpLaneService;
+
 struct TcpLinkOptions {
   Endpoint endpoint;  // the peer's tcp data endpoint
   std::string peer_name;
@@ -58,6 +60,8 @@ struct TcpLinkOptions {
   std::chrono::milliseconds frame_rest_timeout = kDefaultFrameRestTimeout;
   // Device memory staging, shared by the engine's tcp links and receiver (null: none).
   std::shared_ptr<TcpDeviceStaging> device;
+  // The transport's I/O pool and lane tending (tcp_lane_service.h).
+  std::shared_ptr<TcpLaneService> service;
 };
 
 class TcpLane;

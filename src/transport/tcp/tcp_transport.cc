@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "transport/tcp/tcp_lane_service.h"
 #include "transport/tcp/tcp_link.h"
 #include "transport/tcp/tcp_server.h"
 #include "transport/tcp/tcp_staging_pool.h"
@@ -12,10 +13,12 @@ namespace {
 class TcpTransport final : public Transport {
  public:
   TcpTransport(const TransportEnv& env, std::unique_ptr<TcpServer> server,
-               std::shared_ptr<TcpDeviceStaging> device)
+               std::shared_ptr<TcpDeviceStaging> device,
+               std::shared_ptr<detail::TcpLaneService> lanes)
       : env_(env),
         server_(std::move(server)),
         device_(std::move(device)),
+        lanes_(std::move(lanes)),
         endpoint_(server_->endpoint().to_string()) {}
 
   TransportKind kind() const override { return TransportKind::kTcp; }
@@ -61,6 +64,7 @@ class TcpTransport final : public Transport {
     link.secret = env_.secret;
     link.frame_rest_timeout = env_.frame_rest_timeout;
     link.device = device_;
+    link.service = lanes_;
     return std::shared_ptr<TransportLink>(std::make_shared<detail::TcpLink>(std::move(link)));
   }
 
@@ -68,6 +72,7 @@ class TcpTransport final : public Transport {
   TransportEnv env_;
   std::unique_ptr<TcpServer> server_;
   std::shared_ptr<TcpDeviceStaging> device_;
+  std::shared_ptr<detail::TcpLaneService> lanes_;  // shared with the links' lanes
   std::string endpoint_;
 };
 
@@ -107,7 +112,9 @@ Result<std::unique_ptr<Transport>> make_tcp_transport(const TransportEnv& env) {
   tcp.frame_rest_timeout = env.frame_rest_timeout;
   tcp.device = device;
   KVF_ASSIGN_OR_RETURN(auto server, TcpServer::start(tcp, env.local_regions));
-  return std::unique_ptr<Transport>(new TcpTransport(env, std::move(server), std::move(device)));
+  KVF_ASSIGN_OR_RETURN(auto lanes, detail::TcpLaneService::create());
+  return std::unique_ptr<Transport>(
+      new TcpTransport(env, std::move(server), std::move(device), std::move(lanes)));
 }
 
 }  // namespace kvferry
