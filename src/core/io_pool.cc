@@ -48,7 +48,7 @@ void epoll_rearm(int epoll, int fd, uint32_t events, uint64_t id) {
 struct IoPool::State : std::enable_shared_from_this<IoPool::State> {
   Options options;
   Fd epoll;
-  Fd tasks;  // eventfd (semaphore): one count per queued task
+  Fd tasks;  // eventfd (semaphore, one-shot): one count per queued task
   Fd stop;   // eventfd, written once and never read: wakes every worker, for good
   Fd timer;  // timerfd
 
@@ -131,8 +131,12 @@ struct IoPool::State : std::enable_shared_from_this<IoPool::State> {
   bool handle(uint64_t id) {
     if (id == kTasksId || id == kStopId) {
       if (id == kTasksId) {
+        // One-shot, re-armed once a count is taken: a level-triggered descriptor would wake
+        // every waiting worker for each task (each finds it ready until one reads it).
         uint64_t one = 0;
-        if (::read(tasks.get(), &one, sizeof(one)) != sizeof(one)) return true;  // taken
+        const bool took = ::read(tasks.get(), &one, sizeof(one)) == sizeof(one);
+        epoll_rearm(epoll.get(), tasks.get(), EPOLLIN | EPOLLONESHOT, kTasksId);
+        if (!took) return true;
       }
       std::function<void()> task;
       {
@@ -188,7 +192,8 @@ Result<std::unique_ptr<IoPool>> IoPool::create(Options options) {
   if (!s->epoll.valid() || !s->tasks.valid() || !s->stop.valid() || !s->timer.valid()) {
     return ErrnoStatus(StatusCode::kInternal, "IoPool descriptors", errno);
   }
-  KVF_RETURN_IF_ERROR(epoll_add(s->epoll.get(), s->tasks.get(), EPOLLIN, kTasksId));
+  KVF_RETURN_IF_ERROR(
+      epoll_add(s->epoll.get(), s->tasks.get(), EPOLLIN | EPOLLONESHOT, kTasksId));
   KVF_RETURN_IF_ERROR(epoll_add(s->epoll.get(), s->stop.get(), EPOLLIN, kStopId));
   KVF_RETURN_IF_ERROR(
       epoll_add(s->epoll.get(), s->timer.get(), EPOLLIN | EPOLLONESHOT, kTimerId));

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <random>
 #include <span>
 #include <thread>
@@ -52,6 +53,46 @@ TEST(TcpTransfer, WriteAndReadArriveIntactAcrossLanes) {
   op.kind = OpKind::kRead;
   ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
   EXPECT_FALSE(find_pattern_mismatch(src, 2));
+}
+
+size_t threads_of_this_process() {
+  return static_cast<size_t>(std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                                           std::filesystem::directory_iterator{}));
+}
+
+// A lane has no thread of its own: an engine's threads do not grow with its tcp peers (each
+// reached over every lane, by a striped WRITE and a small READ), only with the turns that
+// run at once.
+TEST(TcpTransfer, TheInitiatorsThreadsStayFlatAsItsTcpPeersGrow) {
+  constexpr size_t kPeers = 12;
+  constexpr size_t kBytes = 4u << 20;  // striped over the four lanes
+  constexpr size_t kReadBytes = 64u << 10;
+  std::vector<std::vector<std::byte>> remote(kPeers, std::vector<std::byte>(kBytes));
+  std::vector<std::byte> src(kBytes), back(kReadBytes);
+  fill_pattern(src, 3);
+  auto client = engine_with("flat-client");
+  ASSERT_TRUE(client->register_memory(src.data(), src.size()).ok());
+  ASSERT_TRUE(client->register_memory(back.data(), back.size()).ok());
+  std::vector<std::unique_ptr<TransferEngine>> targets;
+  for (size_t i = 0; i < kPeers; ++i) {
+    targets.push_back(engine_with("flat-target-" + std::to_string(i)));
+    ASSERT_TRUE(targets.back()->register_memory(remote[i].data(), kBytes).ok());
+  }
+  size_t with_one_peer = 0;
+  for (size_t i = 0; i < kPeers; ++i) {
+    PeerHandle peer = open_tcp(*client, *targets[i]);
+    TransferOp write{OpKind::kWrite, addr_of(src.data()), addr_of(remote[i].data()), kBytes};
+    ASSERT_TRUE(client->transfer_sync(peer, {&write, 1}).ok());
+    EXPECT_FALSE(find_pattern_mismatch(remote[i], 3)) << "peer " << i;
+    fill_pattern(std::span(remote[i]).first(kReadBytes), 100 + i);
+    TransferOp read{OpKind::kRead, addr_of(back.data()), addr_of(remote[i].data()), kReadBytes};
+    ASSERT_TRUE(client->transfer_sync(peer, {&read, 1}).ok());
+    EXPECT_FALSE(find_pattern_mismatch(back, 100 + i)) << "peer " << i;
+    if (i == 0) with_one_peer = threads_of_this_process();
+  }
+  // Two threads per lane would add 88 here; a few workers may start for turns that overlap.
+  EXPECT_LE(threads_of_this_process(), with_one_peer + 4)
+      << "threads with one tcp peer: " << with_one_peer;
 }
 
 TEST(TcpTransfer, TenThousandSmallOpsArriveInTheirPlaces) {
