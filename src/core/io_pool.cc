@@ -95,8 +95,7 @@ struct IoPool::State : std::enable_shared_from_this<IoPool::State> {
   void run() {
     std::unique_lock lock(mu);
     for (;;) {
-      const int timeout =
-          threads > options.keep ? static_cast<int>(options.idle_exit.count()) : -1;
+      const int timeout = threads > options.keep ? static_cast<int>(options.idle_exit.count()) : -1;
       lock.unlock();
       epoll_event ev{};
       const int n = ::epoll_wait(epoll.get(), &ev, 1, timeout);
@@ -192,11 +191,9 @@ Result<std::unique_ptr<IoPool>> IoPool::create(Options options) {
   if (!s->epoll.valid() || !s->tasks.valid() || !s->stop.valid() || !s->timer.valid()) {
     return ErrnoStatus(StatusCode::kInternal, "IoPool descriptors", errno);
   }
-  KVF_RETURN_IF_ERROR(
-      epoll_add(s->epoll.get(), s->tasks.get(), EPOLLIN | EPOLLONESHOT, kTasksId));
+  KVF_RETURN_IF_ERROR(epoll_add(s->epoll.get(), s->tasks.get(), EPOLLIN | EPOLLONESHOT, kTasksId));
   KVF_RETURN_IF_ERROR(epoll_add(s->epoll.get(), s->stop.get(), EPOLLIN, kStopId));
-  KVF_RETURN_IF_ERROR(
-      epoll_add(s->epoll.get(), s->timer.get(), EPOLLIN | EPOLLONESHOT, kTimerId));
+  KVF_RETURN_IF_ERROR(epoll_add(s->epoll.get(), s->timer.get(), EPOLLIN | EPOLLONESHOT, kTimerId));
   {
     std::lock_guard lock(s->mu);
     for (int i = 0; i < s->options.keep; ++i) s->start_worker_locked();

@@ -512,7 +512,7 @@ class TcpLane : public std::enable_shared_from_this<TcpLane> {
   // the moment it is posted, or a waiter, read_for); only its holder touches the input
   // buffer and the landers.
   bool reading_ = false;
-  SpinGate spin_;  // the reading role's (whoever holds it): polls only while polling pays
+  SpinGate spin_;      // the reading role's (whoever holds it): polls only while polling pays
   bool armed_ = true;  // guarded by mu_: the watch fires when the connection turns readable
   Clock::time_point last_registered_{};  // guarded by mu_: the last request sent
   // Guarded by mu_: the time tend() was asked for (max: none), and whether the service lists
