@@ -336,16 +336,19 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
     }
     added.push_back(std::move(entry));
   }
-  // Two sorted runs (what was registered, what this call adds) merge into the new snapshot.
-  std::vector<RegionEntry> added_by_addr;
-  added_by_addr.reserve(added.size());
-  for (size_t i : by_addr) added_by_addr.push_back(std::move(added[i]));
+  // Two sorted runs (what was registered, and what this call adds in by_addr's order) merge
+  // into the new snapshot.
   const std::span<const RegionEntry> existing = current->entries();
   std::vector<RegionEntry> entries;
-  entries.reserve(existing.size() + added_by_addr.size());
-  std::merge(existing.begin(), existing.end(), std::make_move_iterator(added_by_addr.begin()),
-             std::make_move_iterator(added_by_addr.end()), std::back_inserter(entries),
-             [](const RegionEntry& a, const RegionEntry& b) { return a.addr < b.addr; });
+  entries.reserve(existing.size() + added.size());
+  size_t old_at = 0;
+  for (size_t i : by_addr) {
+    while (old_at < existing.size() && existing[old_at].addr < added[i].addr) {
+      entries.push_back(existing[old_at++]);
+    }
+    entries.push_back(std::move(added[i]));
+  }
+  entries.insert(entries.end(), existing.begin() + static_cast<ptrdiff_t>(old_at), existing.end());
   local_regions_.store(std::make_shared<const RegionIndex>(std::move(entries)));
   publish_locked().ignore();
   return Status::Ok();
@@ -365,10 +368,21 @@ Status EngineImpl::publish_locked() {
   for (const auto& t : transports_) {
     if (t) t->describe(d);
   }
+  // Each region through one scratch descriptor: no copy of them all.
+  std::string regions = "[";
+  RegionDescriptor scratch;
   for (const RegionEntry& e : local_regions_.load()->entries()) {
-    d.regions.push_back(RegionDescriptor{e.addr, e.length, e.location, e.shm, e.cuda, e.ucx_rkey});
+    if (regions.size() != 1) regions.push_back(',');
+    scratch.addr = e.addr;
+    scratch.length = e.length;
+    scratch.location = e.location;
+    scratch.shm = e.shm;
+    scratch.cuda = e.cuda;
+    scratch.ucx_rkey = e.ucx_rkey;
+    append_region_json(regions, scratch);
   }
-  auto json = std::make_shared<const std::string>(serialize_segment_descriptor(d));
+  regions.push_back(']');
+  auto json = std::make_shared<const std::string>(serialize_segment_descriptor(d, regions));
   descriptor_json_.store(json);
   if (!store_) return Status::Ok();
   Status published = store_->publish(endpoint_, *json);

@@ -109,6 +109,13 @@ inline constexpr size_t kMaxDescriptorRegions = 1u << 18;
 inline constexpr size_t kMaxShmSocketNameBytes = 100;  // either socket; below sun_path's 108
 
 std::string serialize_segment_descriptor(const SegmentDescriptor& descriptor);
+// The same with the regions given as their JSON array (`regions_json`, "[...]", written with
+// append_region_json; descriptor.regions is not read): an engine writes its registered
+// regions without first copying them all into descriptor.regions.
+std::string serialize_segment_descriptor(const SegmentDescriptor& descriptor,
+                                         std::string_view regions_json);
+// Appends `region` as serialize_segment_descriptor writes it (a JSON object).
+void append_region_json(std::string& out, const RegionDescriptor& region);
 Result<SegmentDescriptor> parse_segment_descriptor(std::string_view json);
 
 }  // namespace kvferry

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "test_support.h"
 
 namespace kvferry {
@@ -40,6 +42,37 @@ TEST(SegmentDescriptor, RoundTripsEveryField) {
   EXPECT_EQ(d.regions[0].shm->guard_slot, 1u);
   EXPECT_EQ(d.regions[0].shm->generation, 5u);
   EXPECT_FALSE(d.regions[1].shm.has_value());
+}
+
+// The regions are written without the JSON library: the text must be exactly what the
+// library writes for the same document (its own dump of the parsed text gives it back), for
+// every kind of region, and a string that looks like the regions key must not move them.
+TEST(SegmentDescriptor, WritesWhatTheJsonLibraryWrites) {
+  SegmentDescriptor d = sample();
+  d.name = R"(tricky "regions":[] name)";
+  d.tcp_endpoint = "127.0.0.1:7001";
+  RegionDescriptor device{
+      0x7f0000000000, 1 << 20, {MemoryLocation::Kind::kCuda, 3}, std::nullopt, CudaIpcBacking{}};
+  device.cuda->handle.fill(0xab);
+  device.cuda->allocation_offset = 4096;
+  device.cuda->allocation_bytes = 2 << 20;
+  device.ucx_rkey = std::string("\x00\x01\xff", 3);
+  d.regions.push_back(device);
+  d.ucx = UcxEndpoint{std::string("addr"), true};
+  const std::string text = serialize_segment_descriptor(d);
+  const nlohmann::json doc = nlohmann::json::parse(text);
+  EXPECT_EQ(doc.dump(), text);
+  EXPECT_EQ(doc["name"], d.name);
+  ASSERT_EQ(doc["regions"].size(), 3u);
+  EXPECT_EQ(doc["regions"][1]["device"], -1);
+  EXPECT_EQ(doc["regions"][2]["device"], 3);
+  EXPECT_EQ(doc["regions"][2]["cuda"]["allocation_bytes"], 2u << 20);
+  auto parsed = parse_segment_descriptor(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  ASSERT_EQ(parsed->regions.size(), 3u);
+  EXPECT_EQ(parsed->regions[2].cuda, device.cuda);
+  EXPECT_EQ(parsed->regions[2].ucx_rkey, device.ucx_rkey);
+  EXPECT_EQ(parsed->regions[0].shm->file_bytes, 0x4000u);
 }
 
 TEST(SegmentDescriptor, RejectsMalformedInputNamingTheProblem) {
