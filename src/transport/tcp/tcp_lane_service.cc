@@ -10,8 +10,10 @@ Result<std::shared_ptr<TcpLaneService>> TcpLaneService::create() {
   std::shared_ptr<TcpLaneService> s(new TcpLaneService());
   IoPool::Options o;
   o.name = "kvf-tcp-io";
-  // Two wait while idle: the one an event wakes need not start another before it serves it.
-  o.keep = 2;
+  // One waits while the engine is idle; a second, started by the first event that finds it
+  // alone, stays while events keep coming (it ends after 10 s without one).
+  o.keep = 1;
+  o.idle_exit = std::chrono::seconds(10);
   KVF_ASSIGN_OR_RETURN(s->pool_, IoPool::create(o));
   s->pool_->set_timer([weak = std::weak_ptr<TcpLaneService>(s)] {
     std::shared_ptr<TcpLaneService> self = weak.lock();
