@@ -10,9 +10,9 @@
 // it never waits for a buffer and never allocates per request.
 //
 // The initiator lands the payload of a READ into its device memory the same way, one lander
-// per (lane reader thread, device): TcpLanderSet below.
+// per (lane, device), used by whoever holds the lane's reading role: TcpLanderSet below.
 //
-// Thread-safety: one thread (an I/O thread, a lane's reader) uses a lander.
+// Thread-safety: one thread at a time (an I/O thread, a lane's reading turn) uses a lander.
 #pragma once
 
 #include <cstdint>

@@ -2,7 +2,7 @@
 // engine's device memory is sent from pinned host buffers (TcpStagingPool): for each chunk,
 // in order, the stager leases a buffer (waiting while the pool is exhausted), copies the
 // chunk device -> host with an asynchronous copy on its stream, waits for the copy's event,
-// and hands the staged chunk to its lane. The lane's sender thread puts chunk n on the wire
+// and hands the staged chunk to its lane. The lane's sending turn puts chunk n on the wire
 // while the stager copies chunk n+1: copy and send overlap, and the pool bounds how far the
 // stager runs ahead. The lease is returned when the lane is done with the chunk.
 //

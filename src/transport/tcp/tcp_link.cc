@@ -285,8 +285,8 @@ Status TcpLink::post(const BatchPart& part) {
     }
     device_stager->enqueue(std::move(jobs));
   }
-  // At most one lane sends on this thread, after the others are handed to their sender
-  // threads (which run meanwhile), and only a small share (or a one-lane part): a large one
+  // At most one lane sends on this thread, after the others are handed to sending turns on
+  // the pool (which run meanwhile), and only a small share (or a one-lane part): a large one
   // would keep the caller in sendmsg.
   size_t here = lane_count;
   for (size_t i = 0; i < lane_count; ++i) {

@@ -3,14 +3,14 @@
 // striped in chunks of at most kTcpChunkBytes, so lanes share large ops; consecutive small
 // host-memory ops (≤ 64 KiB) go many to a vector frame (kWriteV / kReadV, one ack each).
 //
-// Each lane has a sender thread (writes request frames and WRITE payloads straight from
-// registered memory) and a reader thread (acknowledgements, and READ payloads received
-// straight into registered memory). A chunk completes when its acknowledgement (or its
-// data) arrives: completion means the bytes are in place.
+// A lane has no thread of its own (tcp_lane.h): its request frames (and WRITE payloads,
+// straight from registered memory) are sent and its answers (acknowledgements, READ payloads
+// received straight into registered memory) read in turns on the transport's I/O pool
+// (TcpLaneService). A chunk completes when its acknowledgement (or its data) arrives:
+// completion means the bytes are in place.
 // A part of at most 512 KiB goes whole on one lane, sent on the posting thread when the lane
 // is idle, and the thread that then waits for the batch reads its answers itself (the lane's
-// reading role, taken from an idle reader thread), so a small batch crosses two threads, as a
-// plain request/answer stream does.
+// reading role), so a small batch crosses two threads, as a plain request/answer stream does.
 //
 // A WRITE from this engine's device memory is staged through pinned host buffers first
 // (TcpDeviceStager, one per link, created on first need) and sent from there. A READ into
@@ -87,9 +87,9 @@ class TcpLink final : public TransportLink {
   Result<std::shared_ptr<TcpLane>> lane(size_t index, Clock::time_point batch_deadline);
   // For a part that goes on one lane: the first lane that carries nothing (or is not
   // connected yet), else the next in turn. Back-to-back batches then keep to one lane, so one
-  // reader thread and one peer receiver stay busy rather than four each waking; concurrent
-  // ones still spread. (Turn by turn, each of four lanes' readers woke every
-  // kWaiterReadGrace while its lane had been busy within kReaderIdleSleep.)
+  // lane and one peer receiver stay busy rather than four each waking; concurrent ones still
+  // spread. (Turn by turn, each of four lanes was tended every kWaiterReadGrace while it had
+  // been busy within kReaderIdleSleep.)
   size_t quiet_lane();
   Result<TcpDeviceStager*> stager();
 
