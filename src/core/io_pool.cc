@@ -99,8 +99,9 @@ struct IoPool::State : std::enable_shared_from_this<IoPool::State> {
       lock.unlock();
       epoll_event ev{};
       const int n = ::epoll_wait(epoll.get(), &ev, 1, timeout);
+      const int wait_errno = errno;
       lock.lock();
-      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && wait_errno == EINTR) continue;
       if (n == 0 && (stopping || threads <= options.keep)) continue;
       if (n <= 0) {  // idle past idle_exit with enough others, or epoll failed: retire
         --idle;
