@@ -12,6 +12,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <utility>
 
 #include "core/fd.h"
 #include "test_support.h"
@@ -38,6 +39,13 @@ void drain(IoPool& pool) {
   ASSERT_EQ(done.get_future().wait_for(10s), std::future_status::ready);
 }
 
+// Two connected stream sockets (both invalid if they cannot be made).
+std::pair<Fd, Fd> connected_pair() {
+  int pair[2] = {-1, -1};
+  if (::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) != 0) return {};
+  return {Fd(pair[0]), Fd(pair[1])};
+}
+
 TEST(IoPool, RunsEveryPostedTask) {
   auto pool = make_pool();
   std::atomic<int> ran{0};
@@ -47,10 +55,8 @@ TEST(IoPool, RunsEveryPostedTask) {
 
 TEST(IoPool, AWatchFiresOncePerArmNotWhileTheInputWaits) {
   auto pool = make_pool();
-  int pair[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
-  Fd a(pair[0]);
-  Fd b(pair[1]);
+  auto [a, b] = connected_pair();
+  ASSERT_TRUE(a.valid() && b.valid());
   std::atomic<int> fired{0};
   auto watch = pool->watch(a.get(), [&] { fired.fetch_add(1); });
   ASSERT_TRUE(watch.ok());
@@ -68,10 +74,8 @@ TEST(IoPool, AWatchFiresOncePerArmNotWhileTheInputWaits) {
 
 TEST(IoPool, AWatchSeesThePeerClose) {
   auto pool = make_pool();
-  int pair[2];
-  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
-  Fd a(pair[0]);
-  Fd b(pair[1]);
+  auto [a, b] = connected_pair();
+  ASSERT_TRUE(a.valid() && b.valid());
   std::atomic<bool> fired{false};
   auto watch = pool->watch(a.get(), [&] { fired.store(true); });
   ASSERT_TRUE(watch.ok());
