@@ -13,12 +13,20 @@ Two cases, each as descriptors per second and the ratio C++ / Python (> 1: Pytho
   (NixlAgent.reference_transfer_ns), on the same engines and memory.
 
 Both are measured in the same process, interleaved round by round; each figure is the median.
+
+--pull adds vLLM's pull flow as latency: a decode agent READs 1 MiB in 256 random 4 KiB blocks
+from a prefill agent of another process with a notification, and polls check_xfer_state to
+DONE; p50 and p99 over --pull-reads reads, same host (the engine's route) and over tcp, for
+DONE as NIXL has it (the notification queued) and for DONE on the prefill's acknowledgement
+(acknowledged_notifications=True), interleaved.
 """
 
 import argparse
 import os
 import platform
+import select
 import statistics
+import subprocess
 import sys
 import time
 
@@ -35,11 +43,93 @@ XFER_DESCS = 100_000
 DESC_BYTES = 64
 
 
+PULL_BLOCKS = 256
+PULL_BLOCK_BYTES = 4096
+PULL_POOL_BLOCKS = 4096
+
+
+def pull_prefill():
+    """The prefill side of --pull, run as a child: one agent, one region of seeded blocks;
+    prints its metadata and address, drains notifications until stdin closes."""
+    agent = nixl_agent("prefill", nixl_agent_config(num_threads=4, capture_telemetry=True))
+    region = np.random.default_rng(3).integers(0, 256, PULL_POOL_BLOCKS * PULL_BLOCK_BYTES,
+                                               dtype=np.uint8)
+    agent.register_memory(agent.get_reg_descs([(region.ctypes.data, region.nbytes, 0, "")],
+                                              "DRAM"))
+    print(agent.get_agent_metadata().hex(), region.ctypes.data, flush=True)
+    while not select.select([sys.stdin], [], [], 0.01)[0]:
+        agent.get_new_notifs()
+    sys.stdin.read()
+
+
+def pull_latency(reads):
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--pull-prefill"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, KVFERRY_LOG_LEVEL="error"))
+    try:
+        metadata, addr = child.stdout.readline().split()
+        metadata, addr = bytes.fromhex(metadata), int(addr)
+        want = np.random.default_rng(3).integers(0, 256, PULL_POOL_BLOCKS * PULL_BLOCK_BYTES,
+                                                 dtype=np.uint8)
+        cases = {}
+        for route in ("same host", "tcp"):
+            for acknowledged in (False, True):
+                agent = nixl_agent(f"decode-{route}-{acknowledged}", nixl_agent_config(
+                    num_threads=4, transport="tcp" if route == "tcp" else None,
+                    acknowledged_notifications=acknowledged))
+                buffer = np.zeros(PULL_BLOCKS * PULL_BLOCK_BYTES, dtype=np.uint8)
+                agent.register_memory(agent.get_reg_descs(
+                    [(buffer.ctypes.data, buffer.nbytes, 0, "")], "DRAM"))
+                name = agent.add_remote_agent(metadata)
+                local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", _rows(
+                    buffer.ctypes.data, PULL_BLOCKS, PULL_BLOCK_BYTES), "DRAM")
+                remote = agent.prep_xfer_dlist(name, _rows(addr, PULL_POOL_BLOCKS,
+                                                           PULL_BLOCK_BYTES), "DRAM")
+                cases[(route, acknowledged)] = (agent, buffer, local, remote, [])
+        rng = np.random.default_rng(4)
+        for i in range(reads):
+            for (route, acknowledged), (agent, buffer, local, remote, times) in cases.items():
+                ids = rng.permutation(PULL_POOL_BLOCKS)[:PULL_BLOCKS].astype(np.int64)
+                t = time.perf_counter_ns()
+                x = agent.make_prepped_xfer("READ", local, np.arange(PULL_BLOCKS), remote, ids,
+                                            notif_msg=b"req-%d" % i)
+                state = agent.transfer(x)
+                while state == "PROC":
+                    state = agent.check_xfer_state(x)
+                times.append(time.perf_counter_ns() - t)
+                assert state == "DONE", agent.xfer_error(x)
+                agent.release_xfer_handle(x)
+                got = buffer.reshape(PULL_BLOCKS, PULL_BLOCK_BYTES)
+                assert np.array_equal(got, want.reshape(-1, PULL_BLOCK_BYTES)[ids]), "bytes differ"
+        lines = ["| route | DONE when | p50 µs | p99 µs |", "|---|---|---:|---:|"]
+        for (route, acknowledged), (_, _, _, _, times) in cases.items():
+            times = sorted(times)
+            lines.append(f"| {route} | {'acknowledged' if acknowledged else 'queued (NIXL)'} | "
+                         f"{times[len(times) // 2] / 1e3:,.0f} | "
+                         f"{times[min(len(times) - 1, len(times) * 99 // 100)] / 1e3:,.0f} |")
+        return "\n".join(lines)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=20)
+
+
+def _rows(base, n, size):
+    r = np.zeros((n, 3), dtype=np.uint64)
+    r[:, 0] = base + np.arange(n, dtype=np.uint64) * size
+    r[:, 1] = size
+    return r
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--append", help="append a markdown table to this file")
+    parser.add_argument("--pull", action="store_true", help="also measure the pull-flow READ")
+    parser.add_argument("--pull-reads", type=int, default=400)
+    parser.add_argument("--pull-prefill", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.pull_prefill:
+        return pull_prefill()
 
     pool = XFER_DESCS * 4
     a = nixl_agent("bench-decode", nixl_agent_config(num_threads=2))
@@ -52,10 +142,7 @@ def main():
     a.add_remote_agent(b.get_agent_metadata())
 
     def rows(base, n):
-        r = np.zeros((n, 3), dtype=np.uint64)
-        r[:, 0] = base + np.arange(n, dtype=np.uint64) * DESC_BYTES
-        r[:, 1] = DESC_BYTES
-        return r
+        return _rows(base, n, DESC_BYTES)
 
     prep_rows = rows(remote_mem.ctypes.data, PREP_DESCS)
     local = a.prep_xfer_dlist("NIXL_INIT_AGENT", rows(local_mem.ctypes.data, pool), "DRAM")
@@ -101,6 +188,12 @@ def main():
     print(table)
     print(f"({args.rounds} rounds, medians; {platform.python_implementation()} "
           f"{platform.python_version()}, numpy {np.__version__})")
+    if args.pull:
+        pull = pull_latency(args.pull_reads)
+        print(pull)
+        print(f"(pull flow: {args.pull_reads} reads of {PULL_BLOCKS} x {PULL_BLOCK_BYTES} B "
+              "per case, interleaved)")
+        table += "\n\n" + pull
     if args.append:
         with open(args.append, "a") as f:
             f.write("\n" + table + "\n")

@@ -114,8 +114,9 @@ struct Xfer {
 
 class NixlAgent {
  public:
-  NixlAgent(EngineOptions options)
-      : engine_(value_or_throw(TransferEngine::create(std::move(options)))) {}
+  NixlAgent(EngineOptions options, NotificationCompletion completion)
+      : engine_(value_or_throw(TransferEngine::create(std::move(options)))),
+        completion_(completion) {}
   ~NixlAgent() {
     // Handles must go before the engine.
     std::lock_guard lock(mu_);
@@ -144,10 +145,33 @@ class NixlAgent {
     throw_if_error(engine_->unregister_memory(addrs));
   }
 
-  // Opens the peer at `endpoint` as `name`; a previous peer of that name is closed first
-  // (its handles fail from then on).
-  uint64_t add_remote(const std::string& name, const std::string& endpoint) {
-    PeerHandle peer = value_or_throw(engine_->open_peer(endpoint));
+  // Opens the peer as `name` at the first of `endpoints` that answers as the engine of
+  // `incarnation` (0: any); a previous peer of that name is closed first (its handles fail
+  // from then on). The error names every endpoint tried and why it failed.
+  uint64_t add_remote(const std::string& name, const std::vector<std::string>& endpoints,
+                      uint64_t incarnation) {
+    if (endpoints.empty()) {
+      throw StatusError(InvalidArgument(
+          fmt::format("add_remote_agent: agent '{}' advertises no endpoint", name)));
+    }
+    std::optional<PeerHandle> found;
+    std::string tried;
+    for (const std::string& endpoint : endpoints) {
+      Result<PeerHandle> opened = engine_->open_peer(endpoint);
+      if (opened.ok() && (incarnation == 0 || opened->incarnation() == incarnation)) {
+        found = *opened;
+        break;
+      }
+      tried += fmt::format(
+          "{}{}: {}", tried.empty() ? "" : "; ", endpoint,
+          opened.ok() ? fmt::format("another engine (incarnation {:016x})", opened->incarnation())
+                      : opened.status().message());
+    }
+    if (!found) {
+      throw StatusError(PeerUnreachable(fmt::format(
+          "add_remote_agent: agent '{}' answered at none of its endpoints ({})", name, tried)));
+    }
+    PeerHandle peer = *found;
     std::optional<PeerHandle> replaced;
     {
       std::lock_guard lock(mu_);
@@ -159,6 +183,9 @@ class NixlAgent {
     if (replaced) engine_->close_peer(*replaced);
     return peer.incarnation();
   }
+
+  // Throws NotRegistered unless `name` was added (and not removed).
+  void check_remote(const std::string& name) { find_peer(name); }
 
   void remove_remote(const std::string& name) {
     std::optional<PeerHandle> peer;
@@ -246,11 +273,7 @@ class NixlAgent {
       throw StatusError(InvalidArgument(
           fmt::format("{} local indices but {} remote indices", li.size(), ri.size())));
     }
-    if (notification && notification->size() > engine_->options().max_notification_bytes) {
-      throw StatusError(InvalidArgument(
-          fmt::format("notif_msg of {} bytes exceeds max_notification_bytes {}",
-                      notification->size(), engine_->options().max_notification_bytes)));
-    }
+    check_notification_size(notification);
     auto xfer = std::make_shared<Xfer>();
     xfer->peer = *remote.peer;
     if (notification) xfer->notification = std::move(notification);
@@ -286,10 +309,13 @@ class NixlAgent {
   }
 
   // Posts the transfer: "DONE", "PROC", or "ERR" (the error is kept for check_xfer_state).
-  std::string post(int64_t h) {
+  // A notification given here replaces the transfer's, for this post and the later ones.
+  std::string post(int64_t h, std::optional<std::string> notification) {
     std::shared_ptr<Xfer> x = find_xfer(h);
+    check_notification_size(notification);
     py::gil_scoped_release release;
     std::lock_guard lock(x->mu);
+    if (notification) x->notification = std::move(notification);
     if (x->batch || !x->error.ok()) {
       // NIXL reposts a finished request; a pending one cannot be posted again.
       if (x->batch && engine_->status(*x->batch).state == BatchState::kPending) {
@@ -300,6 +326,7 @@ class NixlAgent {
     }
     SubmitOptions options;
     options.notification = x->notification;
+    options.notification_completion = completion_;
     Result<BatchHandle> batch = engine_->submit(x->peer, x->ops, options);
     if (!batch.ok()) {
       x->error = batch.status();
@@ -415,6 +442,14 @@ class NixlAgent {
   }
 
  private:
+  void check_notification_size(const std::optional<std::string>& notification) const {
+    if (notification && notification->size() > engine_->options().max_notification_bytes) {
+      throw StatusError(InvalidArgument(
+          fmt::format("notif_msg of {} bytes exceeds max_notification_bytes {}",
+                      notification->size(), engine_->options().max_notification_bytes)));
+    }
+  }
+
   static std::string state_name(BatchState s) {
     switch (s) {
       case BatchState::kCompleted: return "DONE";
@@ -450,6 +485,7 @@ class NixlAgent {
   }
 
   std::unique_ptr<TransferEngine> engine_;
+  const NotificationCompletion completion_;
   std::mutex mu_;
   std::unordered_map<std::string, PeerHandle> peers_;         // guarded by mu_
   std::unordered_map<int64_t, Prepped> prepped_;              // guarded by mu_
@@ -498,7 +534,7 @@ void bind_nixl(py::module_& m) {
   py::class_<NixlAgent>(m, "NixlAgent")
       .def(py::init([](std::string name, std::string listen_address, int64_t batch_timeout_ms,
                        std::optional<std::string> transport, std::optional<std::string> secret,
-                       int worker_threads) {
+                       int worker_threads, bool acknowledged_notifications) {
              EngineOptions o;
              o.name = std::move(name);
              o.listen_address = std::move(listen_address);
@@ -507,22 +543,26 @@ void bind_nixl(py::module_& m) {
              o.secret = std::move(secret);
              o.worker_threads = worker_threads;
              py::gil_scoped_release release;
-             return std::make_unique<NixlAgent>(std::move(o));
+             return std::make_unique<NixlAgent>(
+                 std::move(o), acknowledged_notifications ? NotificationCompletion::kAcknowledged
+                                                          : NotificationCompletion::kQueued);
            }),
            py::arg("name"), py::arg("listen_address") = "127.0.0.1:0",
            py::arg("batch_timeout_ms") = 30'000, py::arg("transport") = py::none(),
-           py::arg("secret") = py::none(), py::arg("worker_threads") = 2)
-      .def_property_readonly("endpoint", [](NixlAgent& a) { return a.engine().endpoint(); })
+           py::arg("secret") = py::none(), py::arg("worker_threads") = 2,
+           py::arg("acknowledged_notifications") = false)
+      .def_property_readonly("endpoints", [](NixlAgent& a) { return a.engine().endpoints(); })
       .def_property_readonly("incarnation", [](NixlAgent& a) { return a.engine().incarnation(); })
       .def("register_memory", &NixlAgent::register_memory, py::call_guard<py::gil_scoped_release>())
       .def("deregister_memory", &NixlAgent::deregister_memory,
            py::call_guard<py::gil_scoped_release>())
       .def("add_remote", &NixlAgent::add_remote, py::call_guard<py::gil_scoped_release>())
       .def("remove_remote", &NixlAgent::remove_remote, py::call_guard<py::gil_scoped_release>())
+      .def("check_remote", &NixlAgent::check_remote, py::call_guard<py::gil_scoped_release>())
       .def("prep", &NixlAgent::prep, py::call_guard<py::gil_scoped_release>())
       .def("release_prepped", &NixlAgent::release_prepped)
       .def("make_xfer", &NixlAgent::make_xfer)
-      .def("post", &NixlAgent::post)
+      .def("post", &NixlAgent::post, py::arg("handle"), py::arg("notification") = py::none())
       .def("state", &NixlAgent::state)
       .def("error", &NixlAgent::error, py::call_guard<py::gil_scoped_release>())
       .def("telemetry", &NixlAgent::telemetry, py::call_guard<py::gil_scoped_release>())

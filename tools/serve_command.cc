@@ -199,6 +199,13 @@ int serve(const ServeArgs& args) {
         if (find_pattern_mismatch({base + p * b, b}, a, p * b)) ++corrupt;
       }
       std::cout << fmt::format("ok {} {}", pages, corrupt) << std::endl;
+    } else if (verb == "notifications") {
+      // The messages received so far, oldest first, each with its sender: "ok sender:msg ...".
+      std::string out = "ok";
+      for (const Notification& n : (*engine)->get_notifications()) {
+        if (n.kind == Notification::Kind::kMessage) out += fmt::format(" {}:{}", n.sender, n.bytes);
+      }
+      std::cout << out << std::endl;
     } else if (verb == "checksum" && (in >> a >> b) && range_ok(a, b)) {
       std::cout << fmt::format("{:016x}", checksum({base + a, b})) << std::endl;
     } else {

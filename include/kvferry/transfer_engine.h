@@ -50,7 +50,10 @@ class EngineImpl;
 
 struct EngineOptions {
   std::string name = "kvferry";
-  // Handshake listener, "host:port". Port 0 picks a free port (see endpoint()).
+  // Handshake listener, "host:port". Port 0 picks a free port (see endpoint()). "0.0.0.0"
+  // listens on every interface (endpoints() lists where), as do the tcp data and
+  // notification listeners then; beyond loopback without a secret, any host that reaches the
+  // port can read and write registered memory (logged once as a warning).
   std::string listen_address = "127.0.0.1:0";
   // Where peers find each other: "p2p" (embedded handshake, the default),
   // "etcd://host:port[,host:port...]" or "redis://host:port".
@@ -140,6 +143,20 @@ struct PeerOptions {
   std::optional<TransportKind> transport;
 };
 
+// When a batch that carries a notification reports Completed (SubmitOptions).
+enum class NotificationCompletion : uint8_t {
+  // Once the peer has acknowledged the notification (it is in the peer's inbox). One that
+  // could not be delivered fails the batch (PeerDisconnected, Timeout, ...) although its
+  // bytes moved.
+  kAcknowledged,
+  // Once every byte is in place and the notification is queued on the ordered channel to
+  // the peer, ahead of any this engine sends it later (NIXL's semantics). The peer receives
+  // it after the data, in order, unless it dies or cannot take it before the batch's
+  // deadline: then it is lost (logged as a warning) and the batch stays Completed. A
+  // stalled peer (paused, overloaded) does not hold the batch up.
+  kQueued,
+};
+
 struct SubmitOptions {
   // Zero = EngineOptions::batch_timeout.
   std::chrono::milliseconds timeout{0};
@@ -150,12 +167,12 @@ struct SubmitOptions {
   // (InvalidArgument).
   void* after_cuda_event = nullptr;
   // A message for the peer (the batch's target: for READ, the peer read from), delivered
-  // once every byte of the batch is in place. The batch reports Completed only when the peer
-  // has acknowledged it (it is in the peer's inbox); a notification that could not be
-  // delivered fails the batch (PeerDisconnected, Timeout, ...) although its bytes moved.
-  // Errors at submit: InvalidArgument (larger than max_notification_bytes, naming the
-  // size), NotSupported (the peer takes no notifications).
+  // once every byte of the batch is in place. When the batch reports Completed:
+  // `notification_completion`. Errors at submit: InvalidArgument (larger than
+  // max_notification_bytes, naming the size), NotSupported (the peer takes no
+  // notifications).
   std::optional<std::string> notification{};
+  NotificationCompletion notification_completion = NotificationCompletion::kAcknowledged;
 };
 
 // A notification received from a peer engine (get_notifications).
@@ -221,8 +238,12 @@ class TransferEngine {
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
 
-  // "host:port" peers use to reach this engine.
+  // "host:port" peers use to reach this engine: endpoints().front().
   const std::string& endpoint() const;
+  // Every "host:port" a peer may reach this engine at, in the order to try them. One, unless
+  // listen_address is "0.0.0.0:port" (every interface): then one per IPv4 interface address
+  // that is up and not loopback, in the kernel's order (127.0.0.1 only where there is none).
+  const std::vector<std::string>& endpoints() const;
   const EngineOptions& options() const;
   uint64_t incarnation() const;
   // The secret this engine proves and requires (EngineOptions::secret, else KVFERRY_SECRET;

@@ -41,11 +41,14 @@ class ScriptProcess:
     """A test script of this folder in a child process, driven by lines on its stdin; it answers
     each command with one line. Every wait is bounded (PROCESS_TIMEOUT_S unless told)."""
 
-    def __init__(self, script, args):
-        env = dict(os.environ, KVFERRY_LOG_LEVEL=os.environ.get("KVFERRY_LOG_LEVEL", "warn"))
+    def __init__(self, script, args, launcher=(), env=None):
+        """`launcher`: words that run the script elsewhere (another network namespace, say);
+        `env`: variables set for it besides this process's."""
+        env = dict(os.environ, KVFERRY_LOG_LEVEL=os.environ.get("KVFERRY_LOG_LEVEL", "warn"),
+                   **(env or {}))
         self.name = script
         self.process = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, script)] + [str(a) for a in args],
+            list(launcher) + [sys.executable, os.path.join(HERE, script)] + [str(a) for a in args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def _readline(self, timeout=PROCESS_TIMEOUT_S):

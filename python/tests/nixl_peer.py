@@ -2,8 +2,9 @@
 
     python3 nixl_peer.py NAME NBYTES SEED [--scribble]
 
-The region starts as conftest.seeded_bytes(SEED) (zeros when SEED < 0). Prints one JSON line
-{"metadata" (hex), "addr", "length"}, then answers stdin commands, one per line:
+The region starts as conftest.seeded_bytes(SEED) (zeros when SEED < 0). The agent is created
+exactly as vLLM's NixlConnector creates one. Prints one JSON line {"metadata" (hex), "addr",
+"length"}, then answers stdin commands, one per line:
 
 * ``wait N TIMEOUT_S``: drains get_new_notifs until N notifications arrived; for each, the
   sha256 of the whole region at the moment it was drained; with --scribble the region is
@@ -31,7 +32,8 @@ def main():
         region = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
     else:
         region = np.zeros(nbytes, dtype=np.uint8)
-    agent = nixl_agent(name, nixl_agent_config(backends=["UCX"]))
+    # As vLLM's NixlConnector creates its agent: no kvferry option.
+    agent = nixl_agent(name, nixl_agent_config(num_threads=4, capture_telemetry=True))
     agent.register_memory(agent.get_reg_descs([(region.ctypes.data, nbytes, 0, "")], "DRAM"))
     print(json.dumps({"metadata": agent.get_agent_metadata().hex(), "addr": region.ctypes.data,
                       "length": nbytes}), flush=True)

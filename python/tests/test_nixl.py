@@ -6,7 +6,10 @@ seeded random bytes and every byte is checked.
 
 import hashlib
 import json
+import logging
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -19,7 +22,7 @@ from conftest import PROCESS_TIMEOUT_S, ScriptProcess, seeded_bytes
 from kvferry import errors
 from kvferry.nixl import _api, install_as_nixl, shim_path
 from kvferry.nixl._api import nixl_agent, nixl_agent_config
-from kvferry.nixl._bindings import nixlXferTelemetry
+from kvferry.nixl._bindings import nixlNoTelemetryError, nixlNotFoundError, nixlXferTelemetry
 
 BLOCK = 4096
 BLOCKS = 64
@@ -28,8 +31,9 @@ BLOCKS = 64
 class NixlPeer(ScriptProcess):
     """nixl_peer.py in a child process (the prefill worker)."""
 
-    def __init__(self, name, nbytes, seed, scribble=False):
-        super().__init__("nixl_peer.py", [name, nbytes, seed] + (["--scribble"] if scribble else []))
+    def __init__(self, name, nbytes, seed, scribble=False, launcher=(), env=None):
+        super().__init__("nixl_peer.py", [name, nbytes, seed] + (["--scribble"] if scribble else []),
+                         launcher, env)
         hello = json.loads(self._readline())
         self.metadata = bytes.fromhex(hello["metadata"])
         self.addr, self.length = hello["addr"], hello["length"]
@@ -43,8 +47,9 @@ class NixlPeer(ScriptProcess):
 def make_nixl_peer():
     peers = []
 
-    def make(name="prefill", nbytes=BLOCK * BLOCKS, seed=11, scribble=False):
-        peer = NixlPeer(name, nbytes, seed, scribble)
+    def make(name="prefill", nbytes=BLOCK * BLOCKS, seed=11, scribble=False, launcher=(),
+             env=None):
+        peer = NixlPeer(name, nbytes, seed, scribble, launcher, env)
         peers.append(peer)
         return peer
 
@@ -57,8 +62,9 @@ def sha(array):
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
-def decode_agent(name, nbytes=BLOCK * BLOCKS, timeout_ms=10_000):
-    agent = nixl_agent(name, nixl_agent_config(num_threads=2, batch_timeout_ms=timeout_ms))
+def decode_agent(name, nbytes=BLOCK * BLOCKS, timeout_ms=10_000, **config):
+    agent = nixl_agent(name, nixl_agent_config(num_threads=2, batch_timeout_ms=timeout_ms,
+                                               capture_telemetry=True, **config))
     buffer = np.zeros(nbytes, dtype=np.uint8)
     descs = agent.get_reg_descs([(buffer.ctypes.data, nbytes, 0, "")], "DRAM")
     agent.register_memory(descs, backends=["UCX"])
@@ -89,7 +95,7 @@ def test_pull_flow_reads_blocks_and_notifies_prefill_once_per_consumer(make_nixl
     consumers = []
     for i in range(2):
         agent, buffer = decode_agent(f"decode{i}")
-        assert agent.add_remote_agent(prefill.metadata) == "prefill"
+        assert agent.add_remote_agent(prefill.metadata) == b"prefill"
         local = agent.prep_xfer_dlist("NIXL_INIT_AGENT",
                                       agent.get_xfer_descs(block_descs(buffer.ctypes.data,
                                                                        BLOCKS), "DRAM"))
@@ -113,8 +119,8 @@ def test_pull_flow_reads_blocks_and_notifies_prefill_once_per_consumer(make_nixl
         assert telemetry.totalBytes == 20 * BLOCK and telemetry.descCount == 20
         assert telemetry.xferDuration >= telemetry.postDuration > 0
         agent.release_xfer_handle(handle)
-    # DONE means delivered: prefill has both notifications, exactly one per consumer, and
-    # its region was intact (unscribbled) when each arrived.
+    # The prefill gets both notifications, exactly one per consumer, each after the data it
+    # follows was read: its region was intact (unscribbled) when each arrived.
     seen = prefill.wait_notifs(2)
     assert seen["notifs"] == {"decode0": [b"req-1".hex()], "decode1": [b"req-1".hex()]}
     assert seen["digests"] == [sha(prefill.initial)] * 2
@@ -126,7 +132,7 @@ def test_push_flow_writes_blocks_before_the_notification(make_nixl_peer):
     agent = nixl_agent("prefill", nixl_agent_config(backends=["UCX"]))
     kv = seeded_bytes(21, BLOCK * BLOCKS)
     agent.register_memory(agent.get_reg_descs([(kv.ctypes.data, kv.nbytes, 0, "")], "DRAM"))
-    assert agent.add_remote_agent(decode.metadata) == "decode"
+    assert agent.add_remote_agent(decode.metadata) == b"decode"
     local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", block_descs(kv.ctypes.data, BLOCKS), "DRAM")
     remote = agent.prep_xfer_dlist("decode", block_descs(decode.addr, BLOCKS), "DRAM")
     ids = np.arange(BLOCKS)[::-1].copy()  # every block, reversed: nothing merges
@@ -185,7 +191,7 @@ def test_prefill_restart_old_handles_fail_then_readding_works(make_nixl_peer):
     with pytest.raises(errors.PeerDisconnectedError):
         agent.make_prepped_xfer("READ", local, [0], remote, [0])
     agent.release_dlist_handle(remote)
-    assert agent.add_remote_agent(second.metadata) == "prefill"
+    assert agent.add_remote_agent(second.metadata) == b"prefill"
     remote = agent.prep_xfer_dlist("prefill", block_descs(second.addr, BLOCKS), "DRAM")
     handle = agent.make_prepped_xfer("READ", local, [0, 1], remote, [7, 8], notif_msg=b"again")
     agent.transfer(handle)
@@ -215,8 +221,8 @@ def test_in_process_agents_notify_and_refuse_bad_arguments():
     a, abuf = decode_agent("a")
     b, bbuf = decode_agent("b")
     bbuf[:] = seeded_bytes(3, bbuf.nbytes)
-    assert a.add_remote_agent(b.get_agent_metadata()) == "b"
-    assert b.add_remote_agent(a.get_agent_metadata()) == "a"
+    assert a.add_remote_agent(b.get_agent_metadata()) == b"b"
+    assert b.add_remote_agent(a.get_agent_metadata()) == b"a"
     for i in range(50):
         a.send_notif("b", f"hb{i}".encode())
     got = {}
@@ -285,3 +291,191 @@ def test_shim_exposes_kvferry_as_nixl():
     assert out.stdout.strip() == "ok", out.stderr
     assert _api.LOCAL_AGENT == "NIXL_INIT_AGENT"
     assert callable(install_as_nixl)
+
+
+def read_blocks_with(agent, prefill, ids, notif):
+    """READ prefill blocks `ids` into the agent's first len(ids) blocks; the handle."""
+    buffer_base = agent._test_buffer.ctypes.data
+    local = agent.prep_xfer_dlist("NIXL_INIT_AGENT", block_descs(buffer_base, BLOCKS), "DRAM")
+    remote = agent.prep_xfer_dlist("prefill", block_descs(prefill.addr, BLOCKS), "DRAM")
+    handle = agent.make_prepped_xfer("READ", local, range(len(ids)), remote, ids, notif_msg=notif)
+    agent.transfer(handle)
+    return handle
+
+
+def assert_blocks(buffer, prefill, ids):
+    for k, block in enumerate(ids):
+        want = prefill.initial[block * BLOCK:(block + 1) * BLOCK]
+        assert np.array_equal(buffer[k * BLOCK:(k + 1) * BLOCK], want), f"block {block}"
+
+
+def test_repost_with_a_new_notification_delivers_the_new_one(make_nixl_peer):
+    prefill = make_nixl_peer()
+    agent, buffer = decode_agent("decode")
+    agent._test_buffer = buffer
+    agent.add_remote_agent(prefill.metadata)
+    handle = read_blocks_with(agent, prefill, [4, 5], b"first")
+    assert wait_state(agent, handle) == "DONE", agent.xfer_error(handle)
+    assert agent.transfer(handle, b"second") in ("PROC", "DONE")
+    assert wait_state(agent, handle) == "DONE", agent.xfer_error(handle)
+    agent.transfer(handle)  # no message given: the last one stays
+    assert wait_state(agent, handle) == "DONE", agent.xfer_error(handle)
+    assert_blocks(buffer, prefill, [4, 5])
+    got = prefill.wait_notifs(3)["notifs"]
+    assert got == {"decode": [b"first".hex(), b"second".hex(), b"second".hex()]}
+
+
+@pytest.mark.parametrize("acknowledged", [False, True], ids=["nixl-semantics", "acknowledged"])
+def test_stalled_prefill_does_not_hold_a_read_whose_data_landed(make_nixl_peer, acknowledged):
+    """The prefill is stopped (SIGSTOP: a GC pause, an overload) while a READ from it runs.
+    The bytes move without it (same host); with NIXL's semantics DONE comes at once and the
+    notification reaches the prefill once it runs again. Acknowledged: DONE waits for it."""
+    prefill = make_nixl_peer()
+    agent, buffer = decode_agent("decode", acknowledged_notifications=acknowledged)
+    agent._test_buffer = buffer
+    agent.add_remote_agent(prefill.metadata)
+    os.kill(prefill.process.pid, signal.SIGSTOP)
+    try:
+        ids = [9, 2, 30]
+        handle = read_blocks_with(agent, prefill, ids, b"stalled")
+        state = wait_state(agent, handle, timeout_s=1.0)
+        if acknowledged:
+            assert state == "PROC"  # waits for the stopped prefill's acknowledgement
+        else:
+            assert state == "DONE", agent.xfer_error(handle)
+            assert_blocks(buffer, prefill, ids)
+    finally:
+        os.kill(prefill.process.pid, signal.SIGCONT)
+    assert wait_state(agent, handle) == "DONE", agent.xfer_error(handle)
+    assert_blocks(buffer, prefill, [9, 2, 30])
+    assert prefill.wait_notifs(1)["notifs"] == {"decode": [b"stalled".hex()]}
+
+
+def test_backends_kvferry_lacks_are_skipped_with_a_warning_and_refused_by_name(caplog):
+    assert nixl_agent("plain", nixl_agent_config()).get_plugin_list() == ["UCX"]
+    with caplog.at_level(logging.WARNING, logger="kvferry.nixl._api"):
+        agent = nixl_agent("fabric", nixl_agent_config(backends=["LIBFABRIC"]))
+    assert "Skipping backend registration LIBFABRIC" in caplog.text
+    assert agent.backends == {}
+    buffer = np.zeros(BLOCK, dtype=np.uint8)
+    descs = agent.get_reg_descs([(buffer.ctypes.data, BLOCK, 0, "")], "DRAM")
+    with pytest.raises(nixlNotFoundError, match="no backend"):
+        agent.register_memory(descs)  # nothing moves on a backend that was never made
+    with pytest.raises(nixlNotFoundError, match="'GDS'"):
+        agent.create_backend("GDS")
+    agent.create_backend("UCX", {"num_threads": "2"})
+    assert agent.get_backend_mem_types("UCX") == ["DRAM", "VRAM"]
+    agent.register_memory(descs, backends=["UCX"])
+    with pytest.raises(KeyError):
+        agent.register_memory(descs, backends=["POSIX"])
+    with pytest.raises(nixlNoTelemetryError, match="capture_telemetry"):
+        agent.get_xfer_telemetry(1)
+
+
+def test_env_overrides_what_vllm_cannot_pass(monkeypatch):
+    monkeypatch.setenv("KVFERRY_LISTEN_ADDRESS", "127.0.0.1:0")
+    monkeypatch.setenv("KVFERRY_BATCH_TIMEOUT_MS", "1234")
+    monkeypatch.setenv("KVFERRY_TRANSPORT", "tcp")
+    config = nixl_agent_config(num_threads=4, capture_telemetry=True)
+    assert (config.listen_address, config.batch_timeout_ms, config.transport) == (
+        "127.0.0.1:0", 1234, "tcp")
+    agent = nixl_agent("env", config)
+    endpoints = json.loads(agent.get_agent_metadata())["endpoints"]
+    assert len(endpoints) == 1 and endpoints[0].startswith("127.0.0.1:")
+    monkeypatch.setenv("KVFERRY_BATCH_TIMEOUT_MS", "soon")
+    with pytest.raises(errors.InvalidArgumentError, match="KVFERRY_BATCH_TIMEOUT_MS='soon'"):
+        nixl_agent_config()
+
+
+def test_metadata_of_an_agent_on_every_interface_lists_no_wildcard(monkeypatch):
+    for name in ("KVFERRY_LISTEN_ADDRESS", "VLLM_NIXL_SIDE_CHANNEL_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    agent = nixl_agent("everywhere", nixl_agent_config(num_threads=4, capture_telemetry=True))
+    endpoints = json.loads(agent.get_agent_metadata())["endpoints"]
+    assert endpoints and not any(e.startswith("0.0.0.0:") for e in endpoints), endpoints
+    other, _ = decode_agent("other")
+    assert other.add_remote_agent(agent.get_agent_metadata()) == b"everywhere"
+    other.make_connection("everywhere")
+    with pytest.raises(errors.NotRegisteredError, match="nobody"):
+        other.make_connection("nobody")
+    # Metadata whose endpoints answer as nobody, or as another agent, is refused, naming each.
+    lie = json.loads(agent.get_agent_metadata())
+    lie["endpoints"] = ["127.0.0.1:9"] + json.loads(other.get_agent_metadata())["endpoints"]
+    lie["name"] = "liar"
+    with pytest.raises(errors.PeerUnreachableError, match="127.0.0.1:9.*another engine"):
+        other.add_remote_agent(json.dumps(lie).encode())
+
+
+class OtherHost:
+    """A network namespace joined to this one by a veth pair (addresses from 198.18.0.0/15,
+    the range reserved for benchmarking); a child started with `launcher` runs there, in its
+    own pid namespace too, so kvferry sees another host."""
+
+    def __init__(self):
+        if os.geteuid() != 0:
+            pytest.skip("network namespaces need root")
+        for tool in ("ip", "unshare"):
+            if shutil.which(tool) is None:
+                pytest.skip(f"{tool} is not installed")
+        pid = os.getpid()
+        self.ns = f"kvn{pid}"
+        subnet = f"198.{18 + (pid // 256) % 2}.{pid % 256}"
+        self.local_ip, self.peer_ip = subnet + ".1", subnet + ".2"
+        self.dev = f"kvn{pid}a"
+        steps = [
+            f"ip netns add {self.ns}",
+            f"ip -n {self.ns} link set lo up",
+            f"ip link add {self.dev} type veth peer name {self.dev[:-1]}b",
+            f"ip link set {self.dev[:-1]}b netns {self.ns}",
+            f"ip addr add {self.local_ip}/24 dev {self.dev}",
+            f"ip link set {self.dev} up",
+            f"ip -n {self.ns} addr add {self.peer_ip}/24 dev {self.dev[:-1]}b",
+            f"ip -n {self.ns} link set {self.dev[:-1]}b up",
+        ]
+        for step in steps:
+            out = subprocess.run(step.split(), capture_output=True, text=True,
+                                 timeout=PROCESS_TIMEOUT_S)
+            if out.returncode != 0:
+                self.close()
+                pytest.skip(f"cannot build the other host ({step}: {out.stderr.strip()})")
+        self.launcher = ["ip", "netns", "exec", self.ns, "unshare", "--pid", "--fork",
+                         "--kill-child", "--mount-proc"]
+
+    def close(self):
+        subprocess.run(["ip", "link", "del", self.dev], capture_output=True,
+                       timeout=PROCESS_TIMEOUT_S)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True,
+                       timeout=PROCESS_TIMEOUT_S)
+
+
+@pytest.fixture
+def other_host():
+    host = OtherHost()
+    yield host
+    host.close()
+
+
+@pytest.mark.parametrize("side_channel_host", [False, True],
+                         ids=["no-configuration", "VLLM_NIXL_SIDE_CHANNEL_HOST"])
+def test_decode_reads_from_a_prefill_on_another_host_with_vllms_configuration_only(
+        make_nixl_peer, other_host, monkeypatch, side_channel_host):
+    for name in ("KVFERRY_LISTEN_ADDRESS", "KVFERRY_TRANSPORT", "KVFERRY_SECRET",
+                 "KVFERRY_BATCH_TIMEOUT_MS", "VLLM_NIXL_SIDE_CHANNEL_HOST"):
+        monkeypatch.delenv(name, raising=False)
+    env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": other_host.peer_ip} if side_channel_host else {}
+    prefill = make_nixl_peer(launcher=other_host.launcher, env=env)
+    endpoints = json.loads(prefill.metadata)["endpoints"]
+    # The other host has one interface besides lo: its veth end.
+    assert [e.rsplit(":", 1)[0] for e in endpoints] == [other_host.peer_ip], endpoints
+    # The decode, as vLLM creates it.
+    agent = nixl_agent("decode", nixl_agent_config(num_threads=4, capture_telemetry=True))
+    buffer = np.zeros(BLOCK * BLOCKS, dtype=np.uint8)
+    agent.register_memory(agent.get_reg_descs([(buffer.ctypes.data, buffer.nbytes, 0, "")],
+                                              "DRAM"))
+    agent._test_buffer = buffer
+    assert agent.add_remote_agent(prefill.metadata) == b"prefill"
+    ids = list(np.random.default_rng(8).choice(BLOCKS, 24, replace=False))
+    handle = read_blocks_with(agent, prefill, ids, b"cross-host")
+    assert wait_state(agent, handle) == "DONE", agent.xfer_error(handle)
+    assert_blocks(buffer, prefill, ids)
+    assert prefill.wait_notifs(1)["notifs"] == {"decode": [b"cross-host".hex()]}

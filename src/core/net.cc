@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -9,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -89,6 +92,36 @@ Result<Endpoint> parse_endpoint(std::string_view text, bool allow_port_zero) {
   }
   if (port > 65535 || (port == 0 && !allow_port_zero)) return bad("port out of range");
   return Endpoint{std::string(host), static_cast<uint16_t>(port)};
+}
+
+bool is_any_address(std::string_view host) { return host == "0.0.0.0"; }
+
+bool is_loopback_host(std::string_view host) {
+  return host == "localhost" || host.substr(0, 4) == "127.";
+}
+
+std::vector<std::string> interface_addresses() {
+  std::vector<std::string> out;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return out;
+  for (const ifaddrs* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    const auto* in = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if (::inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) == nullptr) continue;
+    if (std::find(out.begin(), out.end(), text) == out.end()) out.emplace_back(text);
+  }
+  ::freeifaddrs(list);
+  return out;
+}
+
+std::string reachable_via(std::string_view advertised, std::string_view reached_host) {
+  const size_t colon = advertised.rfind(':');
+  if (colon == std::string_view::npos || !is_any_address(advertised.substr(0, colon))) {
+    return std::string(advertised);
+  }
+  return std::string(reached_host) + std::string(advertised.substr(colon));
 }
 
 Result<Fd> listen_tcp(const Endpoint& endpoint, Endpoint* bound) {

@@ -13,6 +13,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/fd.h"
 #include "kvferry/status.h"
@@ -30,6 +31,18 @@ struct Endpoint {
 // "host:port" with a non-empty host and a port in 1..65535 (0 too when allow_port_zero).
 // The error names the bad input.
 Result<Endpoint> parse_endpoint(std::string_view text, bool allow_port_zero = false);
+
+// "0.0.0.0": a listener on every interface. A peer cannot dial it; it dials one of
+// interface_addresses(), or the host it reached the listener's owner on (reachable_via).
+bool is_any_address(std::string_view host);
+// 127.0.0.0/8 or "localhost".
+bool is_loopback_host(std::string_view host);
+// This host's IPv4 addresses that a peer on another host may dial: interfaces up, not
+// loopback, in the kernel's order. Empty when there is none (a namespace with only lo).
+std::vector<std::string> interface_addresses();
+// `advertised` as dialled by a peer that reached its owner at `reached_host`: an
+// is_any_address host becomes `reached_host`; any other comes back as it is.
+std::string reachable_via(std::string_view advertised, std::string_view reached_host);
 
 // Binds and listens (SO_REUSEADDR); the returned endpoint has the real port.
 Result<Fd> listen_tcp(const Endpoint& endpoint, Endpoint* bound);

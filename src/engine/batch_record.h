@@ -35,11 +35,13 @@ struct BatchRecord final : BatchProgress {
   // Metrics on: the engine's counters (they outlive every batch) and the transports used.
   EngineMetrics* metrics = nullptr;
   TransportMask transports = 0;
-  // SubmitOptions::notification: sent through `notifier` once the data completed; the
-  // batch is complete when `notified` is OK. Set before posting.
+  // SubmitOptions::notification: sent through `notifier` once the data completed, its
+  // outcome in `notified`; with NotificationCompletion::kAcknowledged (`awaits_notification`)
+  // the batch is complete when `notified` is OK. Set before posting.
   std::shared_ptr<NotificationSender> notifier;
   std::string notification;
   std::shared_ptr<NotifyTicket> notified;
+  bool awaits_notification = false;
 
   void on_final(const Status& status, std::chrono::nanoseconds elapsed) override {
     if (metrics != nullptr) metrics->on_final(transports, status, elapsed);

@@ -81,6 +81,8 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
     batch->notifier = std::move(*notifier);
     batch->notification = *options.notification;
     batch->notified = std::make_shared<NotifyTicket>();
+    batch->awaits_notification =
+        options.notification_completion == NotificationCompletion::kAcknowledged;
     batch->report_final();
   }
   // Pin the local regions (see RegionUse for the protocol).
@@ -157,7 +159,7 @@ BatchStatus EngineImpl::status(const BatchHandle& handle) const {
 }
 
 BatchStatus EngineImpl::with_notification(const BatchRecord& b, BatchStatus s) {
-  if (s.state != BatchState::kCompleted || !b.notified) return s;
+  if (s.state != BatchState::kCompleted || !b.awaits_notification) return s;
   std::optional<Status> outcome = b.notified->poll();
   if (!outcome) {
     s.state = BatchState::kPending;
@@ -180,7 +182,7 @@ BatchStatus EngineImpl::wait(const BatchHandle& handle, std::chrono::millisecond
   b.wait_until(until);
   enforce_deadline(b);
   BatchStatus s = b.snapshot();
-  if (s.state == BatchState::kCompleted && b.notified) b.notified->wait_until(until);
+  if (s.state == BatchState::kCompleted && b.awaits_notification) b.notified->wait_until(until);
   return with_notification(b, std::move(s));
 }
 

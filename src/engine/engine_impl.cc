@@ -76,6 +76,17 @@ Result<std::vector<size_t>> sorted_without_overlap(std::span<const MemoryRegion>
   return order;
 }
 
+// The "host:port"s peers may dial to reach a listener bound to `bound`: a listener on every
+// interface is reached at each interface address (loopback only where there is no other).
+std::vector<std::string> advertised_endpoints(const Endpoint& bound) {
+  if (!is_any_address(bound.host)) return {bound.to_string()};
+  std::vector<std::string> hosts = interface_addresses();
+  if (hosts.empty()) hosts.emplace_back("127.0.0.1");
+  std::vector<std::string> out;
+  for (const std::string& host : hosts) out.push_back(Endpoint{host, bound.port}.to_string());
+  return out;
+}
+
 }  // namespace
 
 EngineImpl::EngineImpl(EngineOptions options)
@@ -160,7 +171,19 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
                        HandshakeServer::start(
                            listen, [raw] { return *raw->descriptor_json_.load(); },
                            engine->options_.handshake_limits, engine->secret_));
-  engine->endpoint_ = engine->handshake_->endpoint().to_string();
+  engine->endpoints_ = advertised_endpoints(engine->handshake_->endpoint());
+  engine->endpoint_ = engine->endpoints_.front();
+  if (!is_loopback_host(listen.host) && !engine->secret_) {
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      log().warn(
+          "engine '{}' listens on {} without a secret: any host that reaches it can read its "
+          "descriptor (the addresses of its registered memory) and read and write that memory "
+          "over tcp; set EngineOptions::secret or KVFERRY_SECRET on every engine of the "
+          "deployment",
+          engine->options_.name, listen.host);
+    });
+  }
   if (served.contains(TransportKind::kShm)) {
     KVF_ASSIGN_OR_RETURN(
         engine->shm_fd_server_,
@@ -222,11 +245,13 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
     // The first publish proves the store works; later failures are retried by its
     // keep-alive and logged.
     KVF_RETURN_IF_ERROR(engine->publish_locked());
-    engine->connect_links(*self, *parse_segment_descriptor(*engine->descriptor_json_.load()));
+    SegmentDescriptor own = *parse_segment_descriptor(*engine->descriptor_json_.load());
+    reach_through(own, parse_endpoint(engine->endpoint_)->host);
+    engine->connect_links(*self, own);
   }
   engine->self_peer_ = std::move(self);
   log().info("engine '{}' listening on {} (incarnation {:016x})", engine->options_.name,
-             engine->endpoint_, engine->incarnation_);
+             fmt::join(engine->endpoints_, ", "), engine->incarnation_);
   return engine;
 }
 

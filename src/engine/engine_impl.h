@@ -31,6 +31,10 @@
 
 namespace kvferry::detail {
 
+// A descriptor's listeners on every interface (tcp, notifications) become `host`: the host
+// its owner was reached at.
+void reach_through(SegmentDescriptor& d, std::string_view host);
+
 class EngineImpl {
  public:
   static Result<std::unique_ptr<EngineImpl>> create(EngineOptions options);
@@ -41,6 +45,7 @@ class EngineImpl {
   ~EngineImpl();
 
   const std::string& endpoint() const { return endpoint_; }
+  const std::vector<std::string>& endpoints() const { return endpoints_; }
   const EngineOptions& options() const { return options_; }
   uint64_t incarnation() const { return incarnation_; }
   const std::optional<std::string>& secret() const { return secret_; }
@@ -106,6 +111,10 @@ class EngineImpl {
   void unregister_regions(std::span<const RegionEntry> entries);
 
   // Peers.
+  // The descriptor of the peer whose handshake endpoint is `peer`, its listeners on every
+  // interface made reachable through the host it was fetched from (reach_through).
+  Result<SegmentDescriptor> fetch_descriptor(const Endpoint& peer,
+                                             Clock::time_point deadline) const;
   Result<std::shared_ptr<PeerState>> connect_peer(const std::string& name,
                                                   const PeerOptions& options);
   // The peer's links (one per transport both serve) and its route chooser; no shm link when
@@ -137,7 +146,8 @@ class EngineImpl {
 
   EngineOptions options_;
   uint64_t incarnation_ = 0;
-  std::string endpoint_;
+  std::string endpoint_;  // endpoints_.front()
+  std::vector<std::string> endpoints_;
   TransportSet served_;
   std::optional<std::string> secret_;
   // EngineOptions::metrics: the counters, or null (no hook runs). Declared before the

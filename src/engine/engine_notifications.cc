@@ -26,7 +26,7 @@ Result<std::shared_ptr<NotificationSender>> EngineImpl::notification_sender(Peer
   }
   std::string target;
   if (peer.is_self) {
-    target = notifications_->endpoint().to_string();
+    target = reachable_via(notifications_->endpoint().to_string(), parse_endpoint(endpoint_)->host);
   } else {
     target = peer.segment.load()->descriptor.notify_endpoint;
     if (target.empty()) {

@@ -16,7 +16,7 @@ Result<PeerHandle> EngineImpl::open_peer(std::string_view name, const PeerOption
   std::optional<TransportKind> forced =
       options.transport ? options.transport : options_.forced_transport;
   const bool forced_tcp = forced == TransportKind::kTcp;  // tcp may reach even ourselves
-  if (name == endpoint_ && !forced_tcp) {
+  if (std::find(endpoints_.begin(), endpoints_.end(), name) != endpoints_.end() && !forced_tcp) {
     if (forced && *forced != TransportKind::kLocal) {
       return NotSupported(
           fmt::format("forced transport {} cannot reach {}: it is this engine "
@@ -63,19 +63,29 @@ void EngineImpl::close_peer(const PeerHandle& handle) {
                                                                  " closed by this engine"));
 }
 
+void reach_through(SegmentDescriptor& d, std::string_view host) {
+  d.tcp_endpoint = reachable_via(d.tcp_endpoint, host);
+  d.notify_endpoint = reachable_via(d.notify_endpoint, host);
+}
+
+Result<SegmentDescriptor> EngineImpl::fetch_descriptor(const Endpoint& peer,
+                                                       Clock::time_point deadline) const {
+  KVF_ASSIGN_OR_RETURN(std::string json, store_->fetch(peer.to_string(), deadline));
+  KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
+  reach_through(d, peer.host);
+  return d;
+}
+
 Status EngineImpl::probe_peer(std::string_view name, std::chrono::milliseconds timeout) {
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(name));
-  KVF_ASSIGN_OR_RETURN(std::string json,
-                       store_->fetch(endpoint.to_string(), Clock::now() + timeout));
-  return parse_segment_descriptor(json).status();
+  return fetch_descriptor(endpoint, Clock::now() + timeout).status();
 }
 
 Result<std::shared_ptr<PeerState>> EngineImpl::connect_peer(const std::string& name,
                                                             const PeerOptions& options) {
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(name));
-  KVF_ASSIGN_OR_RETURN(std::string json, store_->fetch(endpoint.to_string(),
-                                                       Clock::now() + options_.handshake_timeout));
-  KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
+  KVF_ASSIGN_OR_RETURN(SegmentDescriptor d,
+                       fetch_descriptor(endpoint, Clock::now() + options_.handshake_timeout));
   std::optional<TransportKind> forced =
       options.transport ? options.transport : options_.forced_transport;
   const bool is_self = d.incarnation == incarnation_;
@@ -284,10 +294,9 @@ Status EngineImpl::refresh_peer(PeerState& peer, Clock::time_point batch_deadlin
   } end_refresh{peer};
   KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(peer.name));
   KVF_ASSIGN_OR_RETURN(
-      std::string json,
-      store_->fetch(endpoint.to_string(),
-                    std::min(Clock::now() + options_.handshake_timeout, batch_deadline)));
-  KVF_ASSIGN_OR_RETURN(SegmentDescriptor d, parse_segment_descriptor(json));
+      SegmentDescriptor d,
+      fetch_descriptor(endpoint,
+                       std::min(Clock::now() + options_.handshake_timeout, batch_deadline)));
   if (d.incarnation != peer.incarnation) {
     std::string why = fmt::format("restarted (incarnation {:016x} -> {:016x}); open it again",
                                   peer.incarnation, d.incarnation);

@@ -21,6 +21,7 @@ TransferEngine::TransferEngine(std::unique_ptr<detail::EngineImpl> impl) : impl_
 TransferEngine::~TransferEngine() = default;
 
 const std::string& TransferEngine::endpoint() const { return impl_->endpoint(); }
+const std::vector<std::string>& TransferEngine::endpoints() const { return impl_->endpoints(); }
 const EngineOptions& TransferEngine::options() const { return impl_->options(); }
 uint64_t TransferEngine::incarnation() const { return impl_->incarnation(); }
 const std::optional<std::string>& TransferEngine::secret() const { return impl_->secret(); }

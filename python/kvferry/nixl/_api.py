@@ -10,18 +10,35 @@ NotRegisteredError, ...); a transfer that fails shows "ERR" in check_xfer_state 
 PeerDisconnectedError (make_prepped_xfer) or "ERR" (in flight).
 
 Notifications (``notif_msg``, ``send_notif``) are kvferry engine notifications: delivered to
-the target after the transfer's bytes are in place, in order per sender; a transfer with a
-notification is "DONE" only once the target has it.
+the target after the transfer's bytes are in place, in order per sender. As in NIXL, a
+transfer is "DONE" once its bytes are in place and its notification is queued on the ordered
+channel to the target: a stalled target does not hold the reader up, and one that dies first
+loses the notification. ``nixl_agent_config(acknowledged_notifications=True)`` makes "DONE"
+wait for the target's acknowledgement instead (a notification that cannot be delivered is then
+"ERR").
+
+Reachability: with no listen address configured (``listen_address``, ``KVFERRY_LISTEN_ADDRESS``
+or vLLM's ``VLLM_NIXL_SIDE_CHANNEL_HOST``), an agent listens on every interface and its
+metadata lists each IPv4 address of the host; ``add_remote_agent`` uses the first that answers.
+
+Backends: kvferry serves what NIXL's "UCX" backend serves (host and device memory, on one host
+and across hosts) and routes each transfer itself. Other backend names are skipped with a
+warning, as NIXL skips a backend whose plugin is missing, and ``create_backend`` refuses them
+(nixlNotFoundError).
 
 Thread-safety: every method may be called from any thread (the handshake thread and vLLM's
 writer thread call concurrently); the GIL is released during engine calls.
 """
 
 import json
+import logging
+import os
 
 from .. import _kvferry
 from ..errors import InvalidArgumentError, StatusCode
-from ._bindings import nixlXferTelemetry  # noqa: F401
+from ._bindings import nixlNoTelemetryError, nixlNotFoundError, nixlXferTelemetry  # noqa: F401
+
+logger = logging.getLogger(__name__)
 
 # The agent name NIXL uses for "this agent's own memory" in prep_xfer_dlist.
 LOCAL_AGENT = "NIXL_INIT_AGENT"
@@ -29,28 +46,64 @@ _METADATA_FORMAT = "kvferry-nixl-1"
 
 nixl_xfer_handle = int
 nixl_prepped_dlist_handle = int
+nixl_backend_handle = int
+
+# The one NIXL backend kvferry stands in for, and the memory it serves.
+_PLUGINS = {"UCX": ["DRAM", "VRAM"]}
+
+
+def _env_listen_address():
+    """KVFERRY_LISTEN_ADDRESS ("host:port"), else vLLM's VLLM_NIXL_SIDE_CHANNEL_HOST (any
+    port), else every interface."""
+    address = os.environ.get("KVFERRY_LISTEN_ADDRESS")
+    if address:
+        return address
+    host = os.environ.get("VLLM_NIXL_SIDE_CHANNEL_HOST")
+    return f"{host}:0" if host else "0.0.0.0:0"
+
+
+def _env_int(name, default):
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise InvalidArgumentError(
+            StatusCode.InvalidArgument, f"{name}={text!r} is not an integer") from None
 
 
 class nixl_agent_config:
-    """NIXL's agent options; kvferry ignores the progress-thread and backend choices (the
-    engine routes every transfer itself) and adds its own: listen_address, batch_timeout_ms
-    (a transfer ends in DONE or ERR within it), transport (force one kvferry transport),
-    secret (authenticate peers; KVFERRY_SECRET works too)."""
+    """NIXL's agent options, plus kvferry's own; each kvferry option left as None is taken
+    from the environment (so a deployment can set what vLLM cannot pass):
+
+    * listen_address: "host:port" of the agent's listeners (KVFERRY_LISTEN_ADDRESS, else
+      VLLM_NIXL_SIDE_CHANNEL_HOST's host, else "0.0.0.0:0": every interface);
+    * batch_timeout_ms: a transfer ends in DONE or ERR within it (KVFERRY_BATCH_TIMEOUT_MS,
+      else 30,000);
+    * transport: force one kvferry transport (KVFERRY_TRANSPORT);
+    * secret: authenticate peers (KVFERRY_SECRET);
+    * acknowledged_notifications: "DONE" waits for the target's acknowledgement of the
+      notification (default False: NIXL's semantics).
+
+    The progress-thread choices are accepted and have no effect: the engine runs its own."""
 
     def __init__(self, enable_prog_thread=True, enable_listen_thread=False, listen_port=0,
                  capture_telemetry=False, num_threads=0, backends=("UCX",),
-                 listen_address="127.0.0.1:0", batch_timeout_ms=30_000, transport=None,
-                 secret=None):
+                 listen_address=None, batch_timeout_ms=None, transport=None, secret=None,
+                 acknowledged_notifications=False):
         self.enable_pthread = enable_prog_thread
         self.enable_listen = enable_listen_thread
         self.port = listen_port
         self.capture_telemetry = capture_telemetry
         self.num_threads = num_threads
         self.backends = list(backends)
-        self.listen_address = listen_address
-        self.batch_timeout_ms = batch_timeout_ms
-        self.transport = transport
+        self.listen_address = listen_address or _env_listen_address()
+        self.batch_timeout_ms = (batch_timeout_ms if batch_timeout_ms is not None
+                                 else _env_int("KVFERRY_BATCH_TIMEOUT_MS", 30_000))
+        self.transport = transport or os.environ.get("KVFERRY_TRANSPORT") or None
         self.secret = secret
+        self.acknowledged_notifications = acknowledged_notifications
 
 
 class nixl_agent:
@@ -60,10 +113,55 @@ class nixl_agent:
         self.config = conf
         workers = conf.num_threads if conf.num_threads and conf.num_threads > 0 else 2
         self._core = _kvferry.NixlAgent(agent_name, conf.listen_address, conf.batch_timeout_ms,
-                                        conf.transport, conf.secret, workers)
-        self.backends = {b: b for b in conf.backends}
+                                        conf.transport, conf.secret, workers,
+                                        conf.acknowledged_notifications)
+        self.plugin_list = list(_PLUGINS)
+        self.backends = {}
+        self.backend_mems = {}
         self.notifs = {}
         self._lost = {}
+        self._telemetry = conf.capture_telemetry or os.environ.get(
+            "NIXL_TELEMETRY_ENABLE", "").lower() in ("y", "yes", "1", "true", "on")
+        for backend in (self.plugin_list if instantiate_all else conf.backends):
+            if backend not in _PLUGINS:
+                logger.warning(
+                    "Skipping backend registration %s due to the missing plugin: kvferry "
+                    "serves what NIXL's UCX backend serves (host and device memory, on this "
+                    "host and across hosts) and routes every transfer itself; name UCX",
+                    backend)
+            else:
+                self.create_backend(backend)
+
+    # ---- backends -----------------------------------------------------------------------
+    def get_plugin_list(self):
+        return list(self.plugin_list)
+
+    def create_backend(self, backend, initParams=None):
+        if backend not in _PLUGINS:
+            raise nixlNotFoundError(
+                StatusCode.NotRegistered,
+                f"backend {backend!r}: no such plugin (kvferry serves only {list(_PLUGINS)})")
+        self.backends[backend] = 1 + list(_PLUGINS).index(backend)
+        self.backend_mems[backend] = list(_PLUGINS[backend])
+        return self.backends[backend]
+
+    def get_plugin_mem_types(self, backend):
+        if backend not in _PLUGINS:
+            raise nixlNotFoundError(StatusCode.NotRegistered, f"no plugin {backend!r}")
+        return list(_PLUGINS[backend])
+
+    def get_backend_mem_types(self, backend):
+        return list(self.backend_mems[backend])
+
+    def _need_backend(self, what, names=()):
+        for name in names:
+            if name not in self.backends:
+                raise KeyError(name)
+        if not self.backends:
+            raise nixlNotFoundError(
+                StatusCode.NotRegistered,
+                f"{what}: this agent has no backend (its backends were {self.config.backends}; "
+                f"kvferry serves {list(_PLUGINS)}: create_backend('UCX'))")
 
     # ---- memory -------------------------------------------------------------------------
     def get_reg_descs(self, descs, mem_type=None, is_sorted=False):
@@ -79,6 +177,7 @@ class nixl_agent:
         return _kvferry.nixl_desc_list(descs, mem_type, 3)
 
     def register_memory(self, reg_list, mem_type=None, is_sorted=False, backends=()):
+        self._need_backend("register_memory", backends)
         descs = self.get_reg_descs(reg_list, mem_type)
         self._core.register_memory(descs)
         return descs
@@ -89,7 +188,7 @@ class nixl_agent:
     # ---- peers --------------------------------------------------------------------------
     def get_agent_metadata(self):
         return json.dumps({"format": _METADATA_FORMAT, "name": self.name,
-                           "endpoint": self._core.endpoint,
+                           "endpoints": self._core.endpoints,
                            "incarnation": self._core.incarnation}).encode()
 
     def add_remote_agent(self, metadata):
@@ -97,12 +196,17 @@ class nixl_agent:
             md = json.loads(bytes(metadata).decode())
             if md.get("format") != _METADATA_FORMAT:
                 raise ValueError(f"format {md.get('format')!r}")
-            name, endpoint = str(md["name"]), str(md["endpoint"])
+            name, endpoints = str(md["name"]), [str(e) for e in md["endpoints"]]
+            incarnation = int(md.get("incarnation", 0))
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
             raise InvalidArgumentError(
                 StatusCode.InvalidArgument, f"add_remote_agent: not kvferry agent metadata ({e})") from None
-        self._core.add_remote(name, endpoint)
-        return name
+        self._core.add_remote(name, endpoints, incarnation)
+        return name.encode()  # bytes, as NIXL returns it; every call here takes bytes or str
+
+    def make_connection(self, remote_agent, backends=()):
+        """NIXL connects ahead of the first transfer here; add_remote_agent already has."""
+        self._core.check_remote(_text(remote_agent))
 
     def remove_remote_agent(self, agent):
         self._core.remove_remote(_text(agent))
@@ -120,6 +224,7 @@ class nixl_agent:
 
     def make_prepped_xfer(self, operation, local_xfer_side, local_indices, remote_xfer_side,
                           remote_indices, notif_msg=b"", backends=(), skip_desc_merge=False):
+        self._need_backend("make_prepped_xfer", backends)
         return self._core.make_xfer(operation, local_xfer_side, local_indices,
                                     remote_xfer_side, remote_indices, _notif(notif_msg))
 
@@ -136,7 +241,9 @@ class nixl_agent:
             self._core.release_prepped(remote)
 
     def transfer(self, handle, notif_msg=b""):
-        return self._core.post(handle)
+        """Posts the transfer; a non-empty notif_msg replaces its notification (for this
+        post and later ones), as in NIXL."""
+        return self._core.post(handle, _notif(notif_msg))
 
     def check_xfer_state(self, handle):
         return self._core.state(handle)
@@ -146,6 +253,11 @@ class nixl_agent:
         return self._core.error(handle)
 
     def get_xfer_telemetry(self, handle):
+        if not self._telemetry:
+            raise nixlNoTelemetryError(
+                StatusCode.FailedPrecondition,
+                "telemetry is off for this agent (nixl_agent_config(capture_telemetry=True) or "
+                "NIXL_TELEMETRY_ENABLE=y)")
         return self._core.telemetry(handle)
 
     def release_xfer_handle(self, handle):
@@ -170,9 +282,10 @@ class nixl_agent:
 
     def check_remote_xfer_done(self, remote_agent_name, lookup_msg):
         self._drain(self.notifs)
-        for msg in self.notifs.get(remote_agent_name, []):
+        name = _text(remote_agent_name)
+        for msg in self.notifs.get(name, []):
             if lookup_msg in msg:
-                self.notifs[remote_agent_name].remove(msg)
+                self.notifs[name].remove(msg)
                 return msg
         return None
 

@@ -5,7 +5,7 @@ microseconds, totalBytes, descCount). The memory-type and operation constants mi
 """
 
 from .. import _kvferry
-from ..errors import KvferryError
+from ..errors import FailedPreconditionError, KvferryError, NotRegisteredError
 
 nixlXferTelemetry = _kvferry.NixlTelemetry
 nixlXferDList = _kvferry.NixlDescList
@@ -19,3 +19,11 @@ NIXL_WRITE = "WRITE"
 # NIXL raises nixl*Error classes; here every failure is a kvferry.errors.KvferryError
 # subclass (ValueError, ConnectionError, ... as well), whose .code says what went wrong.
 nixlError = KvferryError
+
+
+class nixlNotFoundError(NotRegisteredError):
+    """NIXL's error for a name it does not have (a backend plugin, an agent, a handle)."""
+
+
+class nixlNoTelemetryError(FailedPreconditionError):
+    """get_xfer_telemetry on an agent created without telemetry."""

@@ -172,6 +172,36 @@ TEST(Notifications, StandaloneAndBatchNotificationsKeepTheSendersOrder) {
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
 }
 
+// An engine listening on every interface advertises each interface address, never the
+// wildcard; a peer reaching it at any of them moves bytes over tcp and notifies it (its tcp
+// and notification listeners are dialled at the host the engine was reached at).
+TEST(Notifications, AnEngineOnEveryInterfaceIsReachedAtEachAddressItAdvertises) {
+  std::vector<std::byte> src(64 * 1024), dst(64 * 1024);
+  auto a = engine_named("a");
+  EngineOptions o;
+  o.name = "everywhere";
+  o.listen_address = "0.0.0.0:0";
+  auto b = must(TransferEngine::create(o));
+  ASSERT_FALSE(b->endpoints().empty());
+  EXPECT_EQ(b->endpoint(), b->endpoints().front());
+  ASSERT_TRUE(b->register_memory(dst.data(), dst.size()).ok());
+  ASSERT_TRUE(a->register_memory(src.data(), src.size()).ok());
+  uint64_t seed = 70;
+  for (const std::string& endpoint : b->endpoints()) {
+    EXPECT_NE(endpoint.rfind("0.0.0.0:", 0), 0u) << endpoint;
+    PeerHandle peer = must(a->open_peer(endpoint, PeerOptions{TransportKind::kTcp}));
+    fill_random(src, ++seed);
+    TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(dst.data()), src.size()};
+    SubmitOptions so;
+    so.notification = endpoint;
+    ASSERT_TRUE(a->transfer_sync(peer, {&op, 1}, so).ok()) << endpoint;
+    EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0) << endpoint;
+    std::vector<Notification> got = drain(*b, 1);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].bytes, endpoint);
+  }
+}
+
 TEST(Notifications, ConcurrentSendersAreEachInOrder) {
   auto target = engine_named("target");
   auto a = engine_named("a");
