@@ -18,13 +18,15 @@ Both are measured in the same process, interleaved round by round; each figure i
 from a prefill agent of another process with a notification, and polls check_xfer_state to
 DONE; p50 and p99 over --pull-reads reads, same host (the engine's route) and over tcp, for
 DONE as NIXL has it (the notification queued) and for DONE on the prefill's acknowledgement
-(acknowledged_notifications=True), interleaved.
+(acknowledged_notifications=True), interleaved; then up to 50 same-host reads, queued, while
+the prefill is stopped (SIGSTOP).
 """
 
 import argparse
 import os
 import platform
 import select
+import signal
 import statistics
 import subprocess
 import sys
@@ -101,6 +103,26 @@ def pull_latency(reads):
                 agent.release_xfer_handle(x)
                 got = buffer.reshape(PULL_BLOCKS, PULL_BLOCK_BYTES)
                 assert np.array_equal(got, want.reshape(-1, PULL_BLOCK_BYTES)[ids]), "bytes differ"
+        # The same reads from the stopped prefill (SIGSTOP): same host, queued DONE only (an
+        # acknowledged one waits for the prefill, and tcp needs it to send the bytes).
+        agent, buffer, local, remote, _ = cases[("same host", False)]
+        stalled = []
+        os.kill(child.pid, signal.SIGSTOP)
+        try:
+            for i in range(min(reads, 50)):
+                ids = rng.permutation(PULL_POOL_BLOCKS)[:PULL_BLOCKS].astype(np.int64)
+                t = time.perf_counter_ns()
+                x = agent.make_prepped_xfer("READ", local, np.arange(PULL_BLOCKS), remote, ids,
+                                            notif_msg=b"stalled-%d" % i)
+                state = agent.transfer(x)
+                while state == "PROC":
+                    state = agent.check_xfer_state(x)
+                stalled.append(time.perf_counter_ns() - t)
+                assert state == "DONE", agent.xfer_error(x)
+                agent.release_xfer_handle(x)
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+        cases[("same host, prefill stopped", False)] = (None, None, None, None, stalled)
         lines = ["| route | DONE when | p50 µs | p99 µs |", "|---|---|---:|---:|"]
         for (route, acknowledged), (_, _, _, _, times) in cases.items():
             times = sorted(times)

@@ -160,7 +160,7 @@ build/kvferry bench kv --preset deepseek-v3,llama-3.1-8b --tokens 1024,16384 \
 if [ -d build/python/kvferry ]; then
   echo "== Python: kvferry.plan and kvferry.nixl against the same work in C++"
   PYTHONPATH=build/python /usr/bin/python3 python/bench_plan.py --rounds 40 | tee "$out/python-plan.txt"
-  PYTHONPATH=build/python /usr/bin/python3 python/bench_nixl.py --rounds 5 | tee "$out/python-nixl.txt"
+  PYTHONPATH=build/python /usr/bin/python3 python/bench_nixl.py --rounds 5 --pull | tee "$out/python-nixl.txt"
 fi
 
 # How costs grow with peers (256 `kvferry serve` children), regions, descriptors per batch,

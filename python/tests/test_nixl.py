@@ -328,8 +328,9 @@ def test_repost_with_a_new_notification_delivers_the_new_one(make_nixl_peer):
 @pytest.mark.parametrize("acknowledged", [False, True], ids=["nixl-semantics", "acknowledged"])
 def test_stalled_prefill_does_not_hold_a_read_whose_data_landed(make_nixl_peer, acknowledged):
     """The prefill is stopped (SIGSTOP: a GC pause, an overload) while a READ from it runs.
-    The bytes move without it (same host); with NIXL's semantics DONE comes at once and the
-    notification reaches the prefill once it runs again. Acknowledged: DONE waits for it."""
+    The bytes move without it (same host); with NIXL's semantics DONE comes while it is still
+    stopped, and the notification reaches it once it runs again. Acknowledged: DONE waits for
+    the prefill."""
     prefill = make_nixl_peer()
     agent, buffer = decode_agent("decode", acknowledged_notifications=acknowledged)
     agent._test_buffer = buffer
@@ -338,7 +339,9 @@ def test_stalled_prefill_does_not_hold_a_read_whose_data_landed(make_nixl_peer, 
     try:
         ids = [9, 2, 30]
         handle = read_blocks_with(agent, prefill, ids, b"stalled")
-        state = wait_state(agent, handle, timeout_s=1.0)
+        # Bounded generously for a loaded machine; the time it takes is a figure of
+        # docs/PERFORMANCE.md, not of this test.
+        state = wait_state(agent, handle, timeout_s=1.0 if acknowledged else 8.0)
         if acknowledged:
             assert state == "PROC"  # waits for the stopped prefill's acknowledgement
         else:

@@ -73,7 +73,7 @@ TEST(NotificationCompletion, AStoppedTargetHoldsUpOnlyAcknowledgedCompletion) {
   SubmitOptions acknowledged;
   acknowledged.notification = "acknowledged";
   BatchHandle b2 = must(engine->submit(handle, {&second, 1}, acknowledged));
-  const BatchStatus s1 = engine->wait(b1, std::chrono::seconds(1));
+  const BatchStatus s1 = engine->wait(b1, std::chrono::seconds(10));  // a loaded machine's bound
   const BatchState s2 = engine->wait(b2, std::chrono::milliseconds(300)).state;
   ::kill(peer.process.pid(), SIGCONT);
   EXPECT_EQ(s1.state, BatchState::kCompleted) << s1.status.to_string();
