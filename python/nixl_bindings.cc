@@ -32,6 +32,7 @@ struct DescColumns {
   std::vector<uint64_t> addr;
   std::vector<uint64_t> len;
   std::vector<int64_t> dev;
+  bool operator==(const DescColumns&) const = default;
 };
 
 class PyDescList {
@@ -90,6 +91,7 @@ PyDescList make_desc_list(const py::object& descs, const std::string& mem_type, 
 }
 
 struct Telemetry {
+  double start_time_us = 0;  // microseconds since the epoch, at the last post
   double xfer_duration_us = 0;
   double post_duration_us = 0;
   uint64_t total_bytes = 0;
@@ -110,6 +112,7 @@ struct Xfer {
   std::mutex mu;
   std::optional<BatchHandle> batch;  // guarded by mu
   Status error;                      // guarded by mu: a failed submit
+  std::chrono::system_clock::time_point posted_at;  // guarded by mu
 };
 
 class NixlAgent {
@@ -327,6 +330,7 @@ class NixlAgent {
     SubmitOptions options;
     options.notification = x->notification;
     options.notification_completion = completion_;
+    x->posted_at = std::chrono::system_clock::now();
     Result<BatchHandle> batch = engine_->submit(x->peer, x->ops, options);
     if (!batch.ok()) {
       x->error = batch.status();
@@ -364,6 +368,9 @@ class NixlAgent {
     if (!x->batch) return t;
     BatchStatus s = engine_->status(*x->batch);
     t.total_bytes = s.telemetry.bytes;
+    t.start_time_us = static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                              x->posted_at.time_since_epoch())
+                                              .count());
     t.post_duration_us = static_cast<double>(s.telemetry.post_time.count()) / 1e3;
     t.xfer_duration_us = static_cast<double>(s.telemetry.complete_time.count()) / 1e3;
     return t;
@@ -496,12 +503,48 @@ class NixlAgent {
 }  // namespace
 
 void bind_nixl(py::module_& m) {
+  // NIXL's descriptor-list objects (kvferry/nixl/_bindings.py subclasses it): immutable once
+  // made, compared by value, read back as rows.
   py::class_<PyDescList>(m, "NixlDescList")
+      .def(py::init(&make_desc_list), py::arg("descs"), py::arg("mem_type"), py::arg("width"))
       .def("__len__", [](const PyDescList& d) { return d.columns->addr.size(); })
+      .def("descCount", [](const PyDescList& d) { return d.columns->addr.size(); })
+      .def("isEmpty", [](const PyDescList& d) { return d.columns->addr.empty(); })
+      .def("getType",
+           [](const PyDescList& d) {
+             return d.columns->kind == MemoryLocation::Kind::kCuda ? "VRAM" : "DRAM";
+           })
+      .def("__eq__",
+           [](const PyDescList& a, const py::object& b) {
+             return py::isinstance<PyDescList>(b) &&
+                    *a.columns == *b.cast<const PyDescList&>().columns;
+           })
+      .def("__getitem__",
+           [](const PyDescList& d, int64_t i) {
+             const auto n = static_cast<int64_t>(d.columns->addr.size());
+             if (i < 0) i += n;
+             if (i < 0 || i >= n) {
+               throw py::index_error(fmt::format("descriptor {} of a list of {}", i, n));
+             }
+             const auto k = static_cast<size_t>(i);
+             return py::make_tuple(d.columns->addr[k], d.columns->len[k], d.columns->dev[k]);
+           })
+      // An Nx3 uint64 copy (addr, len, dev): what pickling carries.
+      .def("rows",
+           [](const PyDescList& d) {
+             const DescColumns& c = *d.columns;
+             py::array_t<uint64_t> rows({c.addr.size(), size_t{3}});
+             auto r = rows.mutable_unchecked<2>();
+             for (size_t i = 0; i < c.addr.size(); ++i) {
+               r(i, 0) = c.addr[i];
+               r(i, 1) = c.len[i];
+               r(i, 2) = static_cast<uint64_t>(c.dev[i]);
+             }
+             return rows;
+           })
       .def_property_readonly("is_device", [](const PyDescList& d) {
         return d.columns->kind == MemoryLocation::Kind::kCuda;
       });
-  m.def("nixl_desc_list", &make_desc_list, py::arg("descs"), py::arg("mem_type"), py::arg("width"));
 
   // bench_nixl.py's C++ reference for get_xfer_descs + prep_xfer_dlist: the same flat
   // columns built from an Nx3 uint64 array with no Python in the loop. Nanoseconds.
@@ -526,6 +569,7 @@ void bind_nixl(py::module_& m) {
   });
 
   py::class_<Telemetry>(m, "NixlTelemetry")
+      .def_readonly("startTime", &Telemetry::start_time_us)
       .def_readonly("xferDuration", &Telemetry::xfer_duration_us)
       .def_readonly("postDuration", &Telemetry::post_duration_us)
       .def_readonly("totalBytes", &Telemetry::total_bytes)

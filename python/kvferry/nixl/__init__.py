@@ -13,12 +13,14 @@ docs/VLLM.md says what is exercised and what is not.
 import os
 import sys
 
-from . import _api, _bindings
-from ._api import nixl_agent, nixl_agent_config, nixl_xfer_handle
+from . import _api, _bindings, _utils, logging
+from ._api import (DEFAULT_COMM_PORT, nixl_agent, nixl_agent_config, nixl_backend_handle,
+                   nixl_prepped_dlist_handle, nixl_thread_sync_t, nixl_xfer_handle)
 from ._bindings import nixlXferTelemetry
 
-__all__ = ["nixl_agent", "nixl_agent_config", "nixl_xfer_handle", "nixlXferTelemetry",
-           "install_as_nixl", "shim_path"]
+__all__ = ["DEFAULT_COMM_PORT", "nixl_agent", "nixl_agent_config", "nixl_backend_handle",
+           "nixl_prepped_dlist_handle", "nixl_thread_sync_t", "nixl_xfer_handle",
+           "nixlXferTelemetry", "install_as_nixl", "shim_path"]
 
 
 def shim_path():
@@ -27,8 +29,9 @@ def shim_path():
 
 
 def install_as_nixl():
-    """Makes ``import nixl``, ``nixl._api`` and ``nixl._bindings`` resolve to this package in
-    this process. Refuses (RuntimeError) when a different ``nixl`` is already imported."""
+    """Makes ``import nixl`` and its modules (``_api``, ``_bindings``, ``_utils``,
+    ``logging``) resolve to this package in this process. Refuses (RuntimeError) when a
+    different ``nixl`` is already imported."""
     current = sys.modules.get("nixl")
     if current is not None and getattr(current, "__kvferry__", False) is False \
             and current is not sys.modules[__name__]:
@@ -36,6 +39,8 @@ def install_as_nixl():
     sys.modules["nixl"] = sys.modules[__name__]
     sys.modules["nixl._api"] = _api
     sys.modules["nixl._bindings"] = _bindings
+    sys.modules["nixl._utils"] = _utils
+    sys.modules["nixl.logging"] = logging
 
 
 __kvferry__ = True

@@ -33,12 +33,36 @@ writer thread call concurrently); the GIL is released during engine calls.
 import json
 import logging
 import os
+import pickle
+import sys
+from enum import Enum
 
-from .. import _kvferry
-from ..errors import InvalidArgumentError, StatusCode
-from ._bindings import nixlNoTelemetryError, nixlNotFoundError, nixlXferTelemetry  # noqa: F401
+import numpy as np
+
+from ..errors import FailedPreconditionError, InvalidArgumentError, StatusCode
+from . import _bindings as nixlBind
+from ._bindings import (DEFAULT_COMM_PORT, nixlNoTelemetryError, nixlNotFoundError,  # noqa: F401
+                        nixlNotSupportedError, nixlRegDList, nixlRepostActiveError,
+                        nixlXferDList, nixlXferTelemetry)
 
 logger = logging.getLogger(__name__)
+
+
+class nixl_thread_sync_t(Enum):
+    """NIXL's thread-synchronisation modes. Every mode is accepted: a kvferry agent may be
+    called from any thread in all of them."""
+
+    NIXL_THREAD_SYNC_NONE = nixlBind.NIXL_THREAD_SYNC_NONE
+    NIXL_THREAD_SYNC_STRICT = nixlBind.NIXL_THREAD_SYNC_STRICT
+    NIXL_THREAD_SYNC_RW = nixlBind.NIXL_THREAD_SYNC_RW
+    NIXL_THREAD_SYNC_DEFAULT = nixlBind.NIXL_THREAD_SYNC_DEFAULT
+
+
+class _UnknownName(InvalidArgumentError, KeyError):
+    """An operation or memory type NIXL does not have: NIXL raises KeyError for those."""
+
+    def __str__(self):
+        return Exception.__str__(self)
 
 # The agent name NIXL uses for "this agent's own memory" in prep_xfer_dlist.
 LOCAL_AGENT = "NIXL_INIT_AGENT"
@@ -48,8 +72,12 @@ nixl_xfer_handle = int
 nixl_prepped_dlist_handle = int
 nixl_backend_handle = int
 
-# The one NIXL backend kvferry stands in for, and the memory it serves.
+# The one NIXL backend kvferry stands in for, the memory it serves and its parameters.
 _PLUGINS = {"UCX": ["DRAM", "VRAM"]}
+_PLUGIN_PARAMS = {"UCX": {"num_threads": "0"}}
+_MEM_TYPES = {"DRAM": "DRAM", "VRAM": "VRAM", "cpu": "DRAM", "cuda": "VRAM"}
+_OPS = ("READ", "WRITE")
+_TRUE = ("y", "yes", "1", "true", "on")
 
 
 def _env_listen_address():
@@ -86,12 +114,18 @@ class nixl_agent_config:
     * acknowledged_notifications: "DONE" waits for the target's acknowledgement of the
       notification (default False: NIXL's semantics).
 
-    The progress-thread choices are accepted and have no effect: the engine runs its own."""
+    The progress-thread choices and sync_mode are accepted and have no effect: the engine
+    runs its own threads and every call is thread-safe. NIXL's metadata listener
+    (enable_listen_thread) is not there: it is refused with nixlNotSupportedError."""
 
-    def __init__(self, enable_prog_thread=True, enable_listen_thread=False, listen_port=0,
-                 capture_telemetry=False, num_threads=0, backends=("UCX",),
-                 listen_address=None, batch_timeout_ms=None, transport=None, secret=None,
-                 acknowledged_notifications=False):
+    def __init__(self, enable_prog_thread=True, enable_listen_thread=False,
+                 listen_port=DEFAULT_COMM_PORT, capture_telemetry=False, num_threads=0,
+                 backends=("UCX",), sync_mode=None, listen_address=None, batch_timeout_ms=None,
+                 transport=None, secret=None, acknowledged_notifications=False):
+        if sync_mode is not None and not isinstance(sync_mode, nixl_thread_sync_t):
+            raise TypeError(
+                f"sync_mode must be a nixl_thread_sync_t (got {type(sync_mode).__name__!r})")
+        self.sync_mode = sync_mode
         self.enable_pthread = enable_prog_thread
         self.enable_listen = enable_listen_thread
         self.port = listen_port
@@ -108,20 +142,41 @@ class nixl_agent_config:
 
 class nixl_agent:
     def __init__(self, agent_name, nixl_conf=None, instantiate_all=False):
+        if not agent_name:
+            raise InvalidArgumentError(StatusCode.InvalidArgument, "the agent name is empty")
+        if nixl_conf is not None and instantiate_all:
+            logger.warning("Ignoring instantiate_all based on the provided config in agent "
+                           "creation.")
+            instantiate_all = False
         conf = nixl_conf or nixl_agent_config()
+        if conf.enable_listen:
+            raise _not_supported("enable_listen_thread (NIXL's metadata listener)")
         self.name = agent_name
         self.config = conf
-        workers = conf.num_threads if conf.num_threads and conf.num_threads > 0 else 2
-        self._core = _kvferry.NixlAgent(agent_name, conf.listen_address, conf.batch_timeout_ms,
-                                        conf.transport, conf.secret, workers,
-                                        conf.acknowledged_notifications)
+        default_sync = (nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT if conf.enable_listen
+                        else nixl_thread_sync_t.NIXL_THREAD_SYNC_NONE)
+        agent_config = nixlBind.nixlAgentConfig()
+        agent_config.useProgThread = conf.enable_pthread
+        agent_config.useListenThread = conf.enable_listen
+        agent_config.listenPort = conf.port
+        agent_config.syncMode = (conf.sync_mode or default_sync).value
+        agent_config.captureTelemetry = conf.capture_telemetry
+        agent_config.listen_address = conf.listen_address
+        agent_config.batch_timeout_ms = conf.batch_timeout_ms
+        agent_config.transport = conf.transport
+        agent_config.secret = conf.secret
+        agent_config.worker_threads = (conf.num_threads if conf.num_threads and
+                                       conf.num_threads > 0 else 2)
+        agent_config.acknowledged_notifications = conf.acknowledged_notifications
+        self._core = nixlBind.nixlAgent(agent_name, agent_config)
         self.plugin_list = list(_PLUGINS)
         self.backends = {}
         self.backend_mems = {}
         self.notifs = {}
         self._lost = {}
-        self._telemetry = conf.capture_telemetry or os.environ.get(
-            "NIXL_TELEMETRY_ENABLE", "").lower() in ("y", "yes", "1", "true", "on")
+        # NIXL_TELEMETRY_ENABLE, when set, decides; otherwise capture_telemetry.
+        env = os.environ.get("NIXL_TELEMETRY_ENABLE")
+        self._telemetry = env.lower() in _TRUE if env else bool(conf.capture_telemetry)
         for backend in (self.plugin_list if instantiate_all else conf.backends):
             if backend not in _PLUGINS:
                 logger.warning(
@@ -147,11 +202,29 @@ class nixl_agent:
 
     def get_plugin_mem_types(self, backend):
         if backend not in _PLUGINS:
-            raise nixlNotFoundError(StatusCode.NotRegistered, f"no plugin {backend!r}")
+            logger.warning("Plugin %s is not available to get its supported mem types.",
+                           backend)
+            return []
         return list(_PLUGINS[backend])
 
+    def get_plugin_params(self, backend):
+        if backend not in _PLUGINS:
+            logger.warning("Plugin %s is not available to get its parameters.", backend)
+            return {}
+        return dict(_PLUGIN_PARAMS[backend])
+
     def get_backend_mem_types(self, backend):
+        if backend not in self.backends:
+            logger.warning("Backend %s not instantiated to get its supported mem types.",
+                           backend)
+            return []
         return list(self.backend_mems[backend])
+
+    def get_backend_params(self, backend):
+        if backend not in self.backends:
+            logger.warning("Backend %s not instantiated to get its parameters.", backend)
+            return {}
+        return dict(_PLUGIN_PARAMS[backend])
 
     def _need_backend(self, what, names=()):
         for name in names:
@@ -165,16 +238,21 @@ class nixl_agent:
 
     # ---- memory -------------------------------------------------------------------------
     def get_reg_descs(self, descs, mem_type=None, is_sorted=False):
-        if isinstance(descs, _kvferry.NixlDescList):
-            return descs
-        _need_mem_type(mem_type)
-        return _kvferry.nixl_desc_list(descs, mem_type, 4)
+        """A nixlRegDList from (addr, len, dev, meta) tuples or an Nx3 array with a mem_type,
+        a contiguous tensor, or a list of them. As in NIXL, input of the wrong shape logs an
+        error naming it and returns None; an unknown mem_type raises KeyError."""
+        return _desc_list(nixlRegDList, nixlXferDList, 4, descs, mem_type)
 
     def get_xfer_descs(self, descs, mem_type=None, is_sorted=False):
-        if isinstance(descs, _kvferry.NixlDescList):
-            return descs
-        _need_mem_type(mem_type)
-        return _kvferry.nixl_desc_list(descs, mem_type, 3)
+        """A nixlXferDList from (addr, len, dev) tuples or an Nx3 array with a mem_type, a
+        contiguous tensor, or a list of them; otherwise as get_reg_descs."""
+        return _desc_list(nixlXferDList, nixlRegDList, 3, descs, mem_type)
+
+    def get_serialized_descs(self, descs):
+        return pickle.dumps(descs)
+
+    def deserialize_descs(self, serialized_descs):
+        return pickle.loads(serialized_descs)
 
     def register_memory(self, reg_list, mem_type=None, is_sorted=False, backends=()):
         self._need_backend("register_memory", backends)
@@ -204,6 +282,31 @@ class nixl_agent:
         self._core.add_remote(name, endpoints, incarnation)
         return name.encode()  # bytes, as NIXL returns it; every call here takes bytes or str
 
+    def get_partial_agent_metadata(self, descs=None, inc_conn_info=True, backends=()):
+        """The whole metadata: kvferry's carries no regions (peers fetch them)."""
+        return self.get_agent_metadata()
+
+    def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
+        raise _not_supported("send_local_metadata (NIXL's metadata listener or etcd)")
+
+    def send_partial_agent_metadata(self, descs=None, inc_conn_info=True, backends=(),
+                                    ip_addr="", port=DEFAULT_COMM_PORT, label=""):
+        raise _not_supported("send_partial_agent_metadata (NIXL's metadata listener or etcd)")
+
+    def fetch_remote_metadata(self, remote_name, ip_addr="", port=DEFAULT_COMM_PORT):
+        raise _not_supported("fetch_remote_metadata (NIXL's metadata listener or etcd)")
+
+    def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
+        raise _not_supported("invalidate_local_metadata (NIXL's metadata listener or etcd)")
+
+    def check_remote_metadata(self, remote_name, descs=None):
+        """Whether `remote_name` was added (add_remote_agent) and not removed."""
+        try:
+            self._core.check_remote(_text(remote_name))
+            return True
+        except nixlNotFoundError:
+            return False
+
     def make_connection(self, remote_agent, backends=()):
         """NIXL connects ahead of the first transfer here; add_remote_agent already has."""
         self._core.check_remote(_text(remote_agent))
@@ -224,12 +327,14 @@ class nixl_agent:
 
     def make_prepped_xfer(self, operation, local_xfer_side, local_indices, remote_xfer_side,
                           remote_indices, notif_msg=b"", backends=(), skip_desc_merge=False):
+        _need_op(operation)
         self._need_backend("make_prepped_xfer", backends)
         return self._core.make_xfer(operation, local_xfer_side, local_indices,
                                     remote_xfer_side, remote_indices, _notif(notif_msg))
 
     def initialize_xfer(self, operation, local_descs, remote_descs, remote_agent,
                         notif_msg=b"", backends=()):
+        _need_op(operation)
         local = self.prep_xfer_dlist(LOCAL_AGENT, local_descs)
         remote = self.prep_xfer_dlist(remote_agent, remote_descs)
         try:
@@ -243,7 +348,15 @@ class nixl_agent:
     def transfer(self, handle, notif_msg=b""):
         """Posts the transfer; a non-empty notif_msg replaces its notification (for this
         post and later ones), as in NIXL."""
-        return self._core.post(handle, _notif(notif_msg))
+        try:
+            return self._core.post(handle, _notif(notif_msg))
+        except FailedPreconditionError as e:  # still in progress
+            raise nixlRepostActiveError(e.code, e.message) from None
+
+    def query_xfer_backend(self, handle):
+        """The backend of a transfer: "UCX", the one kvferry stands in for."""
+        self._core.state(handle)  # raises for an unknown handle
+        return "UCX"
 
     def check_xfer_state(self, handle):
         return self._core.state(handle)
@@ -299,9 +412,67 @@ class nixl_agent:
         self._core.send_notif(_text(remote_agent_name), _notif(notif_msg) or b"")
 
 
-def _need_mem_type(mem_type):
+def _not_supported(what):
+    return nixlNotSupportedError(
+        StatusCode.NotSupported,
+        f"{what} is not in kvferry's NIXL API: exchange get_agent_metadata() and "
+        "add_remote_agent() out of band (docs/VLLM.md)")
+
+
+def _tensor_rows(tensors):
+    """(Nx3 rows, mem type) of contiguous tensors on one device, or None (logged)."""
+    device = tensors[0].device
+    rows = np.zeros((len(tensors), 3), dtype=np.uint64)
+    for i, t in enumerate(tensors):
+        if t.device != device:
+            logger.error("Tensors of one list must be on one device (%s and %s)", device,
+                         t.device)
+            return None
+        if not t.is_contiguous():
+            logger.error("Please use a list of contiguous Tensors (tensor %d is not)", i)
+            return None
+        gpu = t.get_device()
+        rows[i] = (t.data_ptr(), t.numel() * t.element_size(), max(gpu, 0))
+    return rows, ("DRAM" if tensors[0].get_device() == -1 else "VRAM")
+
+
+def _is_tensor(obj):
+    torch = sys.modules.get("torch")  # a tensor exists only once torch is imported
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _desc_list(cls, other_cls, fields, descs, mem_type):
+    """get_reg_descs / get_xfer_descs: NIXL's input forms, NIXL's answers to bad ones."""
+    if isinstance(descs, cls):
+        return descs
+    if isinstance(descs, other_cls):
+        logger.error("%s given where a %s is needed", type(descs).__name__, cls.__name__)
+        return None
+    if _is_tensor(descs) or (isinstance(descs, (list, tuple)) and descs and _is_tensor(descs[0])):
+        found = _tensor_rows([descs] if _is_tensor(descs) else list(descs))
+        return None if found is None else cls(found[1], found[0])
     if mem_type is None:
-        raise InvalidArgumentError(StatusCode.InvalidArgument, "a mem_type (DRAM or VRAM) is required")
+        logger.error("Please specify a mem type (DRAM or VRAM) if not using Tensors")
+        return None
+    if mem_type not in _MEM_TYPES:
+        raise _UnknownName(StatusCode.InvalidArgument,
+                           f"memory type {mem_type!r} is not one of DRAM, VRAM (cpu, cuda)")
+    if isinstance(descs, np.ndarray):
+        if descs.ndim != 2 or descs.shape[1] != 3:
+            logger.error("An Nx3 array is needed for a descriptor list (got shape %s)",
+                         descs.shape)
+            return None
+    elif len(descs) > 0 and (not isinstance(descs[0], tuple) or len(descs[0]) != fields):
+        logger.error("A list of %d-tuples is needed for a %s (got %r first)", fields,
+                     cls.__name__, descs[0])
+        return None
+    return cls(_MEM_TYPES[mem_type], descs)
+
+
+def _need_op(operation):
+    if operation not in _OPS:
+        raise _UnknownName(StatusCode.InvalidArgument,
+                           f"operation {operation!r} is not one of READ, WRITE")
 
 
 def _text(name):
