@@ -110,8 +110,8 @@ struct Xfer {
   std::vector<TransferOp> ops;
   std::optional<std::string> notification;
   std::mutex mu;
-  std::optional<BatchHandle> batch;  // guarded by mu
-  Status error;                      // guarded by mu: a failed submit
+  std::optional<BatchHandle> batch;                 // guarded by mu
+  Status error;                                     // guarded by mu: a failed submit
   std::chrono::system_clock::time_point posted_at;  // guarded by mu
 };
 
@@ -209,6 +209,10 @@ class NixlAgent {
     std::lock_guard lock(mu_);
     if (!local) {
       auto it = peers_.find(agent);
+      if (it == peers_.end() && agent == engine_->options().name) {
+        // NIXL's loopback: an agent addresses its own memory by its own name.
+        it = peers_.emplace(agent, value_or_throw(engine_->open_peer(engine_->endpoint()))).first;
+      }
       if (it == peers_.end()) {
         throw StatusError(NotRegistered(fmt::format(
             "prep_xfer_dlist: remote agent '{}' is not loaded (add_remote_agent first)", agent)));
@@ -368,9 +372,9 @@ class NixlAgent {
     if (!x->batch) return t;
     BatchStatus s = engine_->status(*x->batch);
     t.total_bytes = s.telemetry.bytes;
-    t.start_time_us = static_cast<double>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                              x->posted_at.time_since_epoch())
-                                              .count());
+    t.start_time_us = static_cast<double>(
+        std::chrono::duration_cast<std::chrono::microseconds>(x->posted_at.time_since_epoch())
+            .count());
     t.post_duration_us = static_cast<double>(s.telemetry.post_time.count()) / 1e3;
     t.xfer_duration_us = static_cast<double>(s.telemetry.complete_time.count()) / 1e3;
     return t;
@@ -596,6 +600,14 @@ void bind_nixl(py::module_& m) {
            py::arg("secret") = py::none(), py::arg("worker_threads") = 2,
            py::arg("acknowledged_notifications") = false)
       .def_property_readonly("endpoints", [](NixlAgent& a) { return a.engine().endpoints(); })
+      // The secret the engine proves and requires (its option, else KVFERRY_SECRET), for the
+      // metadata listener; None without one.
+      .def_property_readonly("secret",
+                             [](NixlAgent& a) -> std::optional<py::bytes> {
+                               const auto& secret = a.engine().secret();
+                               if (!secret) return std::nullopt;
+                               return py::bytes(*secret);
+                             })
       .def_property_readonly("incarnation", [](NixlAgent& a) { return a.engine().incarnation(); })
       .def("register_memory", &NixlAgent::register_memory, py::call_guard<py::gil_scoped_release>())
       .def("deregister_memory", &NixlAgent::deregister_memory,

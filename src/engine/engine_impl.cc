@@ -97,7 +97,14 @@ EngineImpl::EngineImpl(EngineOptions options)
   local_regions_.store(std::make_shared<const RegionIndex>());
 }
 
-EngineImpl::~EngineImpl() = default;
+EngineImpl::~EngineImpl() {
+  // Notifications already queued are still delivered, every peer's at once (each sender
+  // drains for NotificationSender::kDrain), before the senders are joined one by one.
+  std::lock_guard lock(notify_mu_);
+  for (auto& [name, sender] : notify_senders_) {
+    sender->shutdown(Cancelled("the sending engine shut down"), NotificationSender::kDrain);
+  }
+}
 
 Result<std::unique_ptr<EngineImpl>> EngineImpl::create(EngineOptions options) {
   return create(std::move(options), built_transports());

@@ -57,7 +57,7 @@ void EngineImpl::drop_notification_sender(const std::string& peer_name, const St
     sender = std::move(it->second);
     notify_senders_.erase(it);
   }
-  sender->shutdown(why);
+  sender->shutdown(why, NotificationSender::kDrain);
 }
 
 Status EngineImpl::send_notification(const PeerHandle& handle, std::string_view bytes,

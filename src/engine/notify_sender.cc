@@ -53,12 +53,7 @@ NotificationSender::NotificationSender(std::string peer_name, Endpoint target,
       thread_(named_thread("kvf-notify-tx", [this] { run(); })) {}
 
 NotificationSender::~NotificationSender() {
-  {
-    std::lock_guard lock(mu_);
-    stopping_ = true;
-    if (!closed_) closed_ = Cancelled("the sending engine shut down");
-  }
-  cv_.notify_all();
+  shutdown(Cancelled("the sending engine shut down"), kDrain);
   thread_.join();
 }
 
@@ -75,10 +70,13 @@ void NotificationSender::enqueue(std::string bytes, Clock::time_point deadline,
   ticket->finish(*closed_);  // closed_ is set once and never changes after
 }
 
-void NotificationSender::shutdown(const Status& why) {
+void NotificationSender::shutdown(const Status& why, Clock::duration drain) {
   {
     std::lock_guard lock(mu_);
-    if (!closed_) closed_ = why;
+    if (!closed_) {
+      closed_ = why;
+      drain_until_ = Clock::now() + drain;
+    }
   }
   cv_.notify_all();
 }
@@ -89,9 +87,10 @@ void NotificationSender::run() {
     {
       std::unique_lock lock(mu_);
       cv_.wait(lock, [&] { return !queue_.empty() || closed_.has_value(); });
-      if (closed_) break;
+      if (queue_.empty() || (closed_ && Clock::now() >= drain_until_)) break;
       item = std::move(queue_.front());
       queue_.pop_front();
+      if (closed_) item.deadline = std::min(item.deadline, drain_until_);
     }
     Status outcome = deliver(item);
     // A refused size leaves the connection as it was; any other failure leaves it in doubt
@@ -109,15 +108,15 @@ void NotificationSender::run() {
   }
   std::deque<Item> left;
   Status why;
-  bool clean = false;
   {
     std::lock_guard lock(mu_);
     left.swap(queue_);
     why = *closed_;
-    clean = stopping_;
   }
   for (Item& item : left) item.ticket->finish(why);
-  if (connection_.valid() && clean) {
+  // Closed on purpose (the peer closed or restarted, this engine shutting down): the goodbye
+  // keeps the peer from reporting this engine lost.
+  if (connection_.valid()) {
     write_notify_frame(connection_.get(), NotifyFrame::kBye, {}, Clock::now() + kByeTimeout)
         .ignore();
   }
@@ -166,8 +165,15 @@ Status NotificationSender::connect(Clock::time_point deadline) {
   return Status::Ok();
 }
 
+bool NotificationSender::peer_gone() {
+  // A peer this engine closed is marked disconnected too; what was queued for it before is
+  // still delivered (shutdown's drain), so while draining only the connection decides.
+  std::lock_guard lock(mu_);
+  return !closed_ && liveness_->is_disconnected();
+}
+
 Status NotificationSender::deliver(const Item& item) {
-  if (liveness_->is_disconnected()) return peer_error(Status::Ok());
+  if (peer_gone()) return peer_error(Status::Ok());
   if (Clock::now() >= item.deadline) {
     return Timeout(fmt::format("notification to peer {} not sent before its deadline", peer_name_));
   }
@@ -185,10 +191,10 @@ Status NotificationSender::deliver(const Item& item) {
     return peer_error(s);
   }
   while (!wait_readable(connection_.get(), std::min(item.deadline, Clock::now() + kAckSlice))) {
-    if (liveness_->is_disconnected()) return peer_error(Status::Ok());
+    if (peer_gone()) return peer_error(Status::Ok());
     {
       std::lock_guard lock(mu_);
-      if (closed_) return *closed_;
+      if (closed_ && Clock::now() >= drain_until_) return *closed_;
     }
     if (Clock::now() >= item.deadline) {
       return Timeout(fmt::format("peer {} did not acknowledge notification {} before its deadline",

@@ -2,7 +2,8 @@
 // One thread per sender takes queued notifications in order, connects on first need (the
 // hello names the peer incarnation it expects, so a restarted peer refuses it), proves the
 // shared secret when the peer asks, sends each notification and waits for its ack before
-// the next: the peer receives them in the order they were queued.
+// the next: the peer receives them in the order they were queued. Closing the sender (the
+// peer closed, the engine shut down) still delivers what was queued, within kDrain.
 //
 // Each notification has a NotifyTicket that ends OK once the peer acknowledged it (it is in
 // the peer's inbox), or with the error: PeerDisconnected (the connection broke, or the peer
@@ -56,15 +57,20 @@ class NotificationSender {
 
   NotificationSender(std::string peer_name, Endpoint target, uint64_t target_incarnation,
                      Identity self, std::shared_ptr<PeerLiveness> liveness);
-  ~NotificationSender();  // fails what is queued with Cancelled, says kBye, joins
+  ~NotificationSender();  // drains (shutdown), fails the rest with Cancelled, says kBye, joins
   NotificationSender(const NotificationSender&) = delete;
   NotificationSender& operator=(const NotificationSender&) = delete;
 
   uint64_t target_incarnation() const { return target_incarnation_; }
   // Queues `bytes`; the ticket ends by `deadline` at the latest.
   void enqueue(std::string bytes, Clock::time_point deadline, std::shared_ptr<NotifyTicket> ticket);
-  // Fails what is queued and every later notification with `why`, and closes.
-  void shutdown(const Status& why);
+  // Fails every later notification with `why`. Those already queued are still delivered,
+  // in order, each by its own deadline and all within `drain` of now (a queued notification
+  // may be all its batch waited for: NotificationCompletion::kQueued); what is left then
+  // fails with `why`, and the connection closes. The destructor drains for kDrain.
+  void shutdown(const Status& why, Clock::duration drain = Clock::duration::zero());
+
+  static constexpr std::chrono::seconds kDrain{2};
 
  private:
   struct Item {
@@ -77,6 +83,8 @@ class NotificationSender {
   Status connect(Clock::time_point deadline);
   // A failure of the peer as the caller sees it: why the peer is gone, if it is.
   Status peer_error(const Status& s) const;
+  // Whether the peer is known gone and nothing is being drained.
+  bool peer_gone();
 
   const std::string peer_name_;
   const Endpoint target_;
@@ -86,9 +94,9 @@ class NotificationSender {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<Item> queue_;        // guarded by mu_
-  std::optional<Status> closed_;  // guarded by mu_: set by shutdown or the destructor
-  bool stopping_ = false;         // guarded by mu_
+  std::deque<Item> queue_;         // guarded by mu_
+  std::optional<Status> closed_;   // guarded by mu_: set by shutdown or the destructor
+  Clock::time_point drain_until_;  // guarded by mu_: with closed_, when the queue is given up
 
   // The thread's own.
   Fd connection_;

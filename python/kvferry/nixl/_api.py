@@ -35,12 +35,15 @@ import logging
 import os
 import pickle
 import sys
+import threading
+import weakref
 from enum import Enum
 
 import numpy as np
 
 from ..errors import FailedPreconditionError, InvalidArgumentError, StatusCode
 from . import _bindings as nixlBind
+from . import _metadata
 from ._bindings import (DEFAULT_COMM_PORT, nixlNoTelemetryError, nixlNotFoundError,  # noqa: F401
                         nixlNotSupportedError, nixlRegDList, nixlRepostActiveError,
                         nixlXferDList, nixlXferTelemetry)
@@ -78,6 +81,8 @@ _PLUGIN_PARAMS = {"UCX": {"num_threads": "0"}}
 _MEM_TYPES = {"DRAM": "DRAM", "VRAM": "VRAM", "cpu": "DRAM", "cuda": "VRAM"}
 _OPS = ("READ", "WRITE")
 _TRUE = ("y", "yes", "1", "true", "on")
+# Endpoints add_remote_agent tries, at most (each within the engine's handshake timeout).
+_MAX_ENDPOINTS = 16
 
 
 def _env_listen_address():
@@ -115,8 +120,8 @@ class nixl_agent_config:
       notification (default False: NIXL's semantics).
 
     The progress-thread choices and sync_mode are accepted and have no effect: the engine
-    runs its own threads and every call is thread-safe. NIXL's metadata listener
-    (enable_listen_thread) is not there: it is refused with nixlNotSupportedError."""
+    runs its own threads and every call is thread-safe. enable_listen_thread starts NIXL's
+    metadata listener on listen_port (kvferry/nixl/_metadata.py)."""
 
     def __init__(self, enable_prog_thread=True, enable_listen_thread=False,
                  listen_port=DEFAULT_COMM_PORT, capture_telemetry=False, num_threads=0,
@@ -149,8 +154,6 @@ class nixl_agent:
                            "creation.")
             instantiate_all = False
         conf = nixl_conf or nixl_agent_config()
-        if conf.enable_listen:
-            raise _not_supported("enable_listen_thread (NIXL's metadata listener)")
         self.name = agent_name
         self.config = conf
         default_sync = (nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT if conf.enable_listen
@@ -177,6 +180,18 @@ class nixl_agent:
         # NIXL_TELEMETRY_ENABLE, when set, decides; otherwise capture_telemetry.
         env = os.environ.get("NIXL_TELEMETRY_ENABLE")
         self._telemetry = env.lower() in _TRUE if env else bool(conf.capture_telemetry)
+        # What each remote agent's metadata showed (None: all of it), and of which
+        # incarnation (partial metadata adds up within one).
+        self._visible_lock = threading.Lock()
+        self._visible = {}
+        self._visible_incarnation = {}
+        self._exchanges = _metadata.Exchanges()
+        self._listener = None
+        if conf.enable_listen:
+            host = conf.listen_address.rsplit(":", 1)[0]
+            handler = weakref.WeakMethod(self._on_metadata_request)
+            self._listener = _metadata.MetadataListener(
+                host, conf.port, self._core.secret, lambda request: handler()(request))
         for backend in (self.plugin_list if instantiate_all else conf.backends):
             if backend not in _PLUGINS:
                 logger.warning(
@@ -275,44 +290,150 @@ class nixl_agent:
             if md.get("format") != _METADATA_FORMAT:
                 raise ValueError(f"format {md.get('format')!r}")
             name, endpoints = str(md["name"]), [str(e) for e in md["endpoints"]]
+            if len(endpoints) > _MAX_ENDPOINTS:
+                raise ValueError(f"{len(endpoints)} endpoints, more than {_MAX_ENDPOINTS}")
             incarnation = int(md.get("incarnation", 0))
+            regions = md.get("regions")
+            if regions is not None:
+                regions = [(int(a), int(n), int(d)) for a, n, d in regions]
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
             raise InvalidArgumentError(
                 StatusCode.InvalidArgument, f"add_remote_agent: not kvferry agent metadata ({e})") from None
-        self._core.add_remote(name, endpoints, incarnation)
+        loaded = self._core.add_remote(name, endpoints, incarnation)
+        with self._visible_lock:
+            before = self._visible_incarnation.get(name)
+            self._visible_incarnation[name] = loaded
+            if regions is None:
+                self._visible[name] = None  # the whole agent
+            elif before == loaded and name in self._visible and self._visible[name] is None:
+                pass  # already shown whole
+            else:
+                known = self._visible.get(name) if before == loaded else None
+                self._visible[name] = (known or []) + regions
         return name.encode()  # bytes, as NIXL returns it; every call here takes bytes or str
 
+    # ---- metadata exchange over NIXL's listener (kvferry/nixl/_metadata.py) ----------------
+    # Each call returns at once; the exchange runs on the agent's exchange thread (a failure
+    # is logged, as in NIXL) and check_remote_metadata says when a peer is loaded. Without an
+    # address NIXL uses etcd, which kvferry's agent does not.
+
     def get_partial_agent_metadata(self, descs=None, inc_conn_info=True, backends=()):
-        """The whole metadata: kvferry's carries no regions (peers fetch them)."""
-        return self.get_agent_metadata()
+        """Metadata that shows a peer only `descs` (a registration or transfer list): the
+        peer addresses nothing else of this agent (check_remote_metadata, prep_xfer_dlist)."""
+        md = json.loads(self.get_agent_metadata())
+        shown = self.get_xfer_descs(descs.trim() if isinstance(descs, nixlRegDList) else descs)
+        md["regions"] = [list(shown[i]) for i in range(len(shown))] if shown is not None else []
+        return json.dumps(md).encode()
 
     def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
-        raise _not_supported("send_local_metadata (NIXL's metadata listener or etcd)")
+        _need_address("send_local_metadata", ip_addr)
+        metadata = self.get_agent_metadata().hex()
+        return self._exchange(f"send_local_metadata to {ip_addr}:{port}", ip_addr, port,
+                              {"op": "send", "metadata": metadata})
 
     def send_partial_agent_metadata(self, descs=None, inc_conn_info=True, backends=(),
                                     ip_addr="", port=DEFAULT_COMM_PORT, label=""):
-        raise _not_supported("send_partial_agent_metadata (NIXL's metadata listener or etcd)")
+        _need_address("send_partial_agent_metadata", ip_addr)
+        metadata = self.get_partial_agent_metadata(descs, inc_conn_info, backends).hex()
+        return self._exchange(f"send_partial_agent_metadata to {ip_addr}:{port}", ip_addr,
+                              port, {"op": "send", "metadata": metadata})
 
-    def fetch_remote_metadata(self, remote_name, ip_addr="", port=DEFAULT_COMM_PORT):
-        raise _not_supported("fetch_remote_metadata (NIXL's metadata listener or etcd)")
+    def fetch_remote_metadata(self, remote_name, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
+        _need_address("fetch_remote_metadata", ip_addr)
+        name = _text(remote_name)
+
+        def load(reply):
+            metadata = bytes.fromhex(reply["metadata"])
+            found = json.loads(metadata)["name"]
+            if found != name:
+                raise ValueError(f"the agent at {ip_addr}:{port} is {found!r}, not {name!r}")
+            self.add_remote_agent(metadata)
+
+        return self._exchange(f"fetch_remote_metadata of {name} from {ip_addr}:{port}",
+                              ip_addr, port, {"op": "fetch"}, load)
 
     def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
-        raise _not_supported("invalidate_local_metadata (NIXL's metadata listener or etcd)")
+        _need_address("invalidate_local_metadata", ip_addr)
+        return self._exchange(f"invalidate_local_metadata at {ip_addr}:{port}", ip_addr, port,
+                              {"op": "invalidate", "name": self.name})
+
+    def _exchange(self, what, host, port, message, then=None):
+        secret = self._core.secret
+
+        def run():
+            reply = _metadata.request(host, port, secret, message)
+            if not reply.get("ok"):
+                raise RuntimeError(reply.get("error", "refused"))
+            if then is not None:
+                then(reply)
+
+        return self._exchanges.submit(what, run)
+
+    def _on_metadata_request(self, request):
+        """A peer's request to this agent's listener (on the listener's thread)."""
+        op = request.get("op")
+        if op == "fetch":
+            return {"ok": True, "metadata": self.get_agent_metadata().hex()}
+        if op == "send":
+            self.add_remote_agent(bytes.fromhex(str(request["metadata"])))
+            return {"ok": True}
+        if op == "invalidate":
+            name = str(request["name"])
+            if not self.check_remote_metadata(name):
+                return {"ok": False, "error": f"no remote agent named {name!r}"}
+            self.remove_remote_agent(name)
+            return {"ok": True}
+        return {"ok": False, "error": f"unknown op {op!r}"}
+
+    def __del__(self):
+        listener = getattr(self, "_listener", None)
+        if listener is not None:
+            listener.close()
+        exchanges = getattr(self, "_exchanges", None)
+        if exchanges is not None:
+            exchanges.close()
 
     def check_remote_metadata(self, remote_name, descs=None):
-        """Whether `remote_name` was added (add_remote_agent) and not removed."""
+        """Whether `remote_name` was added (add_remote_agent) and not removed, and its
+        metadata covers `descs` when given."""
+        name = _text(remote_name)
         try:
-            self._core.check_remote(_text(remote_name))
-            return True
+            self._core.check_remote(name)
         except nixlNotFoundError:
             return False
+        return descs is None or self._uncovered(name, self.get_xfer_descs(descs)) is None
+
+    # Partial metadata (get_partial_agent_metadata): a peer that showed only some of its
+    # regions is addressed only there, as in NIXL. This is the initiator's own bookkeeping,
+    # not a protection: the peer's engine guards its memory.
+    def _uncovered(self, name, descs):
+        """The first descriptor of `descs` outside what `name`'s metadata showed, or None."""
+        with self._visible_lock:
+            shown = self._visible.get(name)
+        if shown is None:
+            return None
+        for addr, length, dev in (descs[i] for i in range(len(descs))):
+            if not any(d == dev and a <= addr and addr + length <= a + n for a, n, d in shown):
+                return (addr, length, dev)
+        return None
+
+    def _need_visible(self, name, descs):
+        missing = self._uncovered(name, descs)
+        if missing is not None:
+            raise nixlNotFoundError(
+                StatusCode.NotRegistered,
+                f"descriptor {missing} of agent {name!r} is not in the metadata it sent")
 
     def make_connection(self, remote_agent, backends=()):
         """NIXL connects ahead of the first transfer here; add_remote_agent already has."""
         self._core.check_remote(_text(remote_agent))
 
     def remove_remote_agent(self, agent):
-        self._core.remove_remote(_text(agent))
+        name = _text(agent)
+        self._core.remove_remote(name)
+        with self._visible_lock:
+            self._visible.pop(name, None)
+            self._visible_incarnation.pop(name, None)
 
     # ---- descriptors and transfers -------------------------------------------------------
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, is_sorted=False,
@@ -320,6 +441,8 @@ class nixl_agent:
         descs = self.get_xfer_descs(xfer_list, mem_type)
         name = _text(agent_name)
         local = name in (LOCAL_AGENT, "")
+        if not local:
+            self._need_visible(name, descs)
         return self._core.prep(name, descs, local)
 
     def release_dlist_handle(self, handle):
@@ -336,14 +459,16 @@ class nixl_agent:
                         notif_msg=b"", backends=()):
         _need_op(operation)
         local = self.prep_xfer_dlist(LOCAL_AGENT, local_descs)
-        remote = self.prep_xfer_dlist(remote_agent, remote_descs)
         try:
-            n = len(self.get_xfer_descs(local_descs))
-            return self._core.make_xfer(operation, local, range(n), remote, range(n),
-                                        _notif(notif_msg))
+            remote = self.prep_xfer_dlist(remote_agent, remote_descs)
+            try:
+                n = len(self.get_xfer_descs(local_descs))
+                return self._core.make_xfer(operation, local, range(n), remote, range(n),
+                                            _notif(notif_msg))
+            finally:
+                self._core.release_prepped(remote)
         finally:
             self._core.release_prepped(local)
-            self._core.release_prepped(remote)
 
     def transfer(self, handle, notif_msg=b""):
         """Posts the transfer; a non-empty notif_msg replaces its notification (for this
@@ -412,11 +537,13 @@ class nixl_agent:
         self._core.send_notif(_text(remote_agent_name), _notif(notif_msg) or b"")
 
 
-def _not_supported(what):
-    return nixlNotSupportedError(
-        StatusCode.NotSupported,
-        f"{what} is not in kvferry's NIXL API: exchange get_agent_metadata() and "
-        "add_remote_agent() out of band (docs/VLLM.md)")
+def _need_address(what, ip_addr):
+    if not ip_addr:
+        raise nixlNotSupportedError(
+            StatusCode.NotSupported,
+            f"{what} without an address uses NIXL's etcd exchange, which kvferry's agent does "
+            "not have: give the peer's listener address, or exchange get_agent_metadata() and "
+            "add_remote_agent() out of band (docs/VLLM.md)")
 
 
 def _tensor_rows(tensors):

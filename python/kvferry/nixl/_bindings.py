@@ -92,6 +92,11 @@ class nixlRegDList(_kvferry.NixlDescList):
 
     _FIELDS = 4
     __init__ = nixlXferDList.__init__
+
+    def trim(self):
+        """The same descriptors as a nixlXferDList (without their meta)."""
+        return nixlXferDList(self.getType(), self.rows())
+
     __reduce__ = nixlXferDList.__reduce__
     __repr__ = nixlXferDList.__repr__
 

@@ -202,6 +202,34 @@ TEST(Notifications, AnEngineOnEveryInterfaceIsReachedAtEachAddressItAdvertises) 
   }
 }
 
+// NotificationCompletion::kQueued: a batch is Completed once its notification is queued, so
+// an initiator may close the peer, or shut down, right after. What was queued still arrives.
+TEST(Notifications, QueuedNotificationsOutliveClosingThePeerAndTheEngine) {
+  std::vector<std::byte> src(64 * 1024), dst(64 * 1024);
+  auto b = engine_named("b");
+  ASSERT_TRUE(b->register_memory(dst.data(), dst.size()).ok());
+  auto a = engine_named("a");
+  ASSERT_TRUE(a->register_memory(src.data(), src.size()).ok());
+  fill_random(src, 91);
+  TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(dst.data()), src.size()};
+  SubmitOptions so;
+  so.notification_completion = NotificationCompletion::kQueued;
+  for (const char* then : {"close the peer", "destroy the engine"}) {
+    PeerHandle peer = must(a->open_peer(b->endpoint(), PeerOptions{TransportKind::kTcp}));
+    so.notification = then;
+    ASSERT_TRUE(a->transfer_sync(peer, {&op, 1}, so).ok()) << then;
+    if (std::string_view(then) == "close the peer") {
+      a->close_peer(peer);
+    } else {
+      a.reset();
+    }
+    std::vector<Notification> got = drain(*b, 1);
+    ASSERT_EQ(got.size(), 1u) << then;
+    EXPECT_EQ(got[0].bytes, then);
+  }
+  EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
+}
+
 TEST(Notifications, ConcurrentSendersAreEachInOrder) {
   auto target = engine_named("target");
   auto a = engine_named("a");
