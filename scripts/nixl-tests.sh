@@ -11,8 +11,9 @@
 #     and the like), which only NIXL has;
 #   * the GPU tests (test_prep_mem_view): no GPU here, and UCX's GPU device API;
 #   * examples/python/query_mem_example.py (POSIX and MOCK_DRAM storage plugins),
-#     telemetry_reader.py (NIXL's shared-memory telemetry files), partial_md_example.py
-#     --etcd (kvferry's agent has no etcd exchange).
+#     telemetry_reader.py (NIXL's shared-memory telemetry files).
+# An etcd is started for the run (scripts/services.sh), NIXL_ETCD_ENDPOINTS naming it, as in
+# NIXL's CI.
 # Debian's torch is 1.13, which lacks torch.set_default_device (torch 2.0); the two-peer
 # examples call it only to pick the CPU, so a stand-in for "cpu" is put on the path for them.
 set -euo pipefail
@@ -24,7 +25,6 @@ build=$(cd "${2:-$root/build}" && pwd)
 python=/usr/bin/python3
 shim=$(PYTHONPATH="$build/python" "$python" -m kvferry.nixl --shim-path)
 compat=$(mktemp -d)
-trap 'rm -rf "$compat"' EXIT
 cat >"$compat/sitecustomize.py" <<'EOF'
 import torch
 
@@ -39,6 +39,11 @@ EOF
 export PYTHONPATH="$shim:$build/python"
 export KVFERRY_LOG_LEVEL=${KVFERRY_LOG_LEVEL:-error}
 failed=()
+
+trap '"$root/scripts/services.sh" stop >/dev/null 2>&1 || true; rm -rf "$compat"' EXIT
+eval "$("$root/scripts/services.sh" start)"
+export NIXL_ETCD_ENDPOINTS="http://${KVFERRY_TEST_ETCD#etcd://}"
+export NIXL_ETCD_NAMESPACE=/nixl/python_ci
 
 step() {  # step NAME COMMAND...: runs it, records a failure
   echo "==== $1"
@@ -58,10 +63,10 @@ free_port() {
 }
 
 cd examples/python
-# NIXL's CI has NIXL_ETCD_ENDPOINTS set, and the example's socket mode unsets it.
 step "partial_md_example.py (socket exchange)" \
-  env NIXL_ETCD_ENDPOINTS=unused timeout 120 "$python" partial_md_example.py \
+  timeout 120 "$python" partial_md_example.py \
   --init-port "$(free_port)" --target-port "$(free_port)"
+step "partial_md_example.py --etcd" timeout 120 "$python" partial_md_example.py --etcd
 
 run_two_peers() {  # the target on a port of its choosing, read from its log; then the initiator
   local script=$1 log port="" rc=0

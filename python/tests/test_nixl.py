@@ -20,7 +20,7 @@ import pytest
 
 from conftest import PROCESS_TIMEOUT_S, ScriptProcess, seeded_bytes
 from kvferry import errors
-from kvferry.nixl import _api, install_as_nixl, shim_path
+from kvferry.nixl import _api, _metadata, install_as_nixl, shim_path
 from kvferry.nixl._api import nixl_agent, nixl_agent_config
 from kvferry.nixl._bindings import nixlNoTelemetryError, nixlNotFoundError, nixlXferTelemetry
 
@@ -482,3 +482,222 @@ def test_decode_reads_from_a_prefill_on_another_host_with_vllms_configuration_on
     assert wait_state(agent, handle) == "DONE", agent.xfer_error(handle)
     assert_blocks(buffer, prefill, ids)
     assert prefill.wait_notifs(1)["notifs"] == {"decode": [b"cross-host".hex()]}
+
+
+def listening_agent(name, nbytes=BLOCK * BLOCKS, seed=None, **config):
+    """An agent with NIXL's metadata listener on a free port, and one registered region."""
+    agent = nixl_agent(name, nixl_agent_config(True, True, 0, backends=["UCX"], **config))
+    buffer = (seeded_bytes(seed, nbytes) if seed is not None
+              else np.zeros(nbytes, dtype=np.uint8))
+    agent.register_memory(agent.get_reg_descs([(buffer.ctypes.data, nbytes, 0, "")], "DRAM"))
+    return agent, buffer
+
+
+def wait_for(predicate, timeout_s=PROCESS_TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "the state never came"
+        time.sleep(0.005)
+
+
+def test_metadata_listener_exchanges_whole_and_partial_metadata_and_invalidates(monkeypatch):
+    monkeypatch.delenv("NIXL_ETCD_ENDPOINTS", raising=False)
+    target, tbuf = listening_agent("target", seed=61)
+    initiator, ibuf = listening_agent("initiator")
+    half = BLOCK * BLOCKS // 2
+    first = target.get_xfer_descs([(tbuf.ctypes.data, half, 0)], "DRAM")
+    second = target.get_xfer_descs([(tbuf.ctypes.data + half, half, 0)], "DRAM")
+    # Partial: the initiator learns the target's first half only.
+    target.send_partial_agent_metadata(target.get_reg_descs([(tbuf.ctypes.data, half, 0, "")],
+                                                            "DRAM"),
+                                       True, ["UCX"], "127.0.0.1", initiator.listen_port)
+    wait_for(lambda: initiator.check_remote_metadata("target", first))
+    assert not initiator.check_remote_metadata("target", second)
+    with pytest.raises(nixlNotFoundError, match="not in the metadata it sent"):
+        initiator.initialize_xfer("READ", initiator.get_xfer_descs(
+            [(ibuf.ctypes.data, half, 0)], "DRAM"), second, "target")
+    local = initiator.get_xfer_descs([(ibuf.ctypes.data, half, 0)], "DRAM")
+    handle = initiator.initialize_xfer("READ", local, first, "target", b"first")
+    initiator.transfer(handle)
+    assert wait_state(initiator, handle) == "DONE", initiator.xfer_error(handle)
+    assert np.array_equal(ibuf[:half], tbuf[:half])
+    # The whole metadata, fetched from the target's listener, shows the rest.
+    initiator.fetch_remote_metadata("target", "127.0.0.1", target.listen_port)
+    wait_for(lambda: initiator.check_remote_metadata("target", second))
+    handle = initiator.initialize_xfer("READ", initiator.get_xfer_descs(
+        [(ibuf.ctypes.data + half, half, 0)], "DRAM"), second, "target", b"second")
+    initiator.transfer(handle)
+    assert wait_state(initiator, handle) == "DONE", initiator.xfer_error(handle)
+    assert np.array_equal(ibuf, tbuf)
+    wait_for(lambda: target.check_remote_xfer_done("initiator", b"second") is not None)
+    target.invalidate_local_metadata("127.0.0.1", initiator.listen_port)
+    wait_for(lambda: not initiator.check_remote_metadata("target"))
+    # Without an address the exchange goes through etcd, which needs NIXL_ETCD_ENDPOINTS.
+    with pytest.raises(errors.InvalidArgumentError, match="NIXL_ETCD_ENDPOINTS is not set"):
+        initiator.fetch_remote_metadata("target")
+
+
+def test_metadata_through_etcd_whole_partial_and_invalidated(monkeypatch):
+    etcd = os.environ.get("KVFERRY_TEST_ETCD", "")
+    if not etcd.startswith("etcd://"):
+        pytest.skip("KVFERRY_TEST_ETCD (scripts/services.sh) names no etcd")
+    monkeypatch.setenv("NIXL_ETCD_ENDPOINTS", "http://" + etcd[len("etcd://"):].split(",")[0])
+    monkeypatch.setenv("NIXL_ETCD_NAMESPACE", f"/kvferry-test/{os.getpid()}-{time.time_ns()}")
+    target, tbuf = listening_agent("target", seed=62)
+    initiator, ibuf = listening_agent("initiator")
+    half = BLOCK * BLOCKS // 2
+    first = target.get_xfer_descs([(tbuf.ctypes.data, half, 0)], "DRAM")
+    whole = target.get_xfer_descs([(tbuf.ctypes.data, 2 * half, 0)], "DRAM")
+    target.send_partial_agent_metadata(first, True, ["UCX"], label="first").result(
+        PROCESS_TIMEOUT_S)
+    initiator.fetch_remote_metadata("target", label="first")
+    wait_for(lambda: initiator.check_remote_metadata("target", first))
+    assert not initiator.check_remote_metadata("target", whole)
+    target.send_local_metadata().result(PROCESS_TIMEOUT_S)
+    initiator.fetch_remote_metadata("target")
+    wait_for(lambda: initiator.check_remote_metadata("target", whole))
+    handle = initiator.initialize_xfer("READ", initiator.get_xfer_descs(
+        [(ibuf.ctypes.data, 2 * half, 0)], "DRAM"), whole, "target", b"via etcd")
+    initiator.transfer(handle)
+    assert wait_state(initiator, handle) == "DONE", initiator.xfer_error(handle)
+    assert np.array_equal(ibuf, tbuf)
+    store = _metadata.Etcd.from_env()
+    assert store.get(store.key("target", "metadata")) is not None
+    target.invalidate_local_metadata().result(PROCESS_TIMEOUT_S)
+    assert store.get(store.key("target", "metadata")) is None
+    assert store.get(store.key("target", "first")) is None
+
+
+def raw_request(port, frame, read_nonce=True):
+    """One raw exchange with a metadata listener: the reply frame's JSON, or None when the
+    listener closed the connection without one."""
+    import socket
+    import struct
+    with socket.create_connection(("127.0.0.1", port), timeout=PROCESS_TIMEOUT_S) as sock:
+        if read_nonce:
+            nonce = b""
+            while len(nonce) < 32:
+                nonce += sock.recv(32 - len(nonce))
+        sock.sendall(frame)
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        if len(data) < 4:
+            return None
+        (length,) = struct.unpack_from("<I", data)
+        return json.loads(data[4:4 + length])
+
+
+def json_frame(obj):
+    import struct
+    body = json.dumps(obj).encode()
+    return struct.pack("<I", len(body)) + body
+
+
+def test_metadata_listener_outlasts_floods_and_clients_that_never_finish():
+    """Attack classes: connections that never send (a flood past the listener's cap) and a
+    client that stops mid-request. The oldest connection makes room for a new one, so a peer
+    still gets in while they hold on."""
+    import socket
+    target, _ = listening_agent("target")
+    port = target.listen_port
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=PROCESS_TIMEOUT_S)
+            for _ in range(_metadata.MAX_CONNECTIONS + 36)]
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=PROCESS_TIMEOUT_S)
+    stalled.sendall(b"\x10\x00")  # half a length, then nothing
+    try:
+        reply = raw_request(port, json_frame({"op": "fetch"}))
+        assert reply["ok"], reply
+        assert json.loads(bytes.fromhex(reply["metadata"]))["name"] == "target"
+    finally:
+        for sock in idle + [stalled]:
+            sock.close()
+
+
+def test_metadata_listener_answers_oversized_and_malformed_requests_and_keeps_serving():
+    """Attack classes: a length that claims far more than a request may hold (refused unread),
+    bytes that are not JSON, an op it does not have, metadata that lies about its shape."""
+    import struct
+    target, _ = listening_agent("target")
+    port = target.listen_port
+    huge = raw_request(port, struct.pack("<I", 1 << 31))
+    assert not huge["ok"] and "exceeds" in huge["error"]
+    garbage = raw_request(port, struct.pack("<I", 5) + b"\xff{[}x")
+    assert not garbage["ok"]
+    assert not raw_request(port, json_frame({"op": "format-disk"}))["ok"]
+    lying = raw_request(port, json_frame({"op": "send", "metadata": b"not json".hex()}))
+    assert not lying["ok"] and "not kvferry agent metadata" in lying["error"]
+    assert raw_request(port, json_frame({"op": "fetch"}))["ok"]
+
+
+def test_metadata_listener_with_a_secret_loads_nothing_without_its_proof():
+    """Attack class: a peer without the secret pushes metadata naming an agent (to be read
+    from, or written to, in its place). Refused; an agent holding the secret gets in."""
+    target, _ = listening_agent("target", secret="s3cret")
+    liar, _ = listening_agent("liar", secret="other")
+    forged = raw_request(target.listen_port,
+                         json_frame({"op": "send", "metadata": liar.get_agent_metadata().hex(),
+                                     "proof": "00" * 32}))
+    assert not forged["ok"] and "proof" in forged["error"]
+    assert not target.check_remote_metadata("liar")
+    # With the wrong secret its proof is refused too.
+    with pytest.raises(RuntimeError, match="no valid proof of the secret"):
+        liar.send_local_metadata("127.0.0.1", target.listen_port).result(PROCESS_TIMEOUT_S)
+    friend, _ = listening_agent("friend", secret="s3cret")
+    friend.send_local_metadata("127.0.0.1", target.listen_port)
+    wait_for(lambda: target.check_remote_metadata("friend"))
+    assert not target.check_remote_metadata("liar")
+
+
+def test_descriptor_lists_as_nixl_has_them():
+    from kvferry.nixl._bindings import DRAM_SEG, nixlRegDList, nixlXferDList
+    agent = nixl_agent("lists", nixl_agent_config(backends=["UCX"]))
+    rows = np.array([[4096, 64, 0], [8192, 128, 0]], dtype=np.uint64)
+    xfer = nixlXferDList(DRAM_SEG, rows)
+    assert (xfer.descCount(), xfer.getType(), len(xfer)) == (2, "DRAM", 2)
+    assert xfer[1] == (8192, 128, 0) and xfer[-1] == xfer[1]
+    assert xfer == nixlXferDList(DRAM_SEG, [(4096, 64, 0), (8192, 128, 0)])
+    assert xfer != nixlXferDList(DRAM_SEG, [(4096, 64, 0)])
+    assert agent.deserialize_descs(agent.get_serialized_descs(xfer)) == xfer
+    reg = agent.get_reg_descs([(4096, 64, 0, "a"), (8192, 128, 0, "b")], "DRAM")
+    assert isinstance(reg, nixlRegDList) and reg.trim() == xfer
+    assert nixlXferDList(DRAM_SEG, 3).descCount() == 3 and nixlXferDList(DRAM_SEG).isEmpty()
+    with pytest.raises(IndexError):
+        xfer[2]
+    # NIXL's answers to input of the wrong shape: None (logged), KeyError for a bad name.
+    assert agent.get_xfer_descs([(1, 2, 3, 4)], "DRAM") is None
+    assert agent.get_xfer_descs([(1, 2, 3)]) is None
+    assert agent.get_xfer_descs(reg) is None and agent.get_reg_descs(xfer) is None
+    assert agent.get_reg_descs(np.zeros((2, 4), dtype=np.uint64), "DRAM") is None
+    with pytest.raises(KeyError):
+        agent.get_xfer_descs([(1, 2, 3)], "V-RAM")
+    with pytest.raises(KeyError):
+        agent.make_prepped_xfer("RD", 0, [], 0, [])
+
+
+def test_an_agent_reads_its_own_memory_by_its_own_name():
+    agent = nixl_agent("self", nixl_agent_config(backends=["UCX"]))
+    memory = seeded_bytes(71, 2 * BLOCK)
+    agent.register_memory(agent.get_reg_descs([(memory.ctypes.data, memory.nbytes, 0, "")],
+                                              "DRAM"))
+    local = agent.prep_xfer_dlist("", [(memory.ctypes.data, BLOCK, 0)], "DRAM")
+    remote = agent.prep_xfer_dlist("self", [(memory.ctypes.data + BLOCK, BLOCK, 0)], "DRAM")
+    handle = agent.make_prepped_xfer("READ", local, [0], remote, [0])
+    agent.transfer(handle)
+    want = memory[BLOCK:].copy()
+    assert wait_state(agent, handle) == "DONE", agent.xfer_error(handle)
+    assert np.array_equal(memory[:BLOCK], want)
+
+
+def test_tensors_and_lists_of_row_tensors_are_descriptors():
+    torch = pytest.importorskip("torch")
+    agent = nixl_agent("tensors", nixl_agent_config(backends=["UCX"]))
+    tensor = torch.ones((4, 8), dtype=torch.float32)
+    reg = agent.get_reg_descs(tensor)
+    assert reg[0] == (tensor.data_ptr(), 4 * 8 * 4, 0) and reg.getType() == "DRAM"
+    rows = agent.get_xfer_descs([tensor[i, :] for i in range(4)])
+    assert [rows[i][0] for i in range(4)] == [tensor[i, :].data_ptr() for i in range(4)]
+    assert agent.get_xfer_descs(torch.transpose(tensor, 0, 1)) is None  # not contiguous

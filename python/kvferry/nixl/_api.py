@@ -36,6 +36,7 @@ import os
 import pickle
 import sys
 import threading
+import time
 import weakref
 from enum import Enum
 
@@ -45,7 +46,7 @@ from ..errors import FailedPreconditionError, InvalidArgumentError, StatusCode
 from . import _bindings as nixlBind
 from . import _metadata
 from ._bindings import (DEFAULT_COMM_PORT, nixlNoTelemetryError, nixlNotFoundError,  # noqa: F401
-                        nixlNotSupportedError, nixlRegDList, nixlRepostActiveError,
+                        nixlRegDList, nixlRepostActiveError,
                         nixlXferDList, nixlXferTelemetry)
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,10 @@ _PLUGIN_PARAMS = {"UCX": {"num_threads": "0"}}
 _MEM_TYPES = {"DRAM": "DRAM", "VRAM": "VRAM", "cpu": "DRAM", "cuda": "VRAM"}
 _OPS = ("READ", "WRITE")
 _TRUE = ("y", "yes", "1", "true", "on")
+# Metadata exchange through etcd: the label of an agent's whole metadata, and how long a
+# fetch waits for its key to appear.
+_ETCD_LABEL = "metadata"
+_ETCD_WAIT_S = 30
 # Endpoints add_remote_agent tries, at most (each within the engine's handshake timeout).
 _MAX_ENDPOINTS = 16
 
@@ -202,6 +207,12 @@ class nixl_agent:
             else:
                 self.create_backend(backend)
 
+    @property
+    def listen_port(self):
+        """kvferry extension: the port NIXL's metadata listener is bound to (it logs it too),
+        or None without one."""
+        return self._listener.port if self._listener is not None else None
+
     # ---- backends -----------------------------------------------------------------------
     def get_plugin_list(self):
         return list(self.plugin_list)
@@ -312,10 +323,11 @@ class nixl_agent:
                 self._visible[name] = (known or []) + regions
         return name.encode()  # bytes, as NIXL returns it; every call here takes bytes or str
 
-    # ---- metadata exchange over NIXL's listener (kvferry/nixl/_metadata.py) ----------------
+    # ---- metadata exchange (kvferry/nixl/_metadata.py) ------------------------------------
     # Each call returns at once; the exchange runs on the agent's exchange thread (a failure
-    # is logged, as in NIXL) and check_remote_metadata says when a peer is loaded. Without an
-    # address NIXL uses etcd, which kvferry's agent does not.
+    # is logged, as in NIXL) and check_remote_metadata says when a peer is loaded. With an
+    # address it goes to that agent's listener; without one, through etcd
+    # (NIXL_ETCD_ENDPOINTS, NIXL_ETCD_NAMESPACE), as in NIXL.
 
     def get_partial_agent_metadata(self, descs=None, inc_conn_info=True, backends=()):
         """Metadata that shows a peer only `descs` (a registration or transfer list): the
@@ -326,36 +338,57 @@ class nixl_agent:
         return json.dumps(md).encode()
 
     def send_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
-        _need_address("send_local_metadata", ip_addr)
-        metadata = self.get_agent_metadata().hex()
-        return self._exchange(f"send_local_metadata to {ip_addr}:{port}", ip_addr, port,
-                              {"op": "send", "metadata": metadata})
+        return self._publish("send_local_metadata", self.get_agent_metadata(), ip_addr, port,
+                             _ETCD_LABEL)
 
     def send_partial_agent_metadata(self, descs=None, inc_conn_info=True, backends=(),
                                     ip_addr="", port=DEFAULT_COMM_PORT, label=""):
-        _need_address("send_partial_agent_metadata", ip_addr)
-        metadata = self.get_partial_agent_metadata(descs, inc_conn_info, backends).hex()
-        return self._exchange(f"send_partial_agent_metadata to {ip_addr}:{port}", ip_addr,
-                              port, {"op": "send", "metadata": metadata})
+        return self._publish("send_partial_agent_metadata",
+                             self.get_partial_agent_metadata(descs, inc_conn_info, backends),
+                             ip_addr, port, label or "partial")
 
     def fetch_remote_metadata(self, remote_name, ip_addr="", port=DEFAULT_COMM_PORT, label=""):
-        _need_address("fetch_remote_metadata", ip_addr)
         name = _text(remote_name)
 
-        def load(reply):
-            metadata = bytes.fromhex(reply["metadata"])
+        def load(metadata, where):
             found = json.loads(metadata)["name"]
             if found != name:
-                raise ValueError(f"the agent at {ip_addr}:{port} is {found!r}, not {name!r}")
+                raise ValueError(f"the agent at {where} is {found!r}, not {name!r}")
             self.add_remote_agent(metadata)
 
-        return self._exchange(f"fetch_remote_metadata of {name} from {ip_addr}:{port}",
-                              ip_addr, port, {"op": "fetch"}, load)
+        if ip_addr:
+            where = f"{ip_addr}:{port}"
+            return self._exchange(f"fetch_remote_metadata of {name} from {where}", ip_addr,
+                                  port, {"op": "fetch"},
+                                  lambda reply: load(bytes.fromhex(reply["metadata"]), where))
+        etcd = _need_etcd("fetch_remote_metadata")
+        key = etcd.key(name, label or _ETCD_LABEL)
+
+        def fetch():
+            deadline = time.monotonic() + _ETCD_WAIT_S
+            while (metadata := etcd.get(key)) is None:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no {key} in etcd within {_ETCD_WAIT_S} s")
+                time.sleep(0.02)
+            load(metadata, f"etcd key {key}")
+
+        return self._exchanges.submit(f"fetch_remote_metadata of {name} from etcd", fetch)
 
     def invalidate_local_metadata(self, ip_addr="", port=DEFAULT_COMM_PORT):
-        _need_address("invalidate_local_metadata", ip_addr)
-        return self._exchange(f"invalidate_local_metadata at {ip_addr}:{port}", ip_addr, port,
-                              {"op": "invalidate", "name": self.name})
+        if ip_addr:
+            return self._exchange(f"invalidate_local_metadata at {ip_addr}:{port}", ip_addr,
+                                  port, {"op": "invalidate", "name": self.name})
+        etcd = _need_etcd("invalidate_local_metadata")
+        return self._exchanges.submit("invalidate_local_metadata in etcd",
+                                      lambda: etcd.delete_prefix(etcd.key(self.name, "")))
+
+    def _publish(self, what, metadata, ip_addr, port, label):
+        if ip_addr:
+            return self._exchange(f"{what} to {ip_addr}:{port}", ip_addr, port,
+                                  {"op": "send", "metadata": metadata.hex()})
+        etcd = _need_etcd(what)
+        return self._exchanges.submit(f"{what} to etcd",
+                                      lambda: etcd.put(etcd.key(self.name, label), metadata))
 
     def _exchange(self, what, host, port, message, then=None):
         secret = self._core.secret
@@ -537,13 +570,13 @@ class nixl_agent:
         self._core.send_notif(_text(remote_agent_name), _notif(notif_msg) or b"")
 
 
-def _need_address(what, ip_addr):
-    if not ip_addr:
-        raise nixlNotSupportedError(
-            StatusCode.NotSupported,
-            f"{what} without an address uses NIXL's etcd exchange, which kvferry's agent does "
-            "not have: give the peer's listener address, or exchange get_agent_metadata() and "
-            "add_remote_agent() out of band (docs/VLLM.md)")
+def _need_etcd(what):
+    etcd = _metadata.Etcd.from_env()
+    if etcd is None:
+        raise InvalidArgumentError(
+            StatusCode.InvalidArgument,
+            f"{what}: no address given, and NIXL_ETCD_ENDPOINTS is not set for etcd")
+    return etcd
 
 
 def _tensor_rows(tensors):

@@ -1,7 +1,8 @@
-"""NIXL's metadata exchange over its listener (``nixl_agent_config(enable_listen_thread=True,
-listen_port=...)``): an agent's listener answers peers that fetch its metadata, load theirs
-(send) or drop theirs (invalidate). kvferry speaks its own framing here; both ends are
-kvferry agents.
+"""NIXL's metadata exchange, over its listener (``nixl_agent_config(enable_listen_thread=True,
+listen_port=...)``) or through etcd (``NIXL_ETCD_ENDPOINTS``).
+
+The listener answers peers that fetch its agent's metadata, load theirs (send) or drop theirs
+(invalidate). kvferry speaks its own framing here; both ends are kvferry agents.
 
 Wire: the listener greets each connection with a 32-byte nonce. The client sends one frame,
 a u32 little-endian length and that many bytes of JSON: {"op": "fetch" | "send" |
@@ -18,16 +19,20 @@ Metadata loaded this way is a hint like any other: add_remote_agent connects to 
 engine, which proves who it is (and the secret, when set) before anything moves.
 """
 
+import base64
 import hashlib
 import hmac
 import json
 import os
+import queue
 import selectors
 import socket
 import struct
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import urllib.error
+import urllib.request
+from concurrent.futures import Future
 
 from .logging import get_logger
 
@@ -212,19 +217,88 @@ def _recv_exactly(sock, n):
 
 
 class Exchanges:
-    """The agent's outgoing exchanges, run one at a time on a thread of their own (NIXL's
-    fetch/send/invalidate return at once; check_remote_metadata polls for the result)."""
+    """The agent's outgoing exchanges, run one at a time on a daemon thread of their own (NIXL's
+    fetch/send/invalidate return at once; check_remote_metadata polls for the result). Each
+    submit returns a Future of its end; a failure is logged, as in NIXL."""
 
     def __init__(self):
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvf-nixl-mdx")
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="kvf-nixl-mdx", daemon=True)
+        self._thread.start()
 
     def submit(self, what, fn):
-        def run():
-            try:
-                fn()
-            except Exception as e:  # noqa: BLE001 - NIXL logs a failed exchange
-                logger.error("%s failed: %s", what, e)
-        return self._pool.submit(run)
+        future = Future()
+        self._queue.put((what, fn, future))
+        return future
 
     def close(self):
-        self._pool.shutdown(wait=False)
+        self._queue.put(None)
+
+    def _run(self):
+        while (item := self._queue.get()) is not None:
+            what, fn, future = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except Exception as e:  # noqa: BLE001 - NIXL logs a failed exchange
+                logger.error("%s failed: %s", what, e)
+                future.set_exception(e)
+
+
+class Etcd:
+    """Agents' metadata in etcd, as NIXL keeps it there: under NIXL_ETCD_NAMESPACE (default
+    "/nixl/agents"), one key per agent and label, "<namespace>/<agent>/<label>". Through
+    etcd's v3 JSON gateway; `endpoints` is NIXL_ETCD_ENDPOINTS ("http://host:port[,...]"),
+    each tried in turn."""
+
+    MAX_VALUE_BYTES = 1 << 20
+
+    def __init__(self, endpoints, namespace):
+        self._endpoints = [e.strip().rstrip("/") for e in endpoints.split(",") if e.strip()]
+        self._namespace = namespace.rstrip("/")
+
+    @classmethod
+    def from_env(cls):
+        """The etcd NIXL_ETCD_ENDPOINTS names, or None when it is unset."""
+        endpoints = os.environ.get("NIXL_ETCD_ENDPOINTS", "")
+        if not endpoints:
+            return None
+        return cls(endpoints, os.environ.get("NIXL_ETCD_NAMESPACE", "/nixl/agents"))
+
+    def key(self, agent, label):
+        return f"{self._namespace}/{agent}/{label}"
+
+    def put(self, key, value):
+        self._call("/v3/kv/put", {"key": _b64(key.encode()), "value": _b64(value)})
+
+    def get(self, key):
+        """The value at `key`, or None."""
+        reply = self._call("/v3/kv/range", {"key": _b64(key.encode())})
+        kvs = reply.get("kvs") or []
+        return base64.b64decode(kvs[0].get("value", "")) if kvs else None
+
+    def delete_prefix(self, prefix):
+        start = prefix.encode()
+        end = start[:-1] + bytes([start[-1] + 1])  # every key that starts with `prefix`
+        self._call("/v3/kv/deleterange", {"key": _b64(start), "range_end": _b64(end)})
+
+    def _call(self, path, body):
+        failures = []
+        for endpoint in self._endpoints:
+            request = urllib.request.Request(endpoint + path, data=json.dumps(body).encode(),
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=IO_TIMEOUT_S) as response:
+                    data = response.read(self.MAX_VALUE_BYTES * 2)
+                reply = json.loads(data)
+                if not isinstance(reply, dict):
+                    raise ValueError("not a JSON object")
+                return reply
+            except (OSError, ValueError, urllib.error.URLError) as e:
+                failures.append(f"{endpoint}: {e}")
+        raise ConnectionError(f"etcd {path}: " + "; ".join(failures))
+
+
+def _b64(data):
+    return base64.b64encode(data).decode()
