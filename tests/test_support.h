@@ -4,10 +4,13 @@
 #include <grp.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -99,6 +102,28 @@ inline bool eventually(const std::function<bool()>& done,
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+// Sends SIGSTOP to `pid` and waits until every thread of it is stopped (the signal takes
+// effect asynchronously: a thread may still answer a request in between). False if it did
+// not stop within `limit`.
+inline bool stop_process(pid_t pid, std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+  if (::kill(pid, SIGSTOP) != 0) return false;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  return eventually(
+      [&] {
+        std::error_code ec;
+        for (const auto& task : std::filesystem::directory_iterator(tasks, ec)) {
+          std::ifstream stat(task.path() / "stat");
+          std::string line;
+          std::getline(stat, line);
+          const size_t close = line.rfind(')');  // the state follows the (name)
+          if (close == std::string::npos || close + 2 >= line.size()) return false;
+          if (line[close + 2] != 'T' && line[close + 2] != 't') return false;
+        }
+        return !ec;
+      },
+      limit);
 }
 
 }  // namespace kvferry::testing

@@ -29,6 +29,24 @@ def pytest_configure(config):
 PROCESS_TIMEOUT_S = 20
 
 
+def stop_process(pid, timeout_s=PROCESS_TIMEOUT_S):
+    """SIGSTOP, then waits until every thread of the process is stopped (the signal takes
+    effect asynchronously: a thread may still answer a request in between)."""
+    import glob
+    import signal
+    import time
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout_s
+
+    def state(stat_path):
+        with open(stat_path) as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+
+    while not all(state(p) in ("T", "t") for p in glob.glob(f"/proc/{pid}/task/*/stat")):
+        assert time.monotonic() < deadline, f"process {pid} did not stop"
+        time.sleep(0.001)
+
+
 def seeded_bytes(seed, nbytes):
     return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
 

@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PROCESS_TIMEOUT_S, ScriptProcess, seeded_bytes
+from conftest import PROCESS_TIMEOUT_S, ScriptProcess, seeded_bytes, stop_process
 from kvferry import errors
 from kvferry.nixl import _api, _metadata, install_as_nixl, shim_path
 from kvferry.nixl._api import nixl_agent, nixl_agent_config
@@ -335,7 +335,7 @@ def test_stalled_prefill_does_not_hold_a_read_whose_data_landed(make_nixl_peer, 
     agent, buffer = decode_agent("decode", acknowledged_notifications=acknowledged)
     agent._test_buffer = buffer
     agent.add_remote_agent(prefill.metadata)
-    os.kill(prefill.process.pid, signal.SIGSTOP)
+    stop_process(prefill.process.pid)
     try:
         ids = [9, 2, 30]
         handle = read_blocks_with(agent, prefill, ids, b"stalled")
@@ -701,3 +701,50 @@ def test_tensors_and_lists_of_row_tensors_are_descriptors():
     rows = agent.get_xfer_descs([tensor[i, :] for i in range(4)])
     assert [rows[i][0] for i in range(4)] == [tensor[i, :].data_ptr() for i in range(4)]
     assert agent.get_xfer_descs(torch.transpose(tensor, 0, 1)) is None  # not contiguous
+
+
+def test_sglangs_nixl_sequence_pushes_kv_with_write_and_notifies(make_nixl_peer):
+    """sglang's NIXL backend: no backend at creation, strict thread sync, UCX created by name
+    after checking the plugin list, local lists prepared with "", WRITE through both
+    initialize_xfer and make_prepped_xfer, then send_notif."""
+    from kvferry.nixl import nixl_thread_sync_t
+    decode = make_nixl_peer("decode", seed=-1)
+    agent = nixl_agent("prefill", nixl_agent_config(
+        backends=[], num_threads=2, sync_mode=nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT))
+    assert "UCX" in agent.get_plugin_list()
+    agent.create_backend("UCX", {"num_threads": "2"})
+    kv = seeded_bytes(23, BLOCK * BLOCKS)
+    agent.register_memory(agent.get_reg_descs([(kv.ctypes.data, kv.nbytes, 0, "")], "DRAM"))
+    agent.add_remote_agent(decode.metadata)
+    local = agent.prep_xfer_dlist("", block_descs(kv.ctypes.data, BLOCKS), "DRAM")
+    remote = agent.prep_xfer_dlist("decode", block_descs(decode.addr, BLOCKS), "DRAM")
+    first = agent.make_prepped_xfer("WRITE", local, np.arange(0, 32), remote, np.arange(0, 32))
+    rest = agent.initialize_xfer(
+        "WRITE", agent.get_xfer_descs(block_descs(kv.ctypes.data + 32 * BLOCK, 32), "DRAM"),
+        agent.get_xfer_descs(block_descs(decode.addr + 32 * BLOCK, 32), "DRAM"), "decode")
+    for handle in (first, rest):
+        agent.transfer(handle)
+        assert wait_state(agent, handle) == "DONE", agent.xfer_error(handle)
+    agent.send_notif("decode", b"room-7 done")
+    seen = decode.wait_notifs(1)
+    assert seen["notifs"] == {"prefill": [b"room-7 done".hex()]}
+    assert seen["digests"] == [sha(kv)]
+
+
+def test_a_killed_prefill_fails_an_in_flight_read(make_nixl_peer):
+    """The READ is in flight (tcp, the prefill stopped so it cannot answer) when the prefill is
+    killed: ERR, well within the batch timeout (the kernel reports the death)."""
+    prefill = make_nixl_peer()
+    agent, buffer = decode_agent("decode", timeout_ms=30_000, transport="tcp")
+    agent._test_buffer = buffer
+    agent.add_remote_agent(prefill.metadata)
+    warm = read_blocks_with(agent, prefill, [4], b"warm")  # the tcp lanes are up
+    assert wait_state(agent, warm) == "DONE", agent.xfer_error(warm)
+    stop_process(prefill.process.pid)
+    handle = read_blocks_with(agent, prefill, [1, 2, 3], b"never")
+    assert wait_state(agent, handle, timeout_s=0.2) == "PROC"
+    killed = time.monotonic()
+    prefill.kill()
+    assert wait_state(agent, handle, timeout_s=15) == "ERR"
+    print(f"ERR {1e3 * (time.monotonic() - killed):.1f} ms after SIGKILL:",
+          agent.xfer_error(handle))

@@ -63,7 +63,7 @@ TEST(NotificationCompletion, AStoppedTargetHoldsUpOnlyAcknowledgedCompletion) {
   std::vector<std::byte> dst(2 * kBytes);
   ASSERT_TRUE(engine->register_memory(dst.data(), dst.size()).ok());
   const auto at = [&](uint64_t offset) { return reinterpret_cast<uint64_t>(dst.data()) + offset; };
-  ASSERT_EQ(::kill(peer.process.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(testing::stop_process(peer.process.pid()));
   TransferOp first{OpKind::kRead, at(0), peer.addr, kBytes};
   SubmitOptions queued;
   queued.notification = "queued";
