@@ -83,6 +83,7 @@ std::vector<std::string> advertised_endpoints(const Endpoint& bound) {
   std::vector<std::string> hosts = interface_addresses();
   if (hosts.empty()) hosts.emplace_back("127.0.0.1");
   std::vector<std::string> out;
+  out.reserve(hosts.size());
   for (const std::string& host : hosts) out.push_back(Endpoint{host, bound.port}.to_string());
   return out;
 }
