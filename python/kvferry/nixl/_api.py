@@ -185,11 +185,10 @@ class nixl_agent:
         # NIXL_TELEMETRY_ENABLE, when set, decides; otherwise capture_telemetry.
         env = os.environ.get("NIXL_TELEMETRY_ENABLE")
         self._telemetry = env.lower() in _TRUE if env else bool(conf.capture_telemetry)
-        # What each remote agent's metadata showed (None: all of it), and of which
-        # incarnation (partial metadata adds up within one).
-        self._visible_lock = threading.Lock()
-        self._visible = {}
-        self._visible_incarnation = {}
+        # Per remote agent: (incarnation, the regions its metadata showed, None: all of them).
+        # Partial metadata adds up within one incarnation.
+        self._shown_lock = threading.Lock()
+        self._shown = {}
         self._exchanges = _metadata.Exchanges()
         self._listener = None
         if conf.enable_listen:
@@ -311,16 +310,12 @@ class nixl_agent:
             raise InvalidArgumentError(
                 StatusCode.InvalidArgument, f"add_remote_agent: not kvferry agent metadata ({e})") from None
         loaded = self._core.add_remote(name, endpoints, incarnation)
-        with self._visible_lock:
-            before = self._visible_incarnation.get(name)
-            self._visible_incarnation[name] = loaded
-            if regions is None:
-                self._visible[name] = None  # the whole agent
-            elif before == loaded and name in self._visible and self._visible[name] is None:
-                pass  # already shown whole
-            else:
-                known = self._visible.get(name) if before == loaded else None
-                self._visible[name] = (known or []) + regions
+        with self._shown_lock:
+            was, shown = self._shown.get(name, (None, []))
+            if was != loaded:
+                shown = []  # a new incarnation shows afresh
+            self._shown[name] = (loaded, None if regions is None or shown is None
+                                 else shown + regions)
         return name.encode()  # bytes, as NIXL returns it; every call here takes bytes or str
 
     # ---- metadata exchange (kvferry/nixl/_metadata.py) ------------------------------------
@@ -441,8 +436,8 @@ class nixl_agent:
     # not a protection: the peer's engine guards its memory.
     def _uncovered(self, name, descs):
         """The first descriptor of `descs` outside what `name`'s metadata showed, or None."""
-        with self._visible_lock:
-            shown = self._visible.get(name)
+        with self._shown_lock:
+            _, shown = self._shown.get(name, (None, None))
         if shown is None:
             return None
         for addr, length, dev in (descs[i] for i in range(len(descs))):
@@ -450,7 +445,7 @@ class nixl_agent:
                 return (addr, length, dev)
         return None
 
-    def _need_visible(self, name, descs):
+    def _need_shown(self, name, descs):
         missing = self._uncovered(name, descs)
         if missing is not None:
             raise nixlNotFoundError(
@@ -464,9 +459,8 @@ class nixl_agent:
     def remove_remote_agent(self, agent):
         name = _text(agent)
         self._core.remove_remote(name)
-        with self._visible_lock:
-            self._visible.pop(name, None)
-            self._visible_incarnation.pop(name, None)
+        with self._shown_lock:
+            self._shown.pop(name, None)
 
     # ---- descriptors and transfers -------------------------------------------------------
     def prep_xfer_dlist(self, agent_name, xfer_list, mem_type=None, is_sorted=False,
@@ -475,7 +469,7 @@ class nixl_agent:
         name = _text(agent_name)
         local = name in (LOCAL_AGENT, "")
         if not local:
-            self._need_visible(name, descs)
+            self._need_shown(name, descs)
         return self._core.prep(name, descs, local)
 
     def release_dlist_handle(self, handle):
