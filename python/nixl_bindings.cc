@@ -322,7 +322,6 @@ class NixlAgent {
     check_notification_size(notification);
     py::gil_scoped_release release;
     std::lock_guard lock(x->mu);
-    if (notification) x->notification = std::move(notification);
     if (x->batch || !x->error.ok()) {
       // NIXL reposts a finished request; a pending one cannot be posted again.
       if (x->batch && engine_->status(*x->batch).state == BatchState::kPending) {
@@ -331,6 +330,7 @@ class NixlAgent {
       x->batch.reset();
       x->error = Status::Ok();
     }
+    if (notification) x->notification = std::move(notification);
     SubmitOptions options;
     options.notification = x->notification;
     options.notification_completion = completion_;
