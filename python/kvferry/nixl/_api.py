@@ -295,20 +295,10 @@ class nixl_agent:
                            "incarnation": self._core.incarnation}).encode()
 
     def add_remote_agent(self, metadata):
-        try:
-            md = json.loads(bytes(metadata).decode())
-            if md.get("format") != _METADATA_FORMAT:
-                raise ValueError(f"format {md.get('format')!r}")
-            name, endpoints = str(md["name"]), [str(e) for e in md["endpoints"]]
-            if len(endpoints) > _MAX_ENDPOINTS:
-                raise ValueError(f"{len(endpoints)} endpoints, more than {_MAX_ENDPOINTS}")
-            incarnation = int(md.get("incarnation", 0))
-            regions = md.get("regions")
-            if regions is not None:
-                regions = [(int(a), int(n), int(d)) for a, n, d in regions]
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-            raise InvalidArgumentError(
-                StatusCode.InvalidArgument, f"add_remote_agent: not kvferry agent metadata ({e})") from None
+        return self._load(_parse_metadata(metadata))
+
+    def _load(self, parsed):
+        name, endpoints, incarnation, regions = parsed
         loaded = self._core.add_remote(name, endpoints, incarnation)
         with self._shown_lock:
             was, shown = self._shown.get(name, (None, []))
@@ -403,7 +393,10 @@ class nixl_agent:
         if op == "fetch":
             return {"ok": True, "metadata": self.get_agent_metadata().hex()}
         if op == "send":
-            self.add_remote_agent(bytes.fromhex(str(request["metadata"])))
+            # Checked here, loaded on the exchange thread: connecting to the sender's
+            # endpoints never holds up the listener.
+            parsed = _parse_metadata(bytes.fromhex(str(request["metadata"])))
+            self._exchanges.submit(f"loading {parsed[0]}'s metadata", lambda: self._load(parsed))
             return {"ok": True}
         if op == "invalidate":
             name = str(request["name"])
@@ -562,6 +555,26 @@ class nixl_agent:
 
     def send_notif(self, remote_agent_name, notif_msg):
         self._core.send_notif(_text(remote_agent_name), _notif(notif_msg) or b"")
+
+
+def _parse_metadata(metadata):
+    """(name, endpoints, incarnation, regions or None) of an agent's metadata; InvalidArgument
+    naming what is wrong with it."""
+    try:
+        md = json.loads(bytes(metadata).decode())
+        if md.get("format") != _METADATA_FORMAT:
+            raise ValueError(f"format {md.get('format')!r}")
+        name, endpoints = str(md["name"]), [str(e) for e in md["endpoints"]]
+        if len(endpoints) > _MAX_ENDPOINTS:
+            raise ValueError(f"{len(endpoints)} endpoints, more than {_MAX_ENDPOINTS}")
+        incarnation = int(md.get("incarnation", 0))
+        regions = md.get("regions")
+        if regions is not None:
+            regions = [(int(a), int(n), int(d)) for a, n, d in regions]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        raise InvalidArgumentError(
+            StatusCode.InvalidArgument, f"add_remote_agent: not kvferry agent metadata ({e})") from None
+    return name, endpoints, incarnation, regions
 
 
 def _need_etcd(what):

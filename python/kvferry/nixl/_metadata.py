@@ -13,7 +13,9 @@ frame, {"ok": true, "metadata": hex} (fetch) or {"ok": false, "error": str}, and
 Bounds (one thread, selectors): a request larger than MAX_REQUEST_BYTES is refused unread; a
 connection must deliver its request within IO_TIMEOUT_S of being accepted; at most
 MAX_CONNECTIONS are open, the oldest closed to make room for a new one, so a flood of
-connections that never send anything cannot lock out a peer.
+connections that never send anything cannot lock out a peer. Sent metadata is checked on the
+listener's thread and loaded (connecting to the sender's engine) on the agent's exchange
+thread, at most Exchanges.MAX_QUEUED waiting; past that a send is answered "not ok".
 
 Metadata loaded this way is a hint like any other: add_remote_agent connects to the peer's
 engine, which proves who it is (and the secret, when set) before anything moves.
@@ -34,6 +36,7 @@ import urllib.error
 import urllib.request
 from concurrent.futures import Future
 
+from ..errors import FailedPreconditionError, StatusCode
 from .logging import get_logger
 
 logger = get_logger("nixl._metadata")
@@ -221,18 +224,29 @@ class Exchanges:
     fetch/send/invalidate return at once; check_remote_metadata polls for the result). Each
     submit returns a Future of its end; a failure is logged, as in NIXL."""
 
+    MAX_QUEUED = 256
+
     def __init__(self):
-        self._queue = queue.SimpleQueue()
+        self._queue = queue.Queue(self.MAX_QUEUED)
         self._thread = threading.Thread(target=self._run, name="kvf-nixl-mdx", daemon=True)
         self._thread.start()
 
     def submit(self, what, fn):
+        """The exchange's Future; FailedPreconditionError when MAX_QUEUED are waiting."""
         future = Future()
-        self._queue.put((what, fn, future))
+        try:
+            self._queue.put_nowait((what, fn, future))
+        except queue.Full:
+            raise FailedPreconditionError(
+                StatusCode.FailedPrecondition,
+                f"{what}: {self.MAX_QUEUED} metadata exchanges are already queued") from None
         return future
 
     def close(self):
-        self._queue.put(None)
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:  # the daemon thread ends with the process
+            pass
 
     def _run(self):
         while (item := self._queue.get()) is not None:
