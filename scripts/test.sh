@@ -57,6 +57,7 @@ trap 'scripts/services.sh stop >/dev/null 2>&1 || true' EXIT
 eval "$(scripts/services.sh start)"
 ctest --test-dir build --output-on-failure -j "$JOBS" --timeout 600
 scripts/services.sh stop
+unset KVFERRY_TEST_ETCD KVFERRY_TEST_REDIS  # the tests after this find no service
 
 phase "install, consumer project, pip"
 # The installed tree and the venv come from the build just tested: the consumer project
