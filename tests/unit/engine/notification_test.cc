@@ -172,10 +172,11 @@ TEST(Notifications, StandaloneAndBatchNotificationsKeepTheSendersOrder) {
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size()), 0);
 }
 
-// An engine listening on every interface advertises each interface address, never the
-// wildcard; a peer reaching it at any of them moves bytes over tcp and notifies it (its tcp
-// and notification listeners are dialled at the host the engine was reached at).
-TEST(Notifications, AnEngineOnEveryInterfaceIsReachedAtEachAddressItAdvertises) {
+// An engine listening on every interface advertises interface addresses, never the
+// wildcard; a peer reaching it at the first of them, or at loopback, moves bytes over tcp and
+// notifies it (its tcp and notification listeners are dialled at the host the engine was
+// reached at). Only those two: tests running alongside add and remove veth interfaces.
+TEST(Notifications, AnEngineOnEveryInterfaceIsReachedAtTheHostItWasReachedAt) {
   std::vector<std::byte> src(64 * 1024), dst(64 * 1024);
   auto a = engine_named("a");
   EngineOptions o;
@@ -186,9 +187,12 @@ TEST(Notifications, AnEngineOnEveryInterfaceIsReachedAtEachAddressItAdvertises) 
   EXPECT_EQ(b->endpoint(), b->endpoints().front());
   ASSERT_TRUE(b->register_memory(dst.data(), dst.size()).ok());
   ASSERT_TRUE(a->register_memory(src.data(), src.size()).ok());
-  uint64_t seed = 70;
   for (const std::string& endpoint : b->endpoints()) {
     EXPECT_NE(endpoint.rfind("0.0.0.0:", 0), 0u) << endpoint;
+  }
+  const std::string port = b->endpoint().substr(b->endpoint().rfind(':'));
+  uint64_t seed = 70;
+  for (const std::string& endpoint : {b->endpoint(), "127.0.0.1" + port}) {
     PeerHandle peer = must(a->open_peer(endpoint, PeerOptions{TransportKind::kTcp}));
     fill_random(src, ++seed);
     TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(dst.data()), src.size()};
