@@ -48,6 +48,10 @@ Result<PeerHandle> EngineImpl::open_peer(std::string_view name, const PeerOption
 
 void EngineImpl::close_peer(const PeerHandle& handle) {
   if (!handle.valid() || handle.state_->is_self) return;
+  // First: what was queued for the peer is still delivered (the sender drains it), and a
+  // sender that sees the peer disconnected before it knows it is closing would fail it.
+  drop_notification_sender(handle.state_->name, PeerDisconnected("peer " + handle.state_->name +
+                                                                 " closed by this engine"));
   handle.state_->mark_disconnected("closed by this engine");
   // Its links close now (tcp lanes): what they carry fails with PeerDisconnected.
   for (const auto& link : handle.state_->links) {
@@ -59,8 +63,6 @@ void EngineImpl::close_peer(const PeerHandle& handle) {
     if (it != peers_.end() && it->second == handle.state_) peers_.erase(it);
   }
   forget_incarnation(handle.state_->incarnation);
-  drop_notification_sender(handle.state_->name, PeerDisconnected("peer " + handle.state_->name +
-                                                                 " closed by this engine"));
 }
 
 void reach_through(SegmentDescriptor& d, std::string_view host) {
