@@ -410,9 +410,10 @@ def test_metadata_of_an_agent_on_every_interface_lists_no_wildcard(monkeypatch):
 
 
 class OtherHost:
-    """A network namespace joined to this one by a veth pair (addresses from 198.18.0.0/15,
-    the range reserved for benchmarking); a child started with `launcher` runs there, in its
-    own pid namespace too, so kvferry sees another host."""
+    """A network namespace joined to this one by a veth pair (a /30 of 203.0.113.0/24, a range
+    reserved for documentation: the C++ tests that run alongside take theirs from
+    198.18.0.0/15); a child started with `launcher` runs there, in its own pid namespace too,
+    so kvferry sees another host."""
 
     def __init__(self):
         if os.geteuid() != 0:
@@ -422,17 +423,17 @@ class OtherHost:
                 pytest.skip(f"{tool} is not installed")
         pid = os.getpid()
         self.ns = f"kvn{pid}"
-        subnet = f"198.{18 + (pid // 256) % 2}.{pid % 256}"
-        self.local_ip, self.peer_ip = subnet + ".1", subnet + ".2"
+        base = (pid % 64) * 4
+        self.local_ip, self.peer_ip = f"203.0.113.{base + 1}", f"203.0.113.{base + 2}"
         self.dev = f"kvn{pid}a"
         steps = [
             f"ip netns add {self.ns}",
             f"ip -n {self.ns} link set lo up",
             f"ip link add {self.dev} type veth peer name {self.dev[:-1]}b",
             f"ip link set {self.dev[:-1]}b netns {self.ns}",
-            f"ip addr add {self.local_ip}/24 dev {self.dev}",
+            f"ip addr add {self.local_ip}/30 dev {self.dev}",
             f"ip link set {self.dev} up",
-            f"ip -n {self.ns} addr add {self.peer_ip}/24 dev {self.dev[:-1]}b",
+            f"ip -n {self.ns} addr add {self.peer_ip}/30 dev {self.dev[:-1]}b",
             f"ip -n {self.ns} link set {self.dev[:-1]}b up",
         ]
         for step in steps:
