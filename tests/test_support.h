@@ -3,8 +3,10 @@
 
 #include <grp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -102,6 +104,25 @@ inline bool eventually(const std::function<bool()>& done,
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+// Waits until a listener on every interface (0.0.0.0) can take a port of its own: it needs a
+// port no socket holds on any address (a loopback listener: on 127.0.0.1 only), and the flood
+// tests that may run alongside connect from 20 loopback addresses. False after `limit`.
+inline bool wait_for_any_address_port(std::chrono::milliseconds limit = std::chrono::seconds(90)) {
+  return eventually(
+      [] {
+        const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return false;
+        const int one = 1;
+        ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+        sockaddr_in any{};
+        any.sin_family = AF_INET;
+        const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof(any)) == 0;
+        ::close(fd);
+        return bound;
+      },
+      limit);
 }
 
 // Sends SIGSTOP to `pid` and waits until every thread of it is stopped (the signal takes

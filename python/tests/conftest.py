@@ -28,6 +28,29 @@ def pytest_configure(config):
 # Every wait on another process is bounded by this.
 PROCESS_TIMEOUT_S = 20
 
+# NIXL agents listen on loopback in these tests (children inherit it), unless a test asks for
+# every interface: it removes this and first waits for wait_for_any_address_port.
+os.environ.setdefault("KVFERRY_LISTEN_ADDRESS", "127.0.0.1:0")
+
+
+def wait_for_any_address_port(timeout_s=90):
+    """Waits until a listener on every interface can take a port of its own. Such a listener
+    needs a port that no socket holds on any address, where a loopback one needs it free on
+    127.0.0.1 only; the flood tests connect from 20 loopback addresses, and once all agents
+    here failed to bind 0.0.0.0:0 (EADDRINUSE) right after them in a CI run."""
+    import socket
+    import time
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("0.0.0.0", 0))
+                return
+            except OSError as e:
+                assert time.monotonic() < deadline, f"no port free on every address: {e}"
+        time.sleep(0.5)
+
 
 def stop_process(pid, timeout_s=PROCESS_TIMEOUT_S):
     """SIGSTOP, then waits until every thread of the process is stopped (the signal takes

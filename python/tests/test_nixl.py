@@ -18,7 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PROCESS_TIMEOUT_S, ScriptProcess, seeded_bytes, stop_process
+from conftest import (PROCESS_TIMEOUT_S, ScriptProcess, seeded_bytes, stop_process,
+                      wait_for_any_address_port)
 from kvferry import errors
 from kvferry.nixl import _api, _metadata, install_as_nixl, shim_path
 from kvferry.nixl._api import nixl_agent, nixl_agent_config
@@ -393,6 +394,7 @@ def test_env_overrides_what_vllm_cannot_pass(monkeypatch):
 def test_metadata_of_an_agent_on_every_interface_lists_no_wildcard(monkeypatch):
     for name in ("KVFERRY_LISTEN_ADDRESS", "VLLM_NIXL_SIDE_CHANNEL_HOST"):
         monkeypatch.delenv(name, raising=False)
+    wait_for_any_address_port()
     agent = nixl_agent("everywhere", nixl_agent_config(num_threads=4, capture_telemetry=True))
     endpoints = json.loads(agent.get_agent_metadata())["endpoints"]
     assert endpoints and not any(e.startswith("0.0.0.0:") for e in endpoints), endpoints
@@ -466,6 +468,7 @@ def test_decode_reads_from_a_prefill_on_another_host_with_vllms_configuration_on
     for name in ("KVFERRY_LISTEN_ADDRESS", "KVFERRY_TRANSPORT", "KVFERRY_SECRET",
                  "KVFERRY_BATCH_TIMEOUT_MS", "VLLM_NIXL_SIDE_CHANNEL_HOST"):
         monkeypatch.delenv(name, raising=False)
+    wait_for_any_address_port()  # the decode, here, listens on every interface
     env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": other_host.peer_ip} if side_channel_host else {}
     prefill = make_nixl_peer(launcher=other_host.launcher, env=env)
     endpoints = json.loads(prefill.metadata)["endpoints"]

@@ -182,6 +182,7 @@ TEST(Notifications, AnEngineOnEveryInterfaceIsReachedAtTheHostItWasReachedAt) {
   EngineOptions o;
   o.name = "everywhere";
   o.listen_address = "0.0.0.0:0";
+  ASSERT_TRUE(testing::wait_for_any_address_port());
   auto b = must(TransferEngine::create(o));
   ASSERT_FALSE(b->endpoints().empty());
   EXPECT_EQ(b->endpoint(), b->endpoints().front());
