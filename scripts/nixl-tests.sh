@@ -89,7 +89,7 @@ run_two_peers() {  # the target on a port of its choosing, read from its log; th
   fi
   env PYTHONPATH="$compat:$PYTHONPATH" "$@" timeout 120 \
     "$python" "$script" --mode=initiator --ip=127.0.0.1 --port="$port" || rc=$?
-  wait "$target" || rc=$?
+  wait "$target" || { rc=$?; echo "the target failed ($rc); its log:"; cat "$log"; }
   rm -f "$log"
   return "$rc"
 }

@@ -752,3 +752,32 @@ def test_a_killed_prefill_fails_an_in_flight_read(make_nixl_peer):
     assert wait_state(agent, handle, timeout_s=15) == "ERR"
     print(f"ERR {1e3 * (time.monotonic() - killed):.1f} ms after SIGKILL:",
           agent.xfer_error(handle))
+
+
+def test_a_process_that_exits_right_after_done_still_delivers_its_notification(make_nixl_peer):
+    """NIXL's DONE means the notification is queued, not delivered: a prefill that pushes KV
+    and exits at once must not lose it (the agent closes at interpreter exit, delivering what
+    is queued)."""
+    decode = make_nixl_peer("decode", seed=-1)
+    code = f"""
+import numpy as np
+from kvferry.nixl._api import nixl_agent, nixl_agent_config
+agent = nixl_agent("pusher", nixl_agent_config(num_threads=2))
+kv = np.full({BLOCK * 8}, 7, dtype=np.uint8)
+agent.register_memory(agent.get_reg_descs([(kv.ctypes.data, kv.nbytes, 0, "")], "DRAM"))
+agent.add_remote_agent(bytes.fromhex("{decode.metadata.hex()}"))
+rows = lambda base: [(base + i * {BLOCK}, {BLOCK}, 0) for i in range(8)]
+for i in range(10):
+    h = agent.initialize_xfer("WRITE", agent.get_xfer_descs(rows(kv.ctypes.data), "DRAM"),
+                              agent.get_xfer_descs(rows({decode.addr}), "DRAM"), "decode",
+                              b"pushed-%d" % i)
+    state = agent.transfer(h)
+    while state == "PROC":
+        state = agent.check_xfer_state(h)
+    assert state == "DONE", state
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=PROCESS_TIMEOUT_S)
+    assert out.returncode == 0, out.stderr
+    seen = decode.wait_notifs(10)
+    assert seen["notifs"] == {"pusher": [(b"pushed-%d" % i).hex() for i in range(10)]}

@@ -30,6 +30,7 @@ Thread-safety: every method may be called from any thread (the handshake thread 
 writer thread call concurrently); the GIL is released during engine calls.
 """
 
+import atexit
 import json
 import logging
 import os
@@ -191,6 +192,9 @@ class nixl_agent:
         self._shown = {}
         self._exchanges = _metadata.Exchanges()
         self._listener = None
+        closer = weakref.WeakMethod(self._close)
+        self._at_exit = lambda: closer() and closer()()
+        atexit.register(self._at_exit)
         if conf.enable_listen:
             host = conf.listen_address.rsplit(":", 1)[0]
             handler = weakref.WeakMethod(self._on_metadata_request)
@@ -407,12 +411,22 @@ class nixl_agent:
         return {"ok": False, "error": f"unknown op {op!r}"}
 
     def __del__(self):
+        self._close()
+
+    def _close(self):
+        """Stops the listener and the exchange thread and closes the engine, which delivers
+        the notifications still queued (within 2 s) first. Also run at interpreter exit: a
+        process that exits right after a transfer is DONE (its notification queued, NIXL's
+        semantics) must not drop that notification."""
         listener = getattr(self, "_listener", None)
         if listener is not None:
             listener.close()
         exchanges = getattr(self, "_exchanges", None)
         if exchanges is not None:
             exchanges.close()
+        if getattr(self, "_at_exit", None) is not None:
+            atexit.unregister(self._at_exit)
+        self._core = None
 
     def check_remote_metadata(self, remote_name, descs=None):
         """Whether `remote_name` was added (add_remote_agent) and not removed, and its
