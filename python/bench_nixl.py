@@ -89,20 +89,26 @@ def pull_latency(reads):
                                                            PULL_BLOCK_BYTES), "DRAM")
                 cases[(route, acknowledged)] = (agent, buffer, local, remote, [])
         rng = np.random.default_rng(4)
+        want = want.reshape(-1, PULL_BLOCK_BYTES)
+
+        def read(agent, buffer, local, remote, times, notif):
+            """One timed READ of random blocks, its bytes checked."""
+            ids = rng.permutation(PULL_POOL_BLOCKS)[:PULL_BLOCKS].astype(np.int64)
+            t = time.perf_counter_ns()
+            x = agent.make_prepped_xfer("READ", local, np.arange(PULL_BLOCKS), remote, ids,
+                                        notif_msg=notif)
+            state = agent.transfer(x)
+            while state == "PROC":
+                state = agent.check_xfer_state(x)
+            times.append(time.perf_counter_ns() - t)
+            assert state == "DONE", agent.xfer_error(x)
+            agent.release_xfer_handle(x)
+            got = buffer.reshape(PULL_BLOCKS, PULL_BLOCK_BYTES)
+            assert np.array_equal(got, want[ids]), "bytes differ"
+
         for i in range(reads):
-            for (route, acknowledged), (agent, buffer, local, remote, times) in cases.items():
-                ids = rng.permutation(PULL_POOL_BLOCKS)[:PULL_BLOCKS].astype(np.int64)
-                t = time.perf_counter_ns()
-                x = agent.make_prepped_xfer("READ", local, np.arange(PULL_BLOCKS), remote, ids,
-                                            notif_msg=b"req-%d" % i)
-                state = agent.transfer(x)
-                while state == "PROC":
-                    state = agent.check_xfer_state(x)
-                times.append(time.perf_counter_ns() - t)
-                assert state == "DONE", agent.xfer_error(x)
-                agent.release_xfer_handle(x)
-                got = buffer.reshape(PULL_BLOCKS, PULL_BLOCK_BYTES)
-                assert np.array_equal(got, want.reshape(-1, PULL_BLOCK_BYTES)[ids]), "bytes differ"
+            for case in cases.values():
+                read(*case, b"req-%d" % i)
         # The same reads from the stopped prefill (SIGSTOP): same host, queued DONE only (an
         # acknowledged one waits for the prefill, and tcp needs it to send the bytes).
         agent, buffer, local, remote, _ = cases[("same host", False)]
@@ -110,16 +116,7 @@ def pull_latency(reads):
         os.kill(child.pid, signal.SIGSTOP)
         try:
             for i in range(min(reads, 50)):
-                ids = rng.permutation(PULL_POOL_BLOCKS)[:PULL_BLOCKS].astype(np.int64)
-                t = time.perf_counter_ns()
-                x = agent.make_prepped_xfer("READ", local, np.arange(PULL_BLOCKS), remote, ids,
-                                            notif_msg=b"stalled-%d" % i)
-                state = agent.transfer(x)
-                while state == "PROC":
-                    state = agent.check_xfer_state(x)
-                stalled.append(time.perf_counter_ns() - t)
-                assert state == "DONE", agent.xfer_error(x)
-                agent.release_xfer_handle(x)
+                read(agent, buffer, local, remote, stalled, b"stalled-%d" % i)
         finally:
             os.kill(child.pid, signal.SIGCONT)
         cases[("same host, prefill stopped", False)] = (None, None, None, None, stalled)
