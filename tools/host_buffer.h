@@ -9,7 +9,7 @@
 // tail) on 4 KiB pages. Kernel 6.18 aligns anonymous mappings whose length is a multiple of
 // 2 MiB by itself, but not others (a 512 MiB + 4 KiB mapping started 4 KiB before a boundary:
 // docs/PERFORMANCE.md, "cma against memcpy and the bare system call"); PyTorch's THP allocator
-// aligns the same way. The mapping is over-sized by 2 MiB and the unaligned edges unmapped.
+// aligns the same way. The mapping is core/huge_pages.h's map_huge_pages.
 #pragma once
 
 #include <fmt/format.h>
@@ -21,38 +21,23 @@
 #include <string_view>
 #include <utility>
 
+#include "core/huge_pages.h"
 #include "kvferry/status.h"
 
 namespace kvferry {
-
-inline constexpr uint64_t kHugePageBytes = 2u << 20;
 
 class HostBuffer {
  public:
   // `who` names the caller in the error ("bench engine", "kvferry serve").
   static Result<HostBuffer> map(std::string_view who, uint64_t bytes, bool huge_pages) {
-    const uint64_t mapped = huge_pages ? bytes + kHugePageBytes : bytes;
-    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      return ErrnoStatus(StatusCode::kInternal, fmt::format("{}: mmap of {} bytes", who, mapped),
+    void* p = huge_pages ? map_huge_pages(bytes)
+                         : ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == nullptr || p == MAP_FAILED) {
+      return ErrnoStatus(StatusCode::kInternal, fmt::format("{}: mmap of {} bytes", who, bytes),
                          errno);
     }
     char* data = static_cast<char*>(p);
-    if (huge_pages) {
-      // Keep [aligned, aligned + bytes); give the rest back (munmap of whole pages of a
-      // mapping we own cannot fail).
-      const auto start = reinterpret_cast<uintptr_t>(p);
-      const uintptr_t aligned = (start + kHugePageBytes - 1) & ~uintptr_t{kHugePageBytes - 1};
-      const uint64_t head = aligned - start;
-      const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-      const uint64_t kept = (bytes + page - 1) / page * page;  // what mmap rounded `bytes` to
-      if (head > 0) (void)::munmap(p, head);
-      if (const uint64_t tail = kHugePageBytes - head; tail > 0) {
-        (void)::munmap(reinterpret_cast<char*>(aligned) + kept, tail);
-      }
-      data = reinterpret_cast<char*>(aligned);
-      (void)::madvise(data, bytes, MADV_HUGEPAGE);  // advice: best effort
-    }
     return HostBuffer(data, bytes);
   }
   HostBuffer(HostBuffer&& o) noexcept

@@ -43,8 +43,7 @@ Status overlap_error(size_t index, const MemoryRegion& r, std::string_view what_
 // a binary search of the registered regions per region. Where several overlaps exist, the
 // one named is the first in the caller's order against registered regions, or else the first
 // pair in address order (naming the later of the two in the caller's order).
-Result<std::vector<size_t>> sorted_without_overlap(std::span<const MemoryRegion> regions,
-                                                   const RegionIndex& registered) {
+Status check_no_overlap(std::span<const MemoryRegion> regions, const RegionIndex& registered) {
   for (size_t i = 0; i < regions.size(); ++i) {
     const MemoryRegion& r = regions[i];
     if (const RegionEntry* e =
@@ -70,10 +69,7 @@ Result<std::vector<size_t>> sorted_without_overlap(std::span<const MemoryRegion>
         fmt::format("region {} [{:#x}, +{}) of the same batch", other,
                     reinterpret_cast<uint64_t>(regions[other].addr), regions[other].length));
   }
-  std::vector<size_t> order;
-  order.reserve(starts.size());
-  for (const auto& start : starts) order.push_back(start.second);
-  return order;
+  return Status::Ok();
 }
 
 // The "host:port"s peers may dial to reach a listener bound to `bound`: a listener on every
@@ -177,7 +173,7 @@ Result<std::unique_ptr<EngineImpl>> EngineImpl::create(
   // prove it.
   KVF_ASSIGN_OR_RETURN(engine->handshake_,
                        HandshakeServer::start(
-                           listen, [raw] { return *raw->descriptor_json_.load(); },
+                           listen, [raw] { return raw->descriptor_json_.load(); },
                            engine->options_.handshake_limits, engine->secret_));
   engine->endpoints_ = advertised_endpoints(engine->handshake_->endpoint());
   engine->endpoint_ = engine->endpoints_.front();
@@ -337,13 +333,19 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
         "accepts ({}): register fewer, larger regions",
         regions.size(), current->entries().size(), kMaxDescriptorRegions));
   }
-  KVF_ASSIGN_OR_RETURN(std::vector<size_t> by_addr, sorted_without_overlap(regions, *current));
-  // Registered in the caller's order, so an error names the region the caller would expect.
-  std::vector<RegionEntry> added;
-  added.reserve(regions.size());
+  KVF_RETURN_IF_ERROR(check_no_overlap(regions, *current));
+  // The new snapshot: what is registered, then this call's regions built in place behind it
+  // (an entry is a few hundred bytes: each copy of 100,000 is felt), in the caller's order
+  // so an error names the region the caller would expect; sorted by address after.
+  const std::span<const RegionEntry> existing = current->entries();
+  RegionEntries entries;
+  entries.reserve(existing.size() + regions.size());
+  entries.assign(existing.begin(), existing.end());
+  const auto first_added = static_cast<ptrdiff_t>(existing.size());
+  auto added = [&] { return std::span<const RegionEntry>(entries).subspan(existing.size()); };
   auto roll_back = [&] {
-    unregister_regions(added);
-    release_shm_backings_locked(added);
+    unregister_regions(added());
+    release_shm_backings_locked(added());
   };
   for (size_t i = 0; i < regions.size(); ++i) {
     const MemoryRegion& r = regions[i];
@@ -354,8 +356,7 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
       return Status(backing.status().code(),
                     fmt::format("region {} at {:#x}: {}", i, addr, backing.status().message()));
     }
-    // Built in place (an entry is a few hundred bytes: each move of 100,000 is felt).
-    RegionEntry& entry = added.emplace_back();
+    RegionEntry& entry = entries.emplace_back();
     entry.addr = addr;
     entry.length = r.length;
     entry.host_ptr = static_cast<char*>(r.addr);
@@ -368,26 +369,21 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
     }
     if (prepared.ok()) prepared = register_region_everywhere(entry, i);
     if (!prepared.ok()) {
-      RegionEntry failed = std::move(added.back());
-      added.pop_back();
+      RegionEntry failed = std::move(entries.back());
+      entries.pop_back();
       roll_back();
       release_shm_backings_locked({&failed, 1});
       return prepared;
     }
   }
-  // Two sorted runs (what was registered, and what this call adds in by_addr's order) merge
-  // into the new snapshot.
-  const std::span<const RegionEntry> existing = current->entries();
-  std::vector<RegionEntry> entries;
-  entries.reserve(existing.size() + added.size());
-  size_t old_at = 0;
-  for (size_t i : by_addr) {
-    while (old_at < existing.size() && existing[old_at].addr < added[i].addr) {
-      entries.push_back(existing[old_at++]);
-    }
-    entries.push_back(std::move(added[i]));
+  // Regions are disjoint, so their start addresses order them. Registration in address
+  // order, above what is registered, needs neither step.
+  auto by_addr = [](const RegionEntry& a, const RegionEntry& b) { return a.addr < b.addr; };
+  const auto middle = entries.begin() + first_added;
+  if (!std::is_sorted(middle, entries.end(), by_addr)) std::sort(middle, entries.end(), by_addr);
+  if (middle != entries.begin() && by_addr(*middle, *(middle - 1))) {
+    std::inplace_merge(entries.begin(), middle, entries.end(), by_addr);
   }
-  entries.insert(entries.end(), existing.begin() + static_cast<ptrdiff_t>(old_at), existing.end());
   local_regions_.store(std::make_shared<const RegionIndex>(std::move(entries)));
   publish_locked().ignore();
   return Status::Ok();
@@ -407,10 +403,15 @@ Status EngineImpl::publish_locked() {
   for (const auto& t : transports_) {
     if (t) t->describe(d);
   }
-  // Each region through one scratch descriptor: no copy of them all.
-  std::string regions = "[";
+  // Each region through one scratch descriptor: no copy of them all. A host region takes
+  // about 50 bytes of text.
+  const auto snapshot = local_regions_.load();
+  const std::span<const RegionEntry> entries = snapshot->entries();
+  std::string regions;
+  regions.reserve(64 * entries.size() + 2);
+  regions.push_back('[');
   RegionDescriptor scratch;
-  for (const RegionEntry& e : local_regions_.load()->entries()) {
+  for (const RegionEntry& e : entries) {
     if (regions.size() != 1) regions.push_back(',');
     scratch.addr = e.addr;
     scratch.length = e.length;
@@ -531,8 +532,8 @@ Status EngineImpl::unregister_locked(std::span<void* const> addrs) {
                       e->addr, e->length, n));
     }
   }
-  std::vector<RegionEntry> kept;
-  std::vector<RegionEntry> gone;
+  RegionEntries kept;
+  RegionEntries gone;
   kept.reserve(entries.size() - victims.size());
   gone.reserve(victims.size());
   for (size_t i = 0; i < entries.size(); ++i) {

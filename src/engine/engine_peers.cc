@@ -233,7 +233,7 @@ std::vector<Route> EngineImpl::routes(const PeerHandle& h) {
 Result<std::shared_ptr<const RemoteSegment>> EngineImpl::attach_segment(
     SegmentDescriptor d, const RemoteSegment* previous, bool map_shm) const {
   auto segment = std::make_shared<RemoteSegment>();
-  std::vector<RegionEntry> entries;
+  RegionEntries entries;
   entries.reserve(d.regions.size());
   for (const RegionDescriptor& r : d.regions) {
     RegionEntry entry{r.addr, r.length, nullptr, r.location, r.shm, nullptr, r.cuda, r.ucx_rkey};

@@ -19,20 +19,16 @@ constexpr FrameFormat kHandshakeFormat{"handshake", kHandshakeMagic, kHandshakeV
                                        static_cast<uint16_t>(HandshakeFrame::kProof)};
 static_assert(kHandshakeHeaderBytes == kFrameHeaderBytes);
 
-std::vector<std::byte> make_frame(HandshakeFrame type, std::string_view payload) {
-  std::vector<std::byte> frame(kHandshakeHeaderBytes + payload.size());
+// The frame as text, with room for `room_after` more bytes: the payload is copied once.
+std::string frame_string(HandshakeFrame type, std::string_view payload, size_t room_after = 0) {
+  std::string frame;
+  frame.reserve(kHandshakeHeaderBytes + payload.size() + room_after);
+  frame.resize(kHandshakeHeaderBytes);
   encode_handshake_header(
       {kHandshakeMagic, kHandshakeVersion, type, static_cast<uint32_t>(payload.size())},
-      frame.data());
-  if (!payload.empty()) {  // an empty view's data() may be null: not for memcpy
-    std::memcpy(frame.data() + kHandshakeHeaderBytes, payload.data(), payload.size());
-  }
+      reinterpret_cast<std::byte*>(frame.data()));
+  frame.append(payload);
   return frame;
-}
-
-std::string frame_string(HandshakeFrame type, std::string_view payload) {
-  std::vector<std::byte> frame = make_frame(type, payload);
-  return {reinterpret_cast<const char*>(frame.data()), frame.size()};
 }
 
 }  // namespace
@@ -109,7 +105,7 @@ Result<std::unique_ptr<HandshakeServer>> HandshakeServer::start(const Endpoint& 
 
 std::string HandshakeServer::reply(std::span<const std::byte> request,
                                    const std::string& greeting) const {
-  if (!secret_) return frame_string(HandshakeFrame::kDescriptor, source_());
+  if (!secret_) return frame_string(HandshakeFrame::kDescriptor, *source_());
   // The request is GetDescriptor (framed above; its payload the client's nonce), then the
   // Proof.
   auto get = decode_handshake_header(request.data(), kMaxRequestPayload);
@@ -132,11 +128,12 @@ std::string HandshakeServer::reply(std::span<const std::byte> request,
   if (!auth_proof_matches(expected, proof_frame.subspan(kHandshakeHeaderBytes))) {
     return refuse("wrong secret");
   }
-  const std::string descriptor = source_();
-  std::string out = frame_string(HandshakeFrame::kDescriptor, descriptor);
+  const std::shared_ptr<const std::string> descriptor = source_();
+  std::string out = frame_string(HandshakeFrame::kDescriptor, *descriptor,
+                                 kHandshakeHeaderBytes + sizeof(AuthProof));
   // This server proves the secret too, over the client's nonce and the descriptor itself:
   // a client that holds the secret believes no descriptor without it.
-  const AuthProof signature = descriptor_signature(*secret_, client_nonce, descriptor);
+  const AuthProof signature = descriptor_signature(*secret_, client_nonce, *descriptor);
   out += frame_string(HandshakeFrame::kProof,
                       {reinterpret_cast<const char*>(signature.data()), signature.size()});
   return out;
@@ -150,16 +147,18 @@ Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point
   if (secret) {
     KVF_ASSIGN_OR_RETURN(client_nonce, make_auth_nonce());
   }
-  auto request =
-      make_frame(HandshakeFrame::kGetDescriptor,
-                 secret ? std::string_view(reinterpret_cast<const char*>(client_nonce.data()),
-                                           client_nonce.size())
-                        : std::string_view());
+  const std::string request =
+      frame_string(HandshakeFrame::kGetDescriptor,
+                   secret ? std::string_view(reinterpret_cast<const char*>(client_nonce.data()),
+                                             client_nonce.size())
+                          : std::string_view());
   auto unreachable = [&](const Status& s) {
     return Status(s.code() == StatusCode::kProtocolError ? s.code() : StatusCode::kPeerUnreachable,
                   "handshake with " + endpoint.to_string() + ": " + s.message());
   };
-  if (Status s = send_all(conn.get(), request, deadline); !s.ok()) return unreachable(s);
+  if (Status s = send_all(conn.get(), std::as_bytes(std::span(request)), deadline); !s.ok()) {
+    return unreachable(s);
+  }
   std::byte header_bytes[kHandshakeHeaderBytes];
   if (Status s = recv_all(conn.get(), header_bytes, deadline); !s.ok()) return unreachable(s);
   auto header = decode_handshake_header(header_bytes, kMaxDescriptorBytes);
@@ -179,10 +178,12 @@ Result<std::string> fetch_descriptor(const Endpoint& endpoint, Clock::time_point
                              "(EngineOptions::secret or KVFERRY_SECRET)");
     }
     AuthProof proof = auth_proof(*secret, nonce);
-    auto answer =
-        make_frame(HandshakeFrame::kProof,
-                   std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size()));
-    if (Status s = send_all(conn.get(), answer, deadline); !s.ok()) return unreachable(s);
+    const std::string answer =
+        frame_string(HandshakeFrame::kProof,
+                     std::string_view(reinterpret_cast<const char*>(proof.data()), proof.size()));
+    if (Status s = send_all(conn.get(), std::as_bytes(std::span(answer)), deadline); !s.ok()) {
+      return unreachable(s);
+    }
     if (Status s = recv_all(conn.get(), header_bytes, deadline); !s.ok()) return unreachable(s);
     header = decode_handshake_header(header_bytes, kMaxDescriptorBytes);
     if (!header.ok()) return unreachable(header.status());

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/huge_pages.h"
 #include "kvferry/transfer_types.h"
 #include "metadata/segment_descriptor.h"
 
@@ -49,11 +50,15 @@ struct RegionEntry {
   MemoryKind kind() const { return memory_kind_of(location, shm.has_value()); }
 };
 
+// A table of up to a few hundred thousand entries, built once per registration or handshake:
+// large ones in huge pages (core/huge_pages.h).
+using RegionEntries = std::vector<RegionEntry, HugeTableAllocator<RegionEntry>>;
+
 class RegionIndex {
  public:
   RegionIndex() = default;
   // `entries` must be sorted by addr and non-overlapping.
-  explicit RegionIndex(std::vector<RegionEntry> entries) : entries_(std::move(entries)) {}
+  explicit RegionIndex(RegionEntries entries) : entries_(std::move(entries)) {}
 
   // The region containing all of [addr, addr + length), or nullptr. `hint` is the index
   // of the last hit, tried first: runs of ops in one region cost one compare.
@@ -74,7 +79,7 @@ class RegionIndex {
   }
   const RegionEntry* find_slow(uint64_t addr, uint64_t length, size_t& hint) const;
 
-  std::vector<RegionEntry> entries_;
+  RegionEntries entries_;
 };
 
 }  // namespace kvferry

@@ -140,7 +140,7 @@ TEST(HandshakeListenerUnderAConnectionFlood, ServesPeersFromOtherAndFromTheAttac
   const std::string descriptor = random_descriptor();
   const ListenerLimits limits;  // the defaults: 512 places, 64 per source
   auto server = must(HandshakeServer::start(
-      {"127.0.0.1", 0}, [&] { return descriptor; }, limits));
+      {"127.0.0.1", 0}, [&] { return std::make_shared<const std::string>(descriptor); }, limits));
   const Endpoint endpoint = server->endpoint();
   ASSERT_EQ(probe_descriptor("127.0.0.1", endpoint), descriptor);
   const auto flood_for = flood_duration(kDefaultFlood);

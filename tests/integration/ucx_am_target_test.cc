@@ -38,7 +38,7 @@ class UcxAmTarget : public ::testing::Test {
     region.length = kRegionBytes;
     region.host_ptr = reinterpret_cast<char*>(target_memory_.data());
     region.use = use_;
-    regions_ = std::make_shared<const RegionIndex>(std::vector<RegionEntry>{region});
+    regions_ = std::make_shared<const RegionIndex>(RegionEntries{region});
     target_ = must(UcxWorker::create(
         "am-target", [this] { return regions_; }, false));
     initiator_ = must(UcxWorker::create(

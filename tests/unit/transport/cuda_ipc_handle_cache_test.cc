@@ -79,7 +79,7 @@ TEST_F(CacheFixture, AnUnopenableHandleIsAnErrorAndCachesNothing) {
 // The peer's regions as attach_segment builds them for cuda_ipc: device regions with no
 // pointer here, only their IPC backing.
 RegionIndex peer_regions() {
-  std::vector<RegionEntry> entries;
+  RegionEntries entries;
   entries.push_back({0x1'0000,
                      0x1000,
                      nullptr,
@@ -128,7 +128,7 @@ TEST_F(CacheFixture, MapsEveryUnmappedSpanToItsAllocationPlusOffsetsAndHoldsEach
 TEST_F(CacheFixture, BatchDeviceIsTheLocalDeviceElseThePeers) {
   RegionIndex remote = peer_regions();
   std::vector<char> host(64);
-  RegionIndex local(std::vector<RegionEntry>{{reinterpret_cast<uint64_t>(host.data()),
+  RegionIndex local(RegionEntries{{reinterpret_cast<uint64_t>(host.data()),
                                               64,
                                               host.data(),
                                               {},
@@ -137,7 +137,7 @@ TEST_F(CacheFixture, BatchDeviceIsTheLocalDeviceElseThePeers) {
                                               std::nullopt}});
   std::vector<ResolvedOp> spans = {{OpKind::kWrite, host.data(), 0x1'0010, nullptr, 16}};
   EXPECT_EQ(batch_device(spans, local, remote), 1);  // pinned host -> the peer's cuda:1
-  RegionIndex local_device(std::vector<RegionEntry>{{reinterpret_cast<uint64_t>(host.data()),
+  RegionIndex local_device(RegionEntries{{reinterpret_cast<uint64_t>(host.data()),
                                                      64,
                                                      host.data(),
                                                      {MemoryLocation::Kind::kCuda, 2},

@@ -88,7 +88,7 @@ class UcxAmTargetCheck : public ::testing::Test {
     device.host_ptr = reinterpret_cast<char*>(0x1000);
     device.location = MemoryLocation{MemoryLocation::Kind::kCuda, 0};
     device.use = std::make_shared<RegionUse>();
-    regions_ = std::make_shared<const RegionIndex>(std::vector<RegionEntry>{host, device});
+    regions_ = std::make_shared<const RegionIndex>(RegionEntries{host, device});
   }
   static constexpr uint64_t kHostAddr = 0x10000;
   static constexpr uint64_t kDeviceAddr = 0x100000;
