@@ -129,21 +129,21 @@ TEST_F(CacheFixture, BatchDeviceIsTheLocalDeviceElseThePeers) {
   RegionIndex remote = peer_regions();
   std::vector<char> host(64);
   RegionIndex local(RegionEntries{{reinterpret_cast<uint64_t>(host.data()),
-                                              64,
-                                              host.data(),
-                                              {},
-                                              std::nullopt,
-                                              nullptr,
-                                              std::nullopt}});
+                                   64,
+                                   host.data(),
+                                   {},
+                                   std::nullopt,
+                                   nullptr,
+                                   std::nullopt}});
   std::vector<ResolvedOp> spans = {{OpKind::kWrite, host.data(), 0x1'0010, nullptr, 16}};
   EXPECT_EQ(batch_device(spans, local, remote), 1);  // pinned host -> the peer's cuda:1
   RegionIndex local_device(RegionEntries{{reinterpret_cast<uint64_t>(host.data()),
-                                                     64,
-                                                     host.data(),
-                                                     {MemoryLocation::Kind::kCuda, 2},
-                                                     std::nullopt,
-                                                     nullptr,
-                                                     std::nullopt}});
+                                          64,
+                                          host.data(),
+                                          {MemoryLocation::Kind::kCuda, 2},
+                                          std::nullopt,
+                                          nullptr,
+                                          std::nullopt}});
   EXPECT_EQ(batch_device(spans, local_device, remote), 2);
 }
 
