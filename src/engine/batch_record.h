@@ -16,6 +16,7 @@
 #include "engine/notify_sender.h"
 #include "engine/op_resolver.h"
 #include "engine/peer_state.h"
+#include "engine/span_recycler.h"
 #include "transport/batch_progress.h"
 
 namespace kvferry::detail {
@@ -42,6 +43,15 @@ struct BatchRecord final : BatchProgress {
   std::string notification;
   std::shared_ptr<NotifyTicket> notified;
   bool awaits_notification = false;
+  // Where the span storage goes back when the batch is gone (large batches only).
+  std::shared_ptr<SpanRecycler> recycler;
+
+  ~BatchRecord() override {
+    if (!recycler) return;
+    for (ResolvedPart& part : work.parts.slots()) recycler->give(std::move(part.spans));
+  }
+  BatchRecord(const BatchRecord&) = delete;
+  BatchRecord& operator=(const BatchRecord&) = delete;
 
   void on_final(const Status& status, std::chrono::nanoseconds elapsed) override {
     if (metrics != nullptr) metrics->on_final(transports, status, elapsed);

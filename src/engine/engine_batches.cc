@@ -43,6 +43,10 @@ Result<BatchHandle> EngineImpl::submit(const PeerHandle& handle, std::span<const
       peer->liveness, options.timeout.count() > 0 ? options.timeout : options_.batch_timeout);
   BatchRecord* batch = static_cast<BatchRecord*>(owner.get());
   batch->local_snapshot = local_regions_.load();
+  if (ops.size() >= SpanRecycler::kMinSpans) {
+    batch->recycler = span_recycler_;
+    batch->work.parts.lend(span_recycler_->take(ops.size()));
+  }
   PeerRoutes routes(*peer, transports_);
   ResolveOutcome resolved;
   for (int attempt = 0; attempt < 2; ++attempt) {

@@ -20,6 +20,7 @@
 #include "engine/notify_sender.h"
 #include "engine/peer_monitor.h"
 #include "engine/peer_state.h"
+#include "engine/span_recycler.h"
 #include "kvferry/transfer_engine.h"
 #include "metadata/handshake.h"
 #include "metadata/metadata_store.h"
@@ -157,6 +158,8 @@ class EngineImpl {
   // Registration. Writers serialise on registry_mu_; readers load the snapshot.
   mutable std::mutex registry_mu_;
   std::atomic<std::shared_ptr<const RegionIndex>> local_regions_;
+  // Span storage of large batches, reused (shared: a batch may outlive the engine).
+  const std::shared_ptr<SpanRecycler> span_recycler_ = std::make_shared<SpanRecycler>();
   std::map<uint64_t, std::unique_ptr<ShmAllocation>> shared_allocations_;  // by address
   uint64_t descriptor_version_ = 0;
   std::atomic<std::shared_ptr<const std::string>> descriptor_json_;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -185,26 +186,37 @@ Status overlap_error(std::span<const TransferOp> ops, size_t a, size_t b) {
 
 using StartAndOp = std::pair<uint64_t, size_t>;
 
-// LSD radix sort by start, a byte a pass, skipping the bytes every start shares (addresses in
-// one region share their high bytes): a few linear passes where std::sort of a shuffled
-// 10,000-op batch took 6x as long as resolving it (docs/PERFORMANCE.md). Written by hand: no
-// library here sorts integers by radix. Below kRadixSortMinOps a comparison sort is cheaper:
-// each radix pass clears and scans 257 counters, which for the 16 ops of a 1 MiB batch of
-// 64 KiB blocks cost about 1 us of a 17 us batch (6% of the shm cell; docs/PERFORMANCE.md,
-// "Engine: local and shm against memcpy").
+// LSD radix sort by start over only the bits in which the starts differ (addresses in one
+// region share their high bits, aligned blocks their low ones), up to 11 bits a pass: a few
+// linear passes where std::sort of a shuffled 10,000-op batch took 6x as long as resolving it
+// (docs/PERFORMANCE.md). Written by hand: no library here sorts integers by radix. Below
+// kRadixSortMinOps a comparison sort is cheaper: each pass clears and scans its counters,
+// which for the 16 ops of a 1 MiB batch of 64 KiB blocks cost about 1 us of a 17 us batch (6%
+// of the shm cell; docs/PERFORMANCE.md, "Engine: local and shm against memcpy"). Below
+// kWideDigitOps a pass takes 8 bits: 2,048 counters cost more than a pass saves.
 constexpr size_t kRadixSortMinOps = 128;
-void sort_by_start(std::vector<StartAndOp>& v) {
+constexpr size_t kWideDigitOps = size_t{1} << 16;
+void sort_by_start(std::vector<StartAndOp>& v, std::vector<StartAndOp>& scratch) {
   if (v.size() < kRadixSortMinOps) {
     std::sort(v.begin(), v.end());
     return;
   }
-  std::vector<StartAndOp> scratch(v.size());
-  for (unsigned shift = 0; shift < 64; shift += 8) {
-    std::array<size_t, 257> first{};
-    for (const StartAndOp& e : v) ++first[((e.first >> shift) & 0xff) + 1];
-    if (std::find(first.begin() + 1, first.end(), v.size()) != first.end()) continue;
+  uint64_t differ = 0;
+  for (const StartAndOp& e : v) differ |= e.first ^ v.front().first;
+  if (differ == 0) return;  // one start: any order is sorted
+  const auto low = static_cast<unsigned>(std::countr_zero(differ));
+  const auto high = 64 - static_cast<unsigned>(std::countl_zero(differ));
+  const unsigned most_digit_bits = v.size() < kWideDigitOps ? 8 : 11;
+  const unsigned passes = (high - low + most_digit_bits - 1) / most_digit_bits;
+  const unsigned digit_bits = (high - low + passes - 1) / passes;  // evened out
+  const uint64_t mask = (uint64_t{1} << digit_bits) - 1;
+  std::vector<size_t> first((size_t{1} << digit_bits) + 1);
+  scratch.resize(v.size());
+  for (unsigned shift = low; shift < high; shift += digit_bits) {
+    std::fill(first.begin(), first.end(), 0);
+    for (const StartAndOp& e : v) ++first[((e.first >> shift) & mask) + 1];
     for (size_t d = 1; d < first.size(); ++d) first[d] += first[d - 1];
-    for (const StartAndOp& e : v) scratch[first[(e.first >> shift) & 0xff]++] = e;
+    for (const StartAndOp& e : v) scratch[first[(e.first >> shift) & mask]++] = e;
     v.swap(scratch);
   }
 }
@@ -228,13 +240,29 @@ Status check_disjoint_destinations(std::span<const TransferOp> ops, bool one_add
     last[space] = i;
   }
   if (ascending) return Status::Ok();
-  // (start, op) per space, sorted by start; each op's end is looked up in `ops`.
-  std::array<std::vector<StartAndOp>, 2> by_space;
+  // (start, op) per space, sorted by start; each op's end is looked up in `ops`. The buffers
+  // stay with the submitting thread for its next batch (fresh ones for a million ops are
+  // 12,000 newly touched pages, each a page fault), up to kKeptSortBuffer bytes each.
+  constexpr size_t kKeptSortBuffer = size_t{16} << 20;  // a million ops
+  thread_local std::array<std::vector<StartAndOp>, 3> buffers;
+  struct EmptyAfter {
+    std::array<std::vector<StartAndOp>, 3>& buffers;
+    ~EmptyAfter() {
+      for (auto& b : buffers) {
+        b.clear();
+        if (b.capacity() * sizeof(StartAndOp) > kKeptSortBuffer) b = {};
+      }
+    }
+  } empty_after{buffers};
+  auto& [in_peer, in_ours, scratch] = buffers;
+  in_peer.reserve(ops.size());
+  const std::array<std::vector<StartAndOp>*, 2> by_space{&in_peer, &in_ours};
   for (size_t i = 0; i < ops.size(); ++i) {
-    by_space[destination_space(ops[i], one_address_space)].emplace_back(destination(ops[i]), i);
+    by_space[destination_space(ops[i], one_address_space)]->emplace_back(destination(ops[i]), i);
   }
-  for (auto& sorted : by_space) {
-    sort_by_start(sorted);
+  for (std::vector<StartAndOp>* space : by_space) {
+    std::vector<StartAndOp>& sorted = *space;
+    sort_by_start(sorted, scratch);
     for (size_t i = 1; i < sorted.size(); ++i) {
       const size_t prev = sorted[i - 1].second;
       if (sorted[i].first < destination_end(ops[prev])) {

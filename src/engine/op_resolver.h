@@ -24,10 +24,12 @@
 
 namespace kvferry {
 
+using ResolvedSpans = std::vector<ResolvedOp>;
+
 // The ops of one batch that one transport carries.
 struct ResolvedPart {
   TransportKind transport = TransportKind::kLocal;
-  std::vector<ResolvedOp> spans;  // after merging
+  ResolvedSpans spans;  // after merging
   uint64_t bytes = 0;
   bool touches_device = false;  // some op reads or writes device memory (local or remote)
 };
@@ -51,6 +53,10 @@ class PartList {
     p.transport = transport;
     return p;
   }
+  // Empty storage for the next part's spans, which add() keeps (engine/span_recycler.h).
+  void lend(ResolvedSpans storage) { parts_[count_].spans = std::move(storage); }
+  // Every slot, used or not: where lent storage may be.
+  std::span<ResolvedPart> slots() { return parts_; }
 
  private:
   std::array<ResolvedPart, kCapacity> parts_{};

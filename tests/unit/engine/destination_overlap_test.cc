@@ -1,5 +1,6 @@
 // check_disjoint_destinations against a brute-force comparison of every pair, on random
-// batches in both orders (ascending: the one-pass path; shuffled: the radix sort).
+// batches in both orders (ascending: the one-pass path; shuffled: the radix sort), and on
+// batches too large for that against a comparison sort (the radix sort's wide digits).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -61,6 +62,48 @@ TEST(DestinationOverlap, AgreesWithComparingEveryPair) {
   }
   EXPECT_GT(overlapping_batches, 50);  // both verdicts were exercised
   EXPECT_LT(overlapping_batches, 350);
+}
+
+// Whether two destinations overlap, found by sorting each space with std::sort.
+bool any_overlap_by_comparison_sort(std::vector<TransferOp> ops, bool one_space) {
+  auto space = [&](const TransferOp& op) { return one_space || op.kind == OpKind::kWrite ? 0 : 1; };
+  std::sort(ops.begin(), ops.end(), [&](const TransferOp& a, const TransferOp& b) {
+    return std::pair(space(a), dst(a)) < std::pair(space(b), dst(b));
+  });
+  for (size_t i = 1; i < ops.size(); ++i) {
+    if (overlap(ops[i - 1], ops[i], one_space)) return true;
+  }
+  return false;
+}
+
+TEST(DestinationOverlap, LargeShuffledBatchesAgreeWithAComparisonSort) {
+  std::mt19937_64 rng(7);
+  // The buffers stay with this thread between calls: sizes up and down, and both verdicts.
+  for (const size_t n : {size_t{70'000}, size_t{300}, size_t{200'000}, size_t{70'000}}) {
+    for (const bool plant : {false, true}) {
+      // Aligned 64-byte blocks 128 bytes apart, in shuffled order: 17-19 bits differ.
+      std::vector<TransferOp> ops;
+      for (size_t i = 0; i < n; ++i) {
+        const uint64_t at = (uint64_t{1} << 40) + i * 128;
+        ops.push_back({i % 5 == 0 ? OpKind::kRead : OpKind::kWrite, at, at, 64});
+      }
+      std::shuffle(ops.begin(), ops.end(), rng);
+      if (plant) {  // one op moved onto the second half of another of its space
+        const size_t victim = rng() % n;
+        size_t mover = rng() % n;
+        while (mover == victim || ops[mover].kind != ops[victim].kind) mover = rng() % n;
+        ops[mover].local_addr = ops[mover].remote_addr = dst(ops[victim]) + 32;
+      }
+      const bool expected = any_overlap_by_comparison_sort(ops, false);
+      ASSERT_EQ(expected, plant) << n;
+      const Status s = check_disjoint_destinations(ops, false);
+      ASSERT_EQ(!s.ok(), expected) << n << ": " << s.to_string();
+      if (!expected) continue;
+      size_t a = 0, b = 0;
+      ASSERT_EQ(std::sscanf(s.message().c_str(), "ops %zu and %zu", &a, &b), 2) << s.message();
+      EXPECT_TRUE(overlap(ops[a], ops[b], false)) << s.message();
+    }
+  }
 }
 
 }  // namespace

@@ -76,6 +76,40 @@ TEST_F(LocalTransfer, LargeBatchSplitAcrossWorkersArrivesWhole) {
   }
 }
 
+TEST_F(LocalTransfer, LargeBatchesOneAfterAnotherAndAtOnceEachLandWhole) {
+  // Large unmerged batches reuse the span storage of those before them: batches of other
+  // sizes, some in flight together, each to its own destinations and each checked whole.
+  constexpr size_t kOp = 64;
+  std::mt19937_64 rng(3);
+  size_t at = 0;  // next free destination byte: no two batches write the same bytes
+  for (const size_t n : {size_t{3000}, size_t{1200}, size_t{5000}, size_t{2000}, size_t{4000}}) {
+    const size_t in_flight = n % 2000 == 0 ? 2 : 1;
+    std::vector<std::vector<TransferOp>> batches(in_flight);
+    for (auto& ops : batches) {
+      for (size_t i = 0; i < n; ++i) {  // reversed, with gaps: nothing merges
+        const size_t from = (rng() % (kBytes / kOp)) * kOp;
+        ops.push_back({OpKind::kWrite, addr_of(src_.data() + from),
+                       addr_of(dst_.data() + at + (n - 1 - i) * 2 * kOp), kOp});
+      }
+      at += n * 2 * kOp;
+    }
+    ASSERT_LE(at, kBytes);
+    std::vector<BatchHandle> handles;
+    for (const auto& ops : batches) handles.push_back(must(engine_->submit(self_, ops)));
+    for (size_t b = 0; b < handles.size(); ++b) {
+      const BatchStatus s = engine_->wait(handles[b], std::chrono::seconds(10));
+      ASSERT_EQ(s.state, BatchState::kCompleted) << s.status.to_string();
+      EXPECT_EQ(s.telemetry.ops_posted, n);
+      for (const TransferOp& op : batches[b]) {
+        ASSERT_EQ(std::memcmp(reinterpret_cast<const void*>(op.remote_addr),
+                              reinterpret_cast<const void*>(op.local_addr), kOp),
+                  0)
+            << "batch of " << n << ", op to " << op.remote_addr;
+      }
+    }
+  }
+}
+
 TEST_F(LocalTransfer, AdjacentOpsMergeOnlyWhenContiguousOnBothSides) {
   std::vector<TransferOp> contiguous, gapped;
   for (uint64_t i = 0; i < 1024; ++i) {
