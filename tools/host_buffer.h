@@ -9,19 +9,18 @@
 // tail) on 4 KiB pages. Kernel 6.18 aligns anonymous mappings whose length is a multiple of
 // 2 MiB by itself, but not others (a 512 MiB + 4 KiB mapping started 4 KiB before a boundary:
 // docs/PERFORMANCE.md, "cma against memcpy and the bare system call"); PyTorch's THP allocator
-// aligns the same way. The mapping is core/huge_pages.h's map_huge_pages.
+// aligns the same way. The mapping is core/mapped_memory.h's map_memory.
 #pragma once
 
 #include <fmt/format.h>
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
 #include <string_view>
 #include <utility>
 
-#include "core/huge_pages.h"
+#include "core/mapped_memory.h"
 #include "kvferry/status.h"
 
 namespace kvferry {
@@ -30,10 +29,8 @@ class HostBuffer {
  public:
   // `who` names the caller in the error ("bench engine", "kvferry serve").
   static Result<HostBuffer> map(std::string_view who, uint64_t bytes, bool huge_pages) {
-    void* p = huge_pages ? map_huge_pages(bytes)
-                         : ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == nullptr || p == MAP_FAILED) {
+    void* p = map_memory(bytes, huge_pages);
+    if (p == nullptr) {
       return ErrnoStatus(StatusCode::kInternal, fmt::format("{}: mmap of {} bytes", who, bytes),
                          errno);
     }

@@ -184,22 +184,24 @@ Status send_all(int fd, std::span<const std::byte> data, Clock::time_point deadl
   return Status::Ok();
 }
 
-Status recv_all(int fd, std::span<std::byte> data, Clock::time_point deadline) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::recv(fd, data.data() + done, data.size() - done, MSG_DONTWAIT);
-    if (n > 0) {
-      done += static_cast<size_t>(n);
-      continue;
-    }
+Result<size_t> recv_ready(int fd, std::span<std::byte> data) {
+  for (;;) {
+    const ssize_t n = ::recv(fd, data.data(), data.size(), MSG_DONTWAIT);
+    if (n > 0) return static_cast<size_t>(n);
     if (n == 0) return PeerDisconnected("connection closed by peer");
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      KVF_RETURN_IF_ERROR(wait_for(fd, POLLIN, deadline, "receive"));
-      continue;
-    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
     if (errno == EINTR) continue;
     if (errno == ECONNRESET) return ErrnoStatus(StatusCode::kPeerDisconnected, "recv", errno);
     return ErrnoStatus(StatusCode::kInternal, "recv", errno);
+  }
+}
+
+Status recv_all(int fd, std::span<std::byte> data, Clock::time_point deadline) {
+  size_t done = 0;
+  while (done < data.size()) {
+    KVF_ASSIGN_OR_RETURN(const size_t n, recv_ready(fd, data.subspan(done)));
+    if (n == 0) KVF_RETURN_IF_ERROR(wait_for(fd, POLLIN, deadline, "receive"));
+    done += n;
   }
   return Status::Ok();
 }

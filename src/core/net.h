@@ -54,6 +54,9 @@ Result<Fd> connect_tcp(const Endpoint& endpoint, Clock::time_point deadline);
 // (orderly close or reset) or Internal.
 Status send_all(int fd, std::span<const std::byte> data, Clock::time_point deadline);
 Status recv_all(int fd, std::span<std::byte> data, Clock::time_point deadline);
+// Receives what has arrived, up to the buffer, without waiting: the byte count (0 when
+// nothing has arrived yet), or recv_all's errors (PeerDisconnected on an orderly close).
+Result<size_t> recv_ready(int fd, std::span<std::byte> data);
 
 // One sendmsg/recvmsg message over `data` with room for one attached descriptor
 // (SCM_RIGHTS). Only system-call structures on the stack: usable in a child after fork.

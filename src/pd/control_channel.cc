@@ -13,14 +13,24 @@
 
 namespace kvferry::pd {
 namespace {
-// The reader waits this long for the next frame; liveness is the heartbeat's job.
-constexpr auto kReadForever = std::chrono::hours(24 * 365);
 // A frame's payload is received in steps of at most this many bytes.
 constexpr size_t kPayloadStepBytes = size_t{64} << 10;
-// The channel whose reader runs on this thread (none elsewhere). close() asks this, not
-// reader_: the reader may call close() (from on_message or on_close) before start() has
-// even finished assigning reader_.
+// The channel whose reading turn (or start-up failure) runs on this thread, if any: close()
+// from its callbacks must not wait for the turn that called it.
 thread_local const ControlChannel* t_reader_of = nullptr;
+// Sets t_reader_of for the scope of a turn (a pool worker runs many channels' turns).
+class ReadingTurn {
+ public:
+  explicit ReadingTurn(const ControlChannel* channel) : previous_(t_reader_of) {
+    t_reader_of = channel;
+  }
+  ~ReadingTurn() { t_reader_of = previous_; }
+  ReadingTurn(const ReadingTurn&) = delete;
+  ReadingTurn& operator=(const ReadingTurn&) = delete;
+
+ private:
+  const ControlChannel* previous_;
+};
 
 // Kinds of rejected frames with a throttle of their own; further kinds share one.
 constexpr size_t kMaxRejectionKinds = 64;
@@ -74,28 +84,39 @@ std::shared_ptr<ControlChannel> ControlChannel::open(Fd fd, std::string peer_nam
   return channel;
 }
 
-void ControlChannel::start(const Heartbeats& heartbeats, HeartbeatWheel& wheel) {
+void ControlChannel::start(const Heartbeats& heartbeats, ControlHub& hub) {
   last_received_ns_ = Clock::now().time_since_epoch().count();
-  // The reader keeps the channel alive until it has run on_close, so a callback may drop the
-  // owner's last reference without destroying the object under a running thread.
+  {
+    std::lock_guard lock(end_mu_);
+    started_ = true;
+  }
+  // The watch's callback holds the channel until finish() lets the watch go, so a callback
+  // may drop the owner's last reference without destroying the object under a turn.
   std::shared_ptr<ControlChannel> self = self_.lock();
-  reader_ = named_thread("kvf-pd-ctl-rx", [self] {
-    t_reader_of = self.get();
-    self->read_loop();
-  });
-  wheel.add(self, heartbeats);
+  Status watching = Status::Ok();
+  {
+    // Held until watch_ is set: the first turn (which may start at once) re-arms through it.
+    std::lock_guard lock(watch_mu_);
+    Result<IoPool*> pool = hub.readers();
+    Result<std::unique_ptr<IoPool::Watch>> watch =
+        pool.ok() ? (*pool)->watch(fd_.get(), [self] { self->on_readable(); })
+                  : Result<std::unique_ptr<IoPool::Watch>>(pool.status());
+    if (watch.ok()) {
+      watch_ = std::move(*watch);
+    } else {
+      watching = watch.status();
+    }
+  }
+  if (!watching.ok()) {
+    std::lock_guard one_turn(turn_mu_);
+    ReadingTurn turn(this);
+    finish(Status(watching.code(), "cannot watch its socket: " + watching.message()));
+    return;
+  }
+  hub.add(self, heartbeats);
 }
 
-ControlChannel::~ControlChannel() {
-  close();
-  // The last reference was the reader's own (see start()): it is exiting, let it go.
-  if (!reader_.joinable()) return;
-  if (reader_.get_id() == std::this_thread::get_id()) {
-    reader_.detach();
-  } else {
-    reader_.join();
-  }
-}
+ControlChannel::~ControlChannel() { close(); }
 
 Status ControlChannel::send(const ControlMessage& message, std::chrono::milliseconds timeout) {
   if (closed_) return PeerDisconnected("control channel to " + peer_name_ + " is closed");
@@ -112,10 +133,11 @@ Status ControlChannel::send(const ControlMessage& message, std::chrono::millisec
 
 void ControlChannel::close() {
   if (!closed_.exchange(true)) ::shutdown(fd_.get(), SHUT_RDWR);
-  // The reader may call close() (from its callbacks): it does not join itself (the
-  // destructor lets it go).
+  // The last turn sees the end of the stream and runs on_close. A callback of this channel
+  // may call close(): it does not wait for its own turn.
   if (t_reader_of == this) return;
-  if (reader_.joinable()) reader_.join();
+  std::unique_lock lock(end_mu_);
+  ended_cv_.wait(lock, [this] { return !started_ || ended_; });
 }
 
 void ControlChannel::fail(Status reason) {
@@ -161,7 +183,7 @@ void ControlChannel::try_send_heartbeat(const Heartbeat& beat) {
   if (!rest.ok()) ::shutdown(fd_.get(), SHUT_RDWR);
 }
 
-HeartbeatWheel::~HeartbeatWheel() {
+ControlHub::~ControlHub() {
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
@@ -170,8 +192,8 @@ HeartbeatWheel::~HeartbeatWheel() {
   if (thread_.joinable()) thread_.join();
 }
 
-void HeartbeatWheel::add(const std::shared_ptr<ControlChannel>& channel,
-                         const ControlChannel::Heartbeats& heartbeats) {
+void ControlHub::add(const std::shared_ptr<ControlChannel>& channel,
+                     const ControlChannel::Heartbeats& heartbeats) {
   const Clock::time_point now = Clock::now();
   {
     std::lock_guard lock(mu_);
@@ -184,12 +206,22 @@ void HeartbeatWheel::add(const std::shared_ptr<ControlChannel>& channel,
   cv_.notify_all();
 }
 
-size_t HeartbeatWheel::size() const {
+size_t ControlHub::size() const {
   std::lock_guard lock(mu_);
   return entries_.size();
 }
 
-void HeartbeatWheel::run() {
+Result<IoPool*> ControlHub::readers() {
+  std::lock_guard lock(mu_);
+  if (!readers_) {
+    IoPool::Options options;
+    options.name = "kvf-pd-ctl";
+    KVF_ASSIGN_OR_RETURN(readers_, IoPool::create(options));
+  }
+  return readers_.get();
+}
+
+void ControlHub::run() {
   std::unique_lock lock(mu_);
   while (!stopping_) {
     changed_ = false;
@@ -223,44 +255,67 @@ void HeartbeatWheel::run() {
   }
 }
 
-Status ControlChannel::read_one(ControlMessage& out) {
-  std::byte header_bytes[kFrameHeaderBytes];
-  KVF_RETURN_IF_ERROR(recv_all(fd_.get(), header_bytes, Clock::now() + kReadForever));
-  KVF_ASSIGN_OR_RETURN(FrameHeader header, decode_frame_header(header_bytes));
-  const uint32_t limit = max_payload_bytes_.load();
-  if (header.payload_bytes > limit) {
-    return ProtocolError(std::string(message_type_name(header.type)) + " payload of " +
-                         std::to_string(header.payload_bytes) + " bytes exceeds the limit of " +
-                         std::to_string(limit) +
-                         " bytes before the connection is authenticated and registered");
+void ControlChannel::on_readable() {
+  std::lock_guard one_turn(turn_mu_);
+  ReadingTurn turn(this);
+  Status reason = read_available();
+  if (reason.ok() && !closed_) {
+    std::lock_guard lock(watch_mu_);
+    watch_->arm();
+    return;
   }
-  // The buffer grows with the bytes that arrived, never to a length nobody has sent yet, nor
-  // past the claimed length: a header claiming the limit costs nothing until the bytes come.
-  std::vector<std::byte> payload;
-  while (payload.size() < header.payload_bytes) {
-    const size_t have = payload.size();
-    const size_t step = std::min<size_t>(header.payload_bytes - have, kPayloadStepBytes);
-    if (payload.capacity() < have + step) {
-      payload.reserve(
-          std::min<size_t>(header.payload_bytes, std::max(have + step, 2 * payload.capacity())));
-    }
-    payload.resize(have + step);
-    KVF_RETURN_IF_ERROR(
-        recv_all(fd_.get(), std::span(payload).subspan(have, step), Clock::now() + kReadForever));
-  }
-  KVF_ASSIGN_OR_RETURN(out, decode_control_payload(header.type, payload));
-  return Status::Ok();
+  // Closed here while the stream was still open: the turn ends the channel itself.
+  if (reason.ok()) reason = PeerDisconnected("connection closed");
+  finish(std::move(reason));
 }
 
-void ControlChannel::read_loop() {
-  Status reason;
+Status ControlChannel::read_available() {
   for (;;) {
-    ControlMessage message;
-    reason = read_one(message);
-    if (!reason.ok()) break;
+    if (!header_) {
+      KVF_ASSIGN_OR_RETURN(const size_t n,
+                           recv_ready(fd_.get(), std::span(header_bytes_).subspan(header_have_)));
+      if (n == 0) return Status::Ok();
+      header_have_ += n;
+      if (header_have_ < header_bytes_.size()) continue;
+      KVF_ASSIGN_OR_RETURN(FrameHeader header, decode_frame_header(header_bytes_));
+      const uint32_t limit = max_payload_bytes_.load();
+      if (header.payload_bytes > limit) {
+        return ProtocolError(std::string(message_type_name(header.type)) + " payload of " +
+                             std::to_string(header.payload_bytes) + " bytes exceeds the limit of " +
+                             std::to_string(limit) +
+                             " bytes before the connection is authenticated and registered");
+      }
+      header_ = header;
+    }
+    // The buffer grows with the bytes that arrive, never to a length nobody has sent yet, nor
+    // past the claimed length: a header claiming the limit costs nothing until the bytes come.
+    while (payload_.size() < header_->payload_bytes) {
+      const size_t have = payload_.size();
+      const size_t step = std::min<size_t>(header_->payload_bytes - have, kPayloadStepBytes);
+      if (payload_.capacity() < have + step) {
+        payload_.reserve(std::min<size_t>(header_->payload_bytes,
+                                          std::max(have + step, 2 * payload_.capacity())));
+      }
+      payload_.resize(have + step);
+      Result<size_t> n = recv_ready(fd_.get(), std::span(payload_).subspan(have, step));
+      payload_.resize(have + (n.ok() ? *n : 0));
+      if (!n.ok()) return n.status();
+      if (*n == 0) return Status::Ok();
+    }
+    Result<ControlMessage> message = decode_control_payload(header_->type, payload_);
+    header_.reset();
+    header_have_ = 0;
+    payload_ = {};  // freed once handed over
+    if (!message.ok()) return message.status();
     last_received_ns_ = Clock::now().time_since_epoch().count();
-    on_message_(std::move(message));
+    on_message_(std::move(*message));
   }
+}
+
+void ControlChannel::finish(Status reason) {
+  // A frame cut short is freed before on_close: the owner may give freed memory back to the
+  // system from there (a flood of unfinished frames).
+  payload_ = {};
   if (reason.code() == StatusCode::kProtocolError) {
     rejected_frame_warnings().warn(peer_name_, reason.message());
   }
@@ -276,6 +331,19 @@ void ControlChannel::read_loop() {
   }
   if (!failure.ok()) reason = failure;  // fail() shut the socket: say why, not how it ended
   on_close_(Status(reason.code(), "control channel to " + peer_name_ + ": " + reason.message()));
+  // The pool's reference goes with the watch (this turn's own copy of the callback keeps the
+  // channel until the turn returns).
+  std::unique_ptr<IoPool::Watch> watch;
+  {
+    std::lock_guard lock(watch_mu_);
+    watch = std::move(watch_);
+  }
+  watch.reset();
+  {
+    std::lock_guard lock(end_mu_);
+    ended_ = true;
+  }
+  ended_cv_.notify_all();
 }
 
 }  // namespace kvferry::pd

@@ -223,7 +223,7 @@ Result<std::shared_ptr<PrefillLink>> DecodeClientImpl::connect_link(
   }
   // Until prefill accepted the registration, it may send no more than its RegisterReply.
   link->channel->limit_payload_bytes(max_reply_payload_bytes());
-  link->channel->start({options_.timeouts, engine_.incarnation()}, heartbeats_);
+  link->channel->start({options_.timeouts, engine_.incarnation()}, control_hub_);
   // A send that fails because prefill refused us and closed still gets its reply (the reader
   // hands it over before it sees the end of the stream).
   Status sent = link->channel->send(registration());

@@ -123,8 +123,9 @@ class DecodeClientImpl {
   std::atomic<bool> stopping_{false};
   std::unique_ptr<ThreadPool> bootstrap_pool_;
   std::thread monitor_thread_;
-  // Heartbeats of every control channel (declared before them: it outlives them).
-  HeartbeatWheel heartbeats_;
+  // Every control channel's reading turns and heartbeats (declared before the channels: it
+  // outlives them).
+  ControlHub control_hub_;
 
   mutable std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<PrefillInstance>> instances_;

@@ -189,7 +189,7 @@ void PrefillServerImpl::on_accepted(Fd fd, ConnectionSlot slot) {
     std::erase_if(channels_, [](const std::weak_ptr<ControlChannel>& c) { return c.expired(); });
     channels_.push_back(peer->channel);
   }
-  peer->channel->start({options_.timeouts, engine_.incarnation()}, heartbeats_);
+  peer->channel->start({options_.timeouts, engine_.incarnation()}, control_hub_);
 }
 
 bool PrefillServerImpl::authenticate(const std::shared_ptr<DecodePeer>& peer,

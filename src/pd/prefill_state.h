@@ -30,9 +30,9 @@ namespace kvferry::pd::detail {
 
 // One connected decode rank.
 //
-// The registration fields are written once, by the connection's reader thread, before the
-// peer can appear in any request (on_request runs on that same thread), so every later
-// reader sees them through SenderState::mu. The name is different: it changes on
+// The registration fields are written once, by a reading turn of the connection, before the
+// peer can appear in any request (on_request runs in its turns too), so every later reader
+// sees them through SenderState::mu. The name is different: it changes on
 // registration while other threads (workers, the monitor, callers of send()) may be
 // formatting a message with it, so it sits behind its own mutex.
 struct DecodePeer {
@@ -40,12 +40,12 @@ struct DecodePeer {
       : id(peer_id), name_("decode connection " + std::to_string(peer_id)) {}
 
   const uint64_t id;
-  std::shared_ptr<ControlChannel> channel;  // set before the reader starts; never reassigned
+  std::shared_ptr<ControlChannel> channel;  // set before reading starts; never reassigned
   ConnectionSlot slot;                      // the connection's place against control_limits
   const Clock::time_point accepted = Clock::now();
-  std::atomic<bool> registered{false};  // written by the reader thread only
+  std::atomic<bool> registered{false};  // written by the connection's reading turns only
   // The connection's authentication challenge (pd/control_auth.h), and whether it was
-  // answered: with a secret, nothing else is accepted before. Reader thread only.
+  // answered: with a secret, nothing else is accepted before. Reading turns only.
   AuthChallengeMessage challenge;
   bool authenticated = false;
   RegisterLayout registration;
@@ -171,8 +171,9 @@ class PrefillServerImpl {
   std::atomic<bool> stopping_{false};
   std::thread monitor_thread_;
   std::vector<std::unique_ptr<ThreadPool>> shards_;
-  // Heartbeats of every control channel (declared before them: it outlives them).
-  HeartbeatWheel heartbeats_;
+  // Every control channel's reading turns and heartbeats (declared before the channels: it
+  // outlives them).
+  ControlHub control_hub_;
 
   mutable std::mutex mu_;
   uint64_t next_peer_id_ = 0;

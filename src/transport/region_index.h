@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "core/huge_pages.h"
+#include "core/mapped_memory.h"
 #include "kvferry/transfer_types.h"
 #include "metadata/segment_descriptor.h"
 
@@ -51,7 +51,7 @@ struct RegionEntry {
 };
 
 // A table of up to a few hundred thousand entries, built once per registration or handshake:
-// large ones in huge pages (core/huge_pages.h).
+// large ones in huge pages (core/mapped_memory.h).
 using RegionEntries = std::vector<RegionEntry, HugeTableAllocator<RegionEntry>>;
 
 class RegionIndex {

@@ -1,16 +1,18 @@
-// HeartbeatWheel (pd/control_channel.h): one thread beats every control channel of an owner.
-// Each channel is one end of a socketpair; the other end is a raw peer that reads frames (or
-// reads nothing, as a hung peer does).
+// ControlHub (pd/control_channel.h): one thread beats every control channel of an owner, and
+// one pool reads them all. Each channel is one end of a socketpair; the other end is a raw
+// peer that reads frames (or reads nothing, as a hung peer does) and writes them.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <filesystem>
 #include <fstream>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <variant>
@@ -103,22 +105,22 @@ int64_t next_heartbeat(int fd, Clock::time_point deadline) {
   }
 }
 
-TEST(HeartbeatWheel, OneThreadBeatsEveryChannelInSequence) {
+TEST(ControlHub, OneThreadBeatsEveryChannelInSequenceAndNoneReadsOnAThreadOfItsOwn) {
   // A sanitizer's runtime starts a helper thread at the process's first thread: start one
   // first, so that it is not counted as the channels'.
   std::thread([] {}).join();
-  HeartbeatWheel wheel;
+  ControlHub hub;
   std::vector<std::unique_ptr<Link>> links;
   for (int i = 0; i < 8; ++i) links.push_back(open_link());
   const ThreadCount before = threads_of_this_process("kvf-pd-beat");
-  for (auto& link : links) link->channel->start(fast_beats(), wheel);
-  // A reader per channel and one wheel thread for all, not a heartbeat thread per channel
-  // (threads other tests left behind may end meanwhile, never start).
-  EXPECT_LE(threads_of_this_process("").all, before.all + links.size() + 1);
+  for (auto& link : links) link->channel->start(fast_beats(), hub);
+  // The hub's beat thread and its reader pool's waiting worker (one more while a turn runs),
+  // not a reader per channel (threads other tests left behind may end meanwhile, never start).
+  EXPECT_LE(threads_of_this_process("").all, before.all + 3);
   // A new thread names itself once it runs.
   EXPECT_TRUE(kvferry::testing::eventually(
       [&] { return threads_of_this_process("kvf-pd-beat").named == before.named + 1; }, 10s));
-  EXPECT_EQ(wheel.size(), links.size());
+  EXPECT_EQ(hub.size(), links.size());
   for (auto& link : links) {
     const auto deadline = Clock::now() + 10s;
     EXPECT_EQ(next_heartbeat(link->peer.get(), deadline), 0);
@@ -128,10 +130,87 @@ TEST(HeartbeatWheel, OneThreadBeatsEveryChannelInSequence) {
   for (auto& link : links) link->channel->close();
 }
 
+// Frames that come a byte at a time, on many channels at once, are read over many turns of
+// the shared pool: each channel's messages arrive whole, every one, in the order sent.
+TEST(ControlHub, FramesInPiecesOnManyChannelsArriveWholeAndInOrder) {
+  ControlHub hub;
+  constexpr int kChannels = 16;
+  constexpr uint64_t kMessages = 40;
+  std::mutex mu;
+  std::vector<std::vector<uint64_t>> seen(kChannels);
+  std::vector<std::unique_ptr<Link>> links;
+  for (int c = 0; c < kChannels; ++c) {
+    std::array<int, 2> fds{};
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds.data()), 0);
+    auto link = std::make_unique<Link>();
+    link->peer = Fd(fds[1]);
+    Link* raw = link.get();
+    link->channel = ControlChannel::open(
+        Fd(fds[0]), "peer",
+        [&mu, &seen, c](ControlMessage&& m) {
+          if (const auto* beat = std::get_if<Heartbeat>(&m); beat && beat->incarnation == 99) {
+            std::lock_guard lock(mu);
+            seen[c].push_back(beat->sequence);
+          }
+        },
+        [raw](const Status& why) { raw->closed.set_value(why); });
+    link->channel->start(fast_beats(), hub);
+    links.push_back(std::move(link));
+  }
+  std::vector<std::vector<std::byte>> frames;
+  for (uint64_t i = 0; i < kMessages; ++i)
+    frames.push_back(encode_control_message(Heartbeat{i, 99}));
+  // Byte by byte, the channels interleaved: a turn seldom finds a whole frame.
+  for (const auto& frame : frames) {
+    for (const std::byte& b : frame) {
+      for (const auto& link : links) ASSERT_EQ(::send(link->peer.get(), &b, 1, MSG_NOSIGNAL), 1);
+    }
+  }
+  ASSERT_TRUE(kvferry::testing::eventually(
+      [&] {
+        std::lock_guard lock(mu);
+        return std::all_of(seen.begin(), seen.end(),
+                           [](const auto& s) { return s.size() == kMessages; });
+      },
+      10s));
+  for (int c = 0; c < kChannels; ++c) {
+    for (uint64_t i = 0; i < kMessages; ++i) ASSERT_EQ(seen[c][i], i) << "channel " << c;
+  }
+  for (auto& link : links) link->channel->close();
+}
+
+// close() from the channel's own callback does not wait for itself; on_close runs once, and
+// a close() from elsewhere afterwards returns at once.
+TEST(ControlHub, ACallbackThatClosesItsChannelEndsItOnce) {
+  ControlHub hub;
+  std::array<int, 2> fds{};
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds.data()), 0);
+  Link link;
+  link.peer = Fd(fds[1]);
+  std::weak_ptr<ControlChannel> weak;
+  link.channel = ControlChannel::open(
+      Fd(fds[0]), "peer",
+      [&weak](ControlMessage&&) {
+        if (auto channel = weak.lock()) channel->close();
+      },
+      [&link](const Status& why) { link.closed.set_value(why); });  // a second call throws
+  weak = link.channel;
+  std::future<Status> closed = link.closed.get_future();
+  link.channel->start(fast_beats(), hub);
+  const std::vector<std::byte> frame = encode_control_message(Heartbeat{0, 99});
+  ASSERT_EQ(::send(link.peer.get(), frame.data(), frame.size(), MSG_NOSIGNAL),
+            static_cast<ssize_t>(frame.size()));
+  ASSERT_EQ(closed.wait_for(10s), std::future_status::ready);
+  const Status why = closed.get();
+  EXPECT_EQ(why.code(), StatusCode::kCancelled) << why.to_string();
+  link.channel->close();
+  EXPECT_TRUE(link.channel->closed());
+}
+
 // A client that never reads: its channel's socket takes nothing more, and the wheel must not
 // wait on it. The other channel keeps beating; the stuck one is skipped, not failed.
-TEST(HeartbeatWheel, APeerThatReadsNothingHoldsUpNoOtherChannel) {
-  HeartbeatWheel wheel;
+TEST(ControlHub, APeerThatReadsNothingHoldsUpNoOtherChannel) {
+  ControlHub hub;
   auto stuck = open_link();
   auto healthy = open_link();
   // The stuck peer has read nothing, ever: its side of the stream is full before it starts.
@@ -140,8 +219,8 @@ TEST(HeartbeatWheel, APeerThatReadsNothingHoldsUpNoOtherChannel) {
     while (::send(stuck->channel_end.get(), junk.data(), chunk, MSG_DONTWAIT | MSG_NOSIGNAL) > 0) {
     }
   }
-  stuck->channel->start(fast_beats(), wheel);
-  healthy->channel->start(fast_beats(), wheel);
+  stuck->channel->start(fast_beats(), hub);
+  healthy->channel->start(fast_beats(), hub);
   // Twenty beats, 20 ms apart, in sequence: a wheel that waited on the stuck socket for a
   // send timeout at each of its beats would deliver a handful in the time allowed.
   const auto deadline = Clock::now() + 10s;
@@ -151,11 +230,11 @@ TEST(HeartbeatWheel, APeerThatReadsNothingHoldsUpNoOtherChannel) {
   healthy->channel->close();
 }
 
-TEST(HeartbeatWheel, ASilentPeerClosesItsChannelSayingSo) {
-  HeartbeatWheel wheel;
+TEST(ControlHub, ASilentPeerClosesItsChannelSayingSo) {
+  ControlHub hub;
   auto link = open_link();
   std::future<Status> closed = link->closed.get_future();
-  link->channel->start(fast_beats(100ms), wheel);
+  link->channel->start(fast_beats(100ms), hub);
   ASSERT_EQ(closed.wait_for(10s), std::future_status::ready);
   const Status why = closed.get();
   EXPECT_EQ(why.code(), StatusCode::kPeerDisconnected) << why.to_string();

@@ -1,7 +1,7 @@
-// HugeTableAllocator (core/huge_pages.h): large tables in 2 MiB-aligned mappings of their own
+// HugeTableAllocator (core/mapped_memory.h): large tables in 2 MiB-aligned mappings of their own
 // with huge pages asked for; small ones from the ordinary allocator; contents kept across
 // growth from one to the other.
-#include "core/huge_pages.h"
+#include "core/mapped_memory.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -77,9 +77,9 @@ TEST(HugeTableAllocator, RowsSurviveGrowthFromSmallToHugeAndBack) {
   for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i].name, std::to_string(i));
 }
 
-TEST(MapHugePages, AlignedWritableAndWholeWhateverTheLength) {
+TEST(MapMemory, HugePagesAlignedWritableAndWholeWhateverTheLength) {
   for (size_t bytes : {size_t{4096}, (size_t{3} << 20) + 4096, (size_t{6} << 20) + 1}) {
-    void* p = map_huge_pages(bytes);
+    void* p = map_memory(bytes, /*huge_pages=*/true);
     ASSERT_NE(p, nullptr) << bytes;
     EXPECT_TRUE(huge_aligned(p)) << bytes;
     // A byte in every page, and the last one.
@@ -89,8 +89,21 @@ TEST(MapHugePages, AlignedWritableAndWholeWhateverTheLength) {
     bytes_at[bytes - 1] = value(bytes - 1);
     for (size_t i = 0; i < bytes; i += 4096) ASSERT_EQ(bytes_at[i], value(i)) << bytes;
     EXPECT_EQ(bytes_at[bytes - 1], value(bytes - 1));
-    unmap_huge_pages(p, bytes);
+    unmap_memory(p, bytes);
   }
+}
+
+// The mapping of a returned buffer is gone once the buffer is freed: what a peer made this
+// process hold does not stay resident (glibc would keep it at the top of an arena).
+TEST(ReturnedAllocator, LargeBuffersAreMappingsOfTheirOwnUnmappedWhenFreed) {
+  using Buffer = std::vector<std::byte, ReturnedAllocator<std::byte>>;
+  Buffer small(kReturnedBufferMinBytes - 1);
+  Buffer large(kReturnedBufferMinBytes);
+  const void* where = large.data();
+  EXPECT_FALSE(vm_flags_of(where).empty());
+  large = Buffer();
+  EXPECT_TRUE(vm_flags_of(where).empty()) << vm_flags_of(where);
+  EXPECT_EQ(small.size(), kReturnedBufferMinBytes - 1);
 }
 
 }  // namespace

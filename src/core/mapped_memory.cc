@@ -1,4 +1,4 @@
-#include "core/huge_pages.h"
+#include "core/mapped_memory.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -7,7 +7,11 @@
 
 namespace kvferry {
 
-void* map_huge_pages(size_t bytes) {
+void* map_memory(size_t bytes, bool huge_pages) {
+  if (!huge_pages) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? nullptr : p;
+  }
   // Mapped one huge page longer, then the unaligned edges given back (munmap of whole pages
   // of a mapping this owns cannot fail).
   void* raw = ::mmap(nullptr, bytes + kHugePageBytes, PROT_READ | PROT_WRITE,
@@ -27,6 +31,6 @@ void* map_huge_pages(size_t bytes) {
   return reinterpret_cast<void*>(aligned);
 }
 
-void unmap_huge_pages(void* mapping, size_t bytes) { (void)::munmap(mapping, bytes); }
+void unmap_memory(void* mapping, size_t bytes) { (void)::munmap(mapping, bytes); }
 
 }  // namespace kvferry
