@@ -18,26 +18,40 @@ int usable_cpu_count() {
   return count;
 }
 
-ThreadPool::ThreadPool(int threads, const std::string& name) {
-  workers_.reserve(threads > 0 ? threads : 0);
-  for (int i = 0; i < threads; ++i) {
-    workers_.push_back(named_thread(name + "-" + std::to_string(i), [this] { run(); }));
+ThreadPool::ThreadPool(int threads, const std::string& name, Start start)
+    : max_threads_(std::max(threads, 0)), name_(name) {
+  std::lock_guard lock(mu_);
+  workers_.reserve(static_cast<size_t>(max_threads_));
+  if (start == Start::kNow) {
+    for (int i = 0; i < max_threads_; ++i) start_worker_locked();
   }
 }
 
 ThreadPool::~ThreadPool() {
+  std::vector<std::thread> workers;
   {
     std::lock_guard lock(mu_);
     stopping_ = true;
+    workers.swap(workers_);
   }
   cv_.notify_all();
-  for (auto& w : workers_) w.join();
+  for (auto& w : workers) w.join();
+}
+
+void ThreadPool::start_worker_locked() {
+  workers_.push_back(
+      named_thread(name_ + "-" + std::to_string(workers_.size()), [this] { run(); }));
 }
 
 void ThreadPool::post(std::function<void()> task) {
   {
     std::lock_guard lock(mu_);
     queue_.push_back(std::move(task));
+    // Every waiting worker has a task already: one more starts, if the pool may grow.
+    if (!stopping_ && waiting_ < static_cast<int>(queue_.size()) &&
+        static_cast<int>(workers_.size()) < max_threads_) {
+      start_worker_locked();
+    }
   }
   cv_.notify_one();
 }
@@ -47,7 +61,9 @@ void ThreadPool::run() {
     std::function<void()> task;
     {
       std::unique_lock lock(mu_);
+      ++waiting_;
       cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      --waiting_;
       if (queue_.empty()) return;  // stopping and drained
       task = std::move(queue_.front());
       queue_.pop_front();

@@ -39,8 +39,8 @@ Status DecodeClientImpl::start() {
   if (options_.buffers.layout.num_entries() == 0) {
     return InvalidArgument("decode client: the KV layout has no entries");
   }
-  bootstrap_pool_ =
-      std::make_unique<ThreadPool>(std::max(1, options_.bootstrap_threads), "kvf-pd-boot");
+  bootstrap_pool_ = std::make_unique<ThreadPool>(std::max(1, options_.bootstrap_threads),
+                                                 "kvf-pd-boot", ThreadPool::Start::kOnDemand);
   monitor_thread_ = named_thread("kvf-pd-decode", [this] { monitor_loop(); });
   return Status::Ok();
 }

@@ -53,7 +53,8 @@ Status PrefillServerImpl::start() {
       Acceptor::bind(listen, Acceptor::Options::named("pd control", 0, options_.control_limits)));
   control_endpoint_ = acceptor_->endpoint().to_string();
   for (int i = 0; i < options_.worker_shards; ++i) {
-    shards_.push_back(std::make_unique<ThreadPool>(1, "kvf-pd-s" + std::to_string(i)));
+    shards_.push_back(std::make_unique<ThreadPool>(1, "kvf-pd-s" + std::to_string(i),
+                                                   ThreadPool::Start::kOnDemand));
   }
   // Accepting before registering: the bootstrap server may ask this control listener for
   // the incarnation it greets with before it lets a new incarnation take the rank over (a

@@ -64,7 +64,7 @@ ShmFdServer::ShmFdServer(Fd listener, Fd wake, std::string name, Lookup lookup,
       lookup_(std::move(lookup)),
       secret_(std::move(secret)),
       io_timeout_(io_timeout),
-      pool_(kThreads, "kvf-shm-fd") {}
+      pool_(kThreads, "kvf-shm-fd", ThreadPool::Start::kOnDemand) {}
 
 ShmFdServer::~ShmFdServer() {
   uint64_t one = 1;

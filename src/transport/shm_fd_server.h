@@ -19,9 +19,10 @@
 // (fetch_shm_fd: NotSupported), and takes the next route too.
 //
 // Bounds: at most kMaxConnections connections at once (the next is closed at accept), each
-// with io_timeout from accept to its reply, served by kThreads threads. A local crowd of slow
-// clients can delay a peer's fetch past its own timeout; that peer then takes the next route
-// (cma, tcp), so its transfers still go — only the shm route is lost while the crowd lasts.
+// with io_timeout from accept to its reply, served by up to kThreads threads (started as
+// requests come: an engine no peer asks runs none). A local crowd of slow clients can delay a
+// peer's fetch past its own timeout; that peer then takes the next route (cma, tcp), so its
+// transfers still go — only the shm route is lost while the crowd lasts.
 //
 // Thread-safety: ShmFdServer serves on its own threads; the lookup callback is called on them.
 // fetch_shm_fd is a free function.

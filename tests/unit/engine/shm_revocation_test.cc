@@ -21,7 +21,7 @@ using testing::addr_of;
 using testing::make_engine;
 using testing::must;
 
-constexpr size_t kBytes = 1 << 20;
+constexpr size_t kSharedBytes = 1 << 20;
 constexpr size_t kOpBytes = 64 << 10;
 
 bool is_revoked(StatusCode code) {
@@ -64,7 +64,7 @@ class Writer {
   void run() {
     constexpr int kMaxBatches = 200'000;  // bounded whatever happens
     for (int i = 0; i < kMaxBatches && !stop_; ++i) {
-      const size_t offset = (static_cast<size_t>(i) * kOpBytes) % kBytes;
+      const size_t offset = (static_cast<size_t>(i) * kOpBytes) % kSharedBytes;
       TransferOp op{OpKind::kWrite, addr_of(src_ + offset), target_ + offset, kOpBytes};
       const bool after = revoked_.load();  // read before submit: the batch is "later"
       Result<BatchHandle> batch = engine_.submit(peer_, {&op, 1});
@@ -98,16 +98,16 @@ class Writer {
 struct Pair {
   std::unique_ptr<TransferEngine> prefill = make_engine("prefill");
   std::unique_ptr<TransferEngine> decode = make_engine("decode");
-  std::vector<std::byte> src = std::vector<std::byte>(kBytes);
+  std::vector<std::byte> src = std::vector<std::byte>(kSharedBytes);
   Pair() {
     fill_pattern(src, 17);
-    EXPECT_TRUE(prefill->register_memory(src.data(), kBytes).ok());
+    EXPECT_TRUE(prefill->register_memory(src.data(), kSharedBytes).ok());
   }
 };
 
 TEST(ShmRevocation, FreeSharedUnderWritesFailsEveryLaterBatch) {
   Pair p;
-  SharedBuffer target = must(p.decode->allocate_shared(kBytes));
+  SharedBuffer target = must(p.decode->allocate_shared(kSharedBytes));
   PeerHandle peer = must(p.prefill->open_peer(p.decode->endpoint()));
   ASSERT_EQ(peer.transport(), TransportKind::kShm);
   Writer writer(*p.prefill, peer, p.src.data(), addr_of(target.addr));
@@ -123,9 +123,9 @@ TEST(ShmRevocation, FreeSharedUnderWritesFailsEveryLaterBatch) {
 
 TEST(ShmRevocation, UnregisterUnderWritesFailsLaterBatchesAndWritesNothing) {
   Pair p;
-  SharedBuffer target = must(p.decode->allocate_shared(kBytes));
+  SharedBuffer target = must(p.decode->allocate_shared(kSharedBytes));
   PeerHandle peer = must(p.prefill->open_peer(p.decode->endpoint()));
-  std::span<std::byte> memory(static_cast<std::byte*>(target.addr), kBytes);
+  std::span<std::byte> memory(static_cast<std::byte*>(target.addr), kSharedBytes);
   {
     Writer writer(*p.prefill, peer, p.src.data(), addr_of(target.addr));
     ASSERT_TRUE(writer.wait_for_completed(20));
@@ -137,7 +137,7 @@ TEST(ShmRevocation, UnregisterUnderWritesFailsLaterBatchesAndWritesNothing) {
   }
   // The memory is still mapped on both sides: later batches must not write it.
   std::fill(memory.begin(), memory.end(), std::byte{0});
-  TransferOp op{OpKind::kWrite, addr_of(p.src.data()), addr_of(target.addr), kBytes};
+  TransferOp op{OpKind::kWrite, addr_of(p.src.data()), addr_of(target.addr), kSharedBytes};
   for (int i = 0; i < 20; ++i) {
     Status s = p.prefill->transfer_sync(peer, {&op, 1});
     EXPECT_EQ(s.code(), StatusCode::kNotRegistered) << s.to_string();
@@ -146,20 +146,20 @@ TEST(ShmRevocation, UnregisterUnderWritesFailsLaterBatchesAndWritesNothing) {
     return b == std::byte{0};
   })) << "a batch refused as NotRegistered wrote bytes";
   // Registered again: the writer refreshes the descriptor and the bytes arrive.
-  ASSERT_TRUE(p.decode->register_memory(target.addr, kBytes).ok());
+  ASSERT_TRUE(p.decode->register_memory(target.addr, kSharedBytes).ok());
   ASSERT_TRUE(p.prefill->transfer_sync(peer, {&op, 1}).ok());
   EXPECT_FALSE(find_pattern_mismatch(memory, 17));
 }
 
 TEST(ShmRevocation, NewAllocationAtAFreedAddressGetsTheBytesOrAnError) {
   Pair p;
-  SharedBuffer first = must(p.decode->allocate_shared(kBytes));
+  SharedBuffer first = must(p.decode->allocate_shared(kSharedBytes));
   PeerHandle peer = must(p.prefill->open_peer(p.decode->endpoint()));
-  TransferOp op{OpKind::kWrite, addr_of(p.src.data()), addr_of(first.addr), kBytes};
+  TransferOp op{OpKind::kWrite, addr_of(p.src.data()), addr_of(first.addr), kSharedBytes};
   ASSERT_TRUE(p.prefill->transfer_sync(peer, {&op, 1}).ok());
   ASSERT_TRUE(p.decode->free_shared(first.addr).ok());
-  SharedBuffer second = must(p.decode->allocate_shared(kBytes));  // often the same address
-  std::span<std::byte> memory(static_cast<std::byte*>(second.addr), kBytes);
+  SharedBuffer second = must(p.decode->allocate_shared(kSharedBytes));  // often the same address
+  std::span<std::byte> memory(static_cast<std::byte*>(second.addr), kSharedBytes);
   Status s = p.prefill->transfer_sync(peer, {&op, 1});
   if (second.addr != first.addr) {
     EXPECT_EQ(s.code(), StatusCode::kNotRegistered) << s.to_string();
