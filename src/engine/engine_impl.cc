@@ -38,11 +38,11 @@ Status overlap_error(size_t index, const MemoryRegion& r, std::string_view what_
                                    reinterpret_cast<uint64_t>(r.addr), r.length, what_it_overlaps));
 }
 
-// The indices of `regions` in address order, or AlreadyExists when two of them overlap or one
-// overlaps a region of `registered`. O(n log n + n log m): a sort, a pass over neighbours, and
-// a binary search of the registered regions per region. Where several overlaps exist, the
-// one named is the first in the caller's order against registered regions, or else the first
-// pair in address order (naming the later of the two in the caller's order).
+// AlreadyExists when two of `regions` overlap or one overlaps a region of `registered`.
+// O(n log n + n log m): a sort, a pass over neighbours, and a binary search of the registered
+// regions per region. Where several overlaps exist, the one named is the first in the
+// caller's order against registered regions, or else the first pair in address order (naming
+// the later of the two in the caller's order).
 Status check_no_overlap(std::span<const MemoryRegion> regions, const RegionIndex& registered) {
   for (size_t i = 0; i < regions.size(); ++i) {
     const MemoryRegion& r = regions[i];
@@ -381,7 +381,7 @@ Status EngineImpl::add_regions_locked(std::span<const MemoryRegion> regions) {
   auto by_addr = [](const RegionEntry& a, const RegionEntry& b) { return a.addr < b.addr; };
   const auto middle = entries.begin() + first_added;
   if (!std::is_sorted(middle, entries.end(), by_addr)) std::sort(middle, entries.end(), by_addr);
-  if (middle != entries.begin() && by_addr(*middle, *(middle - 1))) {
+  if (middle != entries.begin() && middle != entries.end() && by_addr(*middle, *(middle - 1))) {
     std::inplace_merge(entries.begin(), middle, entries.end(), by_addr);
   }
   local_regions_.store(std::make_shared<const RegionIndex>(std::move(entries)));
