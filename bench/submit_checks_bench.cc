@@ -31,7 +31,7 @@ std::vector<TransferOp> make_ops(bool shuffled) {
 }
 
 RegionIndex one_region(uint64_t base) {
-  std::vector<RegionEntry> entries(1);
+  RegionEntries entries(1);
   entries[0].addr = base;
   entries[0].length = 2 * kOps * kOpBytes;
   entries[0].host_ptr = reinterpret_cast<char*>(base);  // never dereferenced
