@@ -35,28 +35,24 @@ void* map_memory(size_t bytes, bool huge_pages);
 // Unmaps what map_memory(bytes, ...) returned.
 void unmap_memory(void* mapping, size_t bytes);
 
-// A std::allocator that places allocations of kMinBytes or more with map_memory, smaller
-// ones with std::allocator.
-template <class T, size_t kMinBytes, bool kHugePages>
+// A std::allocator that places allocations of Use::kMinBytes or more with map_memory (huge
+// pages as Use::kHugePages says), smaller ones with std::allocator.
+template <class T, class Use>
 class MappedAllocator {
  public:
   using value_type = T;
-  template <class U>
-  struct rebind {
-    using other = MappedAllocator<U, kMinBytes, kHugePages>;
-  };
   MappedAllocator() = default;
   template <class U>
-  MappedAllocator(const MappedAllocator<U, kMinBytes, kHugePages>& /*other*/) noexcept {}  // NOLINT
+  MappedAllocator(const MappedAllocator<U, Use>& /*other*/) noexcept {}  // NOLINT: rebinding
 
   T* allocate(size_t n) {
-    if (n * sizeof(T) < kMinBytes) return std::allocator<T>().allocate(n);
-    void* mapping = map_memory(n * sizeof(T), kHugePages);
+    if (n * sizeof(T) < Use::kMinBytes) return std::allocator<T>().allocate(n);
+    void* mapping = map_memory(n * sizeof(T), Use::kHugePages);
     if (mapping == nullptr) throw std::bad_alloc();
     return static_cast<T*>(mapping);
   }
   void deallocate(T* p, size_t n) noexcept {
-    if (n * sizeof(T) < kMinBytes) {
+    if (n * sizeof(T) < Use::kMinBytes) {
       std::allocator<T>().deallocate(p, n);
       return;
     }
@@ -68,14 +64,20 @@ class MappedAllocator {
 };
 
 // Large tables: from 4 MiB (smaller ones would waste most of a huge page), on huge pages.
-inline constexpr size_t kHugeTableMinBytes = 2 * kHugePageBytes;
+struct HugeTables {
+  static constexpr size_t kMinBytes = 2 * kHugePageBytes;
+  static constexpr bool kHugePages = true;
+};
 template <class T>
-using HugeTableAllocator = MappedAllocator<T, kHugeTableMinBytes, true>;
+using HugeTableAllocator = MappedAllocator<T, HugeTables>;
 
 // Buffers a peer makes this process hold: from 64 KiB (a mapping per smaller one would cost
 // more than it keeps), returned to the system when freed.
-inline constexpr size_t kReturnedBufferMinBytes = size_t{64} << 10;
+struct ReturnedBuffers {
+  static constexpr size_t kMinBytes = size_t{64} << 10;
+  static constexpr bool kHugePages = false;
+};
 template <class T>
-using ReturnedAllocator = MappedAllocator<T, kReturnedBufferMinBytes, false>;
+using ReturnedAllocator = MappedAllocator<T, ReturnedBuffers>;
 
 }  // namespace kvferry

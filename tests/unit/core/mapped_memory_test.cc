@@ -48,7 +48,7 @@ std::string vm_flags_of(const void* p) {
 
 TEST(HugeTableAllocator, LargeTablesGetAlignedMappingsAskingForHugePages) {
   Rows rows;
-  rows.reserve(kHugeTableMinBytes / sizeof(Row) + 1);
+  rows.reserve(HugeTables::kMinBytes / sizeof(Row) + 1);
   ASSERT_TRUE(huge_aligned(rows.data()));
   // The kernel records the request on the mapping ("hg"), where it has THP at all.
   if (std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled")) {
@@ -62,7 +62,7 @@ TEST(HugeTableAllocator, SmallTablesComeFromTheOrdinaryAllocator) {
 }
 
 TEST(HugeTableAllocator, RowsSurviveGrowthFromSmallToHugeAndBack) {
-  const size_t count = 3 * kHugeTableMinBytes / sizeof(Row);
+  const size_t count = 3 * HugeTables::kMinBytes / sizeof(Row);
   Rows rows;
   for (size_t i = 0; i < count; ++i) rows.push_back({i, std::to_string(i), {}});
   ASSERT_TRUE(huge_aligned(rows.data()));
@@ -97,13 +97,13 @@ TEST(MapMemory, HugePagesAlignedWritableAndWholeWhateverTheLength) {
 // process hold does not stay resident (glibc would keep it at the top of an arena).
 TEST(ReturnedAllocator, LargeBuffersAreMappingsOfTheirOwnUnmappedWhenFreed) {
   using Buffer = std::vector<std::byte, ReturnedAllocator<std::byte>>;
-  Buffer small(kReturnedBufferMinBytes - 1);
-  Buffer large(kReturnedBufferMinBytes);
+  Buffer small(ReturnedBuffers::kMinBytes - 1);
+  Buffer large(ReturnedBuffers::kMinBytes);
   const void* where = large.data();
   EXPECT_FALSE(vm_flags_of(where).empty());
   large = Buffer();
   EXPECT_TRUE(vm_flags_of(where).empty()) << vm_flags_of(where);
-  EXPECT_EQ(small.size(), kReturnedBufferMinBytes - 1);
+  EXPECT_EQ(small.size(), ReturnedBuffers::kMinBytes - 1);
 }
 
 }  // namespace
