@@ -221,28 +221,11 @@ void sort_by_start(std::vector<StartAndOp>& v, std::vector<StartAndOp>& scratch)
   }
 }
 
-}  // namespace
-
-Status check_disjoint_destinations(std::span<const TransferOp> ops, bool one_address_space) {
-  // One pass while the destinations ascend in each space.
-  std::array<uint64_t, 2> end{0, 0};
-  std::array<size_t, 2> last{SIZE_MAX, SIZE_MAX};
-  bool ascending = true;
-  for (size_t i = 0; i < ops.size() && ascending; ++i) {
-    const size_t space = destination_space(ops[i], one_address_space);
-    if (last[space] != SIZE_MAX && destination(ops[i]) < end[space]) {
-      if (destination(ops[i]) >= destination(ops[last[space]])) {
-        return overlap_error(ops, last[space], i);
-      }
-      ascending = false;  // out of order: sort below
-    }
-    end[space] = destination_end(ops[i]);
-    last[space] = i;
-  }
-  if (ascending) return Status::Ok();
-  // (start, op) per space, sorted by start; each op's end is looked up in `ops`. The buffers
-  // stay with the submitting thread for its next batch (fresh ones for a million ops are
-  // 12,000 newly touched pages, each a page fault), up to kKeptSortBuffer bytes each.
+// The check for ops out of destination order: (start, op) per space, sorted by start; each
+// op's end is looked up in `ops`. The buffers stay with the submitting thread for its next
+// batch (fresh ones for a million ops are 12,000 newly touched pages, each a page fault), up to
+// kKeptSortBuffer bytes each.
+Status check_disjoint_by_sorting(std::span<const TransferOp> ops, bool one_address_space) {
   constexpr size_t kKeptSortBuffer = size_t{16} << 20;  // a million ops
   thread_local std::array<std::vector<StartAndOp>, 3> buffers;
   struct EmptyAfter {
@@ -269,6 +252,26 @@ Status check_disjoint_destinations(std::span<const TransferOp> ops, bool one_add
         return overlap_error(ops, prev, sorted[i].second);
       }
     }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status check_disjoint_destinations(std::span<const TransferOp> ops, bool one_address_space) {
+  // One pass while the destinations ascend in each space.
+  std::array<uint64_t, 2> end{0, 0};
+  std::array<size_t, 2> last{SIZE_MAX, SIZE_MAX};
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const size_t space = destination_space(ops[i], one_address_space);
+    if (last[space] != SIZE_MAX && destination(ops[i]) < end[space]) {
+      if (destination(ops[i]) >= destination(ops[last[space]])) {
+        return overlap_error(ops, last[space], i);
+      }
+      return check_disjoint_by_sorting(ops, one_address_space);  // out of order
+    }
+    end[space] = destination_end(ops[i]);
+    last[space] = i;
   }
   return Status::Ok();
 }
