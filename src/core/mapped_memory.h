@@ -14,7 +14,7 @@
 //   which must go back to the system when they are freed. glibc keeps what a thread's arena
 //   freed at the top of that arena unless it exceeds a threshold that grows with the largest
 //   block freed so far, and malloc_trim does not shrink other threads' arenas: a flood of
-//   held frames left up to 14 MB resident after it ended, depending on what ran before.
+//   held frames could leave megabytes resident after it ended, depending on what ran before.
 //
 // Thread-safety: stateless.
 #pragma once

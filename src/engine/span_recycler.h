@@ -3,9 +3,9 @@
 // A batch gets a span per op that does not merge with the one before (56 bytes each). Fresh
 // storage for a million of them is 14,000 newly touched pages, each a page fault (several
 // microseconds on a virtual machine), and glibc returns storage that large to the kernel when
-// the batch ends, so every such batch paid them again: unmerged ops cost 10x per op at a
-// million what they cost at a thousand. Finished batches give their storage back here and the
-// next large batch takes it, already faulted in.
+// the batch ends, so every such batch would pay them again (10x per op at a million unmerged
+// ops what a thousand cost). Finished batches give their storage back here and the next large
+// batch takes it, already faulted in.
 //
 // Only large storage is kept (batches of fewer ops take no lock), and what is kept is bounded
 // in count and bytes, the largest kept first: an engine that once ran a huge batch keeps at

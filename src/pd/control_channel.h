@@ -30,10 +30,9 @@
 // Heartbeat messages are still handed to on_message (any frame counts as a sign of life;
 // the owner ignores them).
 //
-// Threads: a reader thread per channel and a heartbeat thread per channel made two threads
-// per decode-prefill link, thousands per process at scale (docs/SCALING.md). An owner's
-// channels now share the hub's heartbeat thread and its reader pool, whose workers are as
-// many as the callbacks running at once, plus one waiting.
+// Threads: an owner's channels share the hub's heartbeat thread and its reader pool, whose
+// workers are as many as the callbacks running at once, plus one waiting. A reader and a
+// heartbeat thread per channel would be thousands per process at scale (docs/SCALING.md).
 //
 // Ownership: from start() until on_close has run, the pool's watch holds a reference to the
 // channel, as a reader thread of its own would; the hub's heartbeats hold none. Callbacks must
