@@ -23,6 +23,7 @@ namespace kvferry::detail {
 
 struct BatchRecord final : BatchProgress {
   using BatchProgress::BatchProgress;
+  using BatchProgress::collect;
   using BatchProgress::help;
   using BatchProgress::report_final;
   using BatchProgress::set_work;

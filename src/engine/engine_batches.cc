@@ -158,6 +158,7 @@ BatchStatus EngineImpl::status(const BatchHandle& handle) const {
   auto& b = static_cast<BatchRecord&>(*handle.state_);
   BatchStatus s = b.snapshot();
   if (s.state != BatchState::kPending) return with_notification(b, std::move(s));
+  b.collect();  // answers that have arrived complete the batch now, not at a reading turn
   enforce_deadline(b);
   return with_notification(b, b.snapshot());
 }

@@ -73,13 +73,17 @@ void BatchProgress::add_helper(std::shared_ptr<BatchHelper> helper) {
 }
 
 void BatchProgress::help(Clock::time_point until) {
-  if (!has_helpers_.load()) return;
-  std::vector<std::shared_ptr<BatchHelper>> helpers;
-  {
-    std::lock_guard lock(mu_);
-    helpers = helpers_;
-  }
-  for (const auto& h : helpers) h->help(until);
+  for (const auto& h : helpers()) h->help(until);
+}
+
+void BatchProgress::collect() {
+  for (const auto& h : helpers()) h->collect();
+}
+
+std::vector<std::shared_ptr<BatchHelper>> BatchProgress::helpers() const {
+  if (!has_helpers_.load()) return {};
+  std::lock_guard lock(mu_);
+  return helpers_;
 }
 
 void BatchProgress::stop(const Status& why) {

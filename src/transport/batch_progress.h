@@ -42,6 +42,10 @@ class BatchHelper {
  public:
   virtual ~BatchHelper() = default;
   virtual void help(Clock::time_point until) = 0;
+  // For a thread that asks the batch's state without waiting (status()): takes in what has
+  // already arrived for it (a tcp lane's answers), never waits for more nor does work that
+  // takes long. Nothing by default.
+  virtual void collect() {}
 };
 
 class BatchProgress {
@@ -118,6 +122,8 @@ class BatchProgress {
   // Waits until the batch is final or `until`.
   void wait_until(Clock::time_point until) const;
   void help(Clock::time_point until);
+  // BatchHelper::collect of each helper.
+  void collect();
   // The local regions the batch pins; released once nothing can read or write them.
   const std::vector<RegionUse*>& pins() const { return pins_; }
   // Asks for on_final once the batch is final (set before posting; metrics use it).
@@ -129,6 +135,7 @@ class BatchProgress {
  private:
   void finalize_locked(const Status& status);
   void release_pins();
+  std::vector<std::shared_ptr<BatchHelper>> helpers() const;
 
   const std::shared_ptr<PeerLiveness> peer_;
   const Clock::time_point start_;

@@ -90,7 +90,12 @@ void TcpLane::read_for(const BatchProgress* batch, Clock::time_point until) {
     reading_ = true;
   }
   // A small lone request is answered sooner than a sleeping thread wakes.
-  Clock::time_point hot_until = hot ? spin_.open(Clock::now(), kTcpHotTime) : Clock::time_point{};
+  const Clock::time_point start = Clock::now();
+  if (hot && start < until) {
+    spin_.open(start, kTcpHotTime);
+  } else {
+    spin_.stop();
+  }
   std::array<std::byte, kTcpHeaderBytes> raw{};
   for (;;) {
     {
@@ -99,9 +104,10 @@ void TcpLane::read_for(const BatchProgress* batch, Clock::time_point until) {
     }
     if (in_pos_ == in_end_) {
       const Clock::time_point now = Clock::now();
-      if (now >= until) break;
-      if (now < hot_until) {
-        const int got = receive_hot(hot_until);
+      if (now >= until) {
+        if (receive_now() <= 0) break;  // time is up (or a status() poll): what has come
+      } else if (spin_.spinning()) {
+        const int got = receive_hot();
         if (got < 0) break;
         if (got == 0) continue;
       } else {
@@ -158,7 +164,7 @@ void TcpLane::on_ready() {
 
 void TcpLane::read_turn() {
   std::array<std::byte, kTcpHeaderBytes> raw{};
-  Clock::time_point hot_until{};
+  spin_.stop();
   for (;;) {
     {
       std::lock_guard lock(mu_);
@@ -169,8 +175,8 @@ void TcpLane::read_turn() {
     }
     if (in_pos_ == in_end_) {
       // Waits hot for the next answer after a lone one; otherwise takes only what is there.
-      const bool hot = Clock::now() < hot_until;
-      const int got = hot ? receive_hot(hot_until) : receive_now();
+      const bool hot = spin_.spinning();
+      const int got = hot ? receive_hot() : receive_now();
       if (got < 0) break;  // failed (fail_all done)
       if (got == 0) {
         if (hot) continue;
@@ -179,7 +185,11 @@ void TcpLane::read_turn() {
       }
     }
     if (!read_frame(raw)) break;
-    hot_until = lone_answered() ? spin_.open(Clock::now(), kTcpHotTime) : Clock::time_point{};
+    if (lone_answered()) {
+      spin_.open(Clock::now(), kTcpHotTime);
+    } else {
+      spin_.stop();
+    }
   }
   std::lock_guard lock(mu_);
   reading_ = false;

@@ -92,8 +92,9 @@ bool is_device(const RegionEntry* r) {
   return r != nullptr && r->location.kind == MemoryLocation::Kind::kCuda;
 }
 
-// A waiting thread reads its batch's answers on the lane its part was sent on (read_for).
-// Owned by the batch, which it points at without owning.
+// A waiting thread reads its batch's answers on the lane its part was sent on (read_for),
+// and a polling one what has arrived of them. Owned by the batch, which it points at without
+// owning.
 class TcpWaitReader final : public BatchHelper {
  public:
   TcpWaitReader(const std::shared_ptr<TcpLane>& lane, const BatchProgress* batch)
@@ -101,6 +102,7 @@ class TcpWaitReader final : public BatchHelper {
   void help(Clock::time_point until) override {
     if (std::shared_ptr<TcpLane> lane = lane_.lock()) lane->read_for(batch_, until);
   }
+  void collect() override { help(Clock::time_point{}); }
 
  private:
   std::weak_ptr<TcpLane> lane_;

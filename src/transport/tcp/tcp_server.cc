@@ -49,9 +49,9 @@ void TcpServer::IoThread::loop() {
     // Wakes at least every 100 ms so a write whose sender went silent mid-payload gives
     // up its pin at its deadline instead of holding the region forever.
     const Clock::time_point began = Clock::now();
-    const bool hot = hot_until_ns_ != 0 && steady_ns(began) < hot_until_ns_;
+    const bool hot = spin_.spinning();
     int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), hot ? 0 : 100);
-    if (hot && n == 0 && !spin_.keep_polling(began, Clock::now())) hot_until_ns_ = 0;
+    if (hot && n == 0) spin_.keep_polling(began, Clock::now());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return;
     const int64_t now = monotonic_ns();
@@ -84,11 +84,10 @@ void TcpServer::IoThread::loop() {
       if (!alive) drop(fd);
     }
     if (requests_ == 1 && request_bytes_ <= kTcpHotRequestBytes) {  // see kTcpHotTime
-      const Clock::time_point answered = Clock::now();
-      spin_.settle(answered);
-      hot_until_ns_ = steady_ns(spin_.open(answered, kTcpHotTime));
+      spin_.settle();
+      spin_.open(Clock::now(), kTcpHotTime);
     } else if (requests_ != 0) {
-      hot_until_ns_ = 0;
+      spin_.stop();
     }
   }
 }

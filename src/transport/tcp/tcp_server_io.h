@@ -316,10 +316,8 @@ struct TcpServer::IoThread {
   std::atomic<bool> stopping_{false};
   int64_t next_limit_check_ns_ = 0;  // I/O thread only
   LogThrottle frame_overdue_log_;
-  // Polling without sleeping until then (0: not), and the frames and their bytes that began
-  // in this round of input (see kTcpHotTime); polls only while polling pays (SpinGate). I/O
-  // thread only.
-  int64_t hot_until_ns_ = 0;
+  // Whether to poll without sleeping (a spell, while polling pays), and the frames and their
+  // bytes that began in this round of input (see kTcpHotTime). I/O thread only.
   SpinGate spin_;
   size_t requests_ = 0;
   uint64_t request_bytes_ = 0;

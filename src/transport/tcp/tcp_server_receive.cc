@@ -296,7 +296,7 @@ bool TcpServer::IoThread::on_readable(Conn& c) {
     }
     c.last_in_ns = monotonic_ns();
     auto received = static_cast<size_t>(n);
-    drained = hot_until_ns_ != 0 && received < (direct ? want : 0) + kInputBufferBytes;
+    drained = spin_.spinning() && received < (direct ? want : 0) + kInputBufferBytes;
     if (direct) {
       const size_t into_target = std::min(received, want);
       c.in_end = received - into_target;

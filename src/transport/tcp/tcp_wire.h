@@ -54,8 +54,9 @@ inline int64_t steady_ns(std::chrono::steady_clock::time_point t) {
 // op from 34-47 to 12-14 us, one 72 KiB deepseek-v3 page from 98-109 to 28-29 us; docs/
 // TRANSPORTS.md, "tcp lanes"). Not after several requests or a larger one: those keep the threads
 // busy anyway, and a polling thread would take the core a sender or receiver needs. Bounded, so
-// idle ends sleep; and not while the core is contended: a poll that lost the core closes the
-// thread's SpinGate (core/spin_gate.h) for a back-off, and it sleeps at once until then.
+// idle ends sleep; and not while polling does not pay: a poll that lost the core, or a spell
+// that ran out before anything came, closes the thread's SpinGate (core/spin_gate.h) for a
+// back-off, and it sleeps at once until then.
 inline constexpr uint64_t kTcpHotRequestBytes = uint64_t{256} << 10;
 inline constexpr std::chrono::microseconds kTcpHotTime{100};
 // Scratch buffer into which payload bytes that must not land (a refused or expired

@@ -27,7 +27,8 @@ constexpr std::chrono::milliseconds kMaxActiveSleep{100};
 // sleeping for this long before it arms the worker and blocks: in a request/answer exchange
 // the answer comes sooner than a sleeping thread wakes (on a VM, a halted vCPU's wake-up is
 // tens of microseconds: docs/TRANSPORTS.md, "tcp lanes"). Bounded, so an idle worker sleeps;
-// and not while the core is contended (SpinGate), where a sleeping thread is woken sooner.
+// and not while polling does not pay (SpinGate: a contended core, or spells that found
+// nothing).
 constexpr std::chrono::microseconds kHotTime{100};
 // How long the destructor lets channels finish closing their endpoints.
 constexpr std::chrono::seconds kCloseGrace{2};
@@ -169,7 +170,6 @@ void UcxWorker::forget_am_request(uint64_t request_id) { am_waiters_.erase(reque
 void UcxWorker::run() {
   ::pthread_setname_np(::pthread_self(), "kvf-ucx");
   std::optional<Clock::time_point> stop_by;
-  Clock::time_point hot_until{};
   SpinGate spin;  // polls only while polling pays (core/spin_gate.h)
   for (;;) {
     const Clock::time_point began = Clock::now();
@@ -206,11 +206,11 @@ void UcxWorker::run() {
       return;
     }
     if (progressed) {
-      spin.settle(now);
-      hot_until = spin.open(now, kHotTime);
+      spin.settle();
+      spin.open(now, kHotTime);
       continue;
     }
-    if (now < hot_until && spin.keep_polling(began, now)) continue;
+    if (spin.spinning() && spin.keep_polling(began, now)) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     if (!active_.empty()) wake_at = std::min(wake_at, now + kMaxActiveSleep);
     int timeout_ms = -1;

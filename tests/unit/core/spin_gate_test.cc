@@ -1,6 +1,6 @@
-// SpinGate: a spell ends at its hot time or on a preempted poll; a preempted poll closes
-// the gate for a back-off that doubles while preemption goes on and resets after a clean
-// spell.
+// SpinGate: a spell ends at its hot time or on a preempted poll; a preempted poll, or a spell
+// that ran out with nothing come, closes the gate for a back-off that doubles while spells keep
+// failing and resets once one brings what it polled for.
 #include "core/spin_gate.h"
 
 #include <gtest/gtest.h>
@@ -12,53 +12,91 @@ using Clock = SpinGate::Clock;
 using std::chrono::microseconds;
 using std::chrono::milliseconds;
 
-TEST(SpinGate, AnOpenGateSpinsForTheHotTimeThenStops) {
+TEST(SpinGate, ASpellThatBringsSomethingPollsUntilItsHotTimeAndKeepsTheGateOpen) {
   SpinGate gate;
   const Clock::time_point t0 = Clock::now();
-  EXPECT_EQ(gate.open(t0, microseconds(100)), t0 + microseconds(100));
+  gate.open(t0, microseconds(100));
+  EXPECT_TRUE(gate.spinning());
   EXPECT_TRUE(gate.keep_polling(t0 + microseconds(1), t0 + microseconds(3)));
+  gate.settle();  // the answer came; more of it may follow
   EXPECT_TRUE(gate.keep_polling(t0 + microseconds(90), t0 + microseconds(99)));
   EXPECT_FALSE(gate.keep_polling(t0 + microseconds(99), t0 + microseconds(101)));
-  EXPECT_FALSE(gate.closed(t0 + microseconds(101)));  // the peer was slow: not contention
+  EXPECT_FALSE(gate.spinning());
+  EXPECT_FALSE(gate.closed(t0 + microseconds(101)));
   EXPECT_EQ(gate.backoff(), Clock::duration::zero());
 }
 
+// Starvation of the peer on a shared core: the poller holds the core its answer needs, so the
+// spell runs out empty. Polling again next time would cost the same.
+TEST(SpinGate, ASpellThatRunsOutWithNothingClosesTheGate) {
+  SpinGate gate;
+  const Clock::time_point t0 = Clock::now();
+  gate.open(t0, microseconds(100));
+  EXPECT_TRUE(gate.keep_polling(t0 + microseconds(95), t0 + microseconds(99)));
+  const Clock::time_point over = t0 + microseconds(101);
+  EXPECT_FALSE(gate.keep_polling(t0 + microseconds(99), over));
+  EXPECT_FALSE(gate.spinning());
+  EXPECT_TRUE(gate.closed(over));
+  EXPECT_EQ(gate.backoff(), SpinGate::kMinBackoff);
+  gate.open(over + microseconds(5), microseconds(100));
+  EXPECT_FALSE(gate.spinning());  // sleeps at once
+}
+
+// Contention: the poller itself lost its core.
 TEST(SpinGate, APreemptedPollClosesTheGateSoTheThreadSleepsAtOnce) {
   SpinGate gate;
   const Clock::time_point t0 = Clock::now();
   gate.open(t0, microseconds(100));
+  gate.settle();  // even a spell that paid ends when the thread loses its core
   const Clock::time_point back = t0 + microseconds(10) + SpinGate::kPreemptedGap + microseconds(1);
   EXPECT_FALSE(gate.keep_polling(t0 + microseconds(10), back));
   EXPECT_EQ(gate.backoff(), SpinGate::kMinBackoff);
   EXPECT_TRUE(gate.closed(back));
-  EXPECT_EQ(gate.open(back + microseconds(5), microseconds(100)), back + microseconds(5));
+  gate.open(back + microseconds(5), microseconds(100));
+  EXPECT_FALSE(gate.spinning());
   const Clock::time_point reopened = back + SpinGate::kMinBackoff;
   EXPECT_FALSE(gate.closed(reopened));
-  EXPECT_EQ(gate.open(reopened, microseconds(100)), reopened + microseconds(100));
+  gate.open(reopened, microseconds(100));
+  EXPECT_TRUE(gate.spinning());
 }
 
-TEST(SpinGate, TheBackoffDoublesWhileContentionLastsAndResetsAfterACleanSpell) {
+TEST(SpinGate, TheBackoffDoublesWhileSpellsFailAndResetsAfterOneThatPays) {
   SpinGate gate;
   Clock::time_point t = Clock::now();
-  auto preempted_spell = [&] {
-    ASSERT_NE(gate.open(t, microseconds(100)), t);  // open again
-    const Clock::time_point back = t + milliseconds(3);
-    EXPECT_FALSE(gate.keep_polling(t, back));
+  auto failed_spell = [&](bool preempted) {
+    gate.open(t, microseconds(100));
+    ASSERT_TRUE(gate.spinning());  // open again
+    const Clock::time_point back = t + (preempted ? milliseconds(3) : microseconds(101));
+    EXPECT_FALSE(gate.keep_polling(preempted ? t : back - microseconds(2), back));
     t = back + gate.backoff();  // once the back-off is over
   };
-  preempted_spell();
-  EXPECT_EQ(gate.backoff(), milliseconds(2));
-  preempted_spell();
-  EXPECT_EQ(gate.backoff(), milliseconds(4));
-  for (int i = 0; i < 12; ++i) preempted_spell();
+  failed_spell(true);
+  EXPECT_EQ(gate.backoff(), SpinGate::kMinBackoff);
+  failed_spell(false);
+  EXPECT_EQ(gate.backoff(), 2 * SpinGate::kMinBackoff);
+  for (int i = 0; i < 12; ++i) failed_spell(i % 2 == 0);
   EXPECT_EQ(gate.backoff(), SpinGate::kMaxBackoff);
-  ASSERT_NE(gate.open(t, microseconds(100)), t);
+  gate.open(t, microseconds(100));
   EXPECT_TRUE(gate.keep_polling(t, t + microseconds(2)));
-  gate.settle(t + microseconds(20));  // the answer came
+  gate.settle();  // the answer came
   EXPECT_EQ(gate.backoff(), Clock::duration::zero());
-  ASSERT_NE(gate.open(t + milliseconds(1), microseconds(100)), t + milliseconds(1));
+  gate.open(t + milliseconds(1), microseconds(100));
+  ASSERT_TRUE(gate.spinning());
   EXPECT_FALSE(gate.keep_polling(t + milliseconds(1), t + milliseconds(2)));
   EXPECT_EQ(gate.backoff(), SpinGate::kMinBackoff);  // starts over
+}
+
+// Without a spell on, input says nothing of whether polling would pay: a failing gate keeps
+// its back-off until a spell of its own brings something.
+TEST(SpinGate, InputThatCameWhileAsleepDoesNotResetTheBackoff) {
+  SpinGate gate;
+  const Clock::time_point t0 = Clock::now();
+  gate.open(t0, microseconds(100));
+  EXPECT_FALSE(gate.keep_polling(t0 + microseconds(99), t0 + microseconds(101)));
+  gate.settle();  // a request that woke the sleeping thread
+  EXPECT_EQ(gate.backoff(), SpinGate::kMinBackoff);
+  gate.stop();
+  EXPECT_FALSE(gate.spinning());
 }
 
 }  // namespace

@@ -126,6 +126,39 @@ TEST(TcpTransfer, TenThousandSmallOpsArriveInTheirPlaces) {
   }
 }
 
+// A batch that is polled (status(), as NIXL's check_xfer_state does) rather than waited for:
+// each poll takes in the answers that have arrived on the polling thread, racing the pool's
+// reading turn once the waiter's grace is over. Small lone ops and striped 1 MiB ones,
+// WRITEs and READs in turn; every byte of every round is checked.
+TEST(TcpTransfer, BatchesPolledWithStatusRatherThanWaitedForCompleteWithEveryByteInPlace) {
+  constexpr size_t kRounds = 60, kLarge = 1u << 20;
+  std::vector<std::byte> local(kLarge), remote(kLarge);
+  auto prefill = engine_with("prefill");
+  auto decode = engine_with("decode");
+  ASSERT_TRUE(prefill->register_memory(local.data(), kLarge).ok());
+  ASSERT_TRUE(decode->register_memory(remote.data(), kLarge).ok());
+  PeerHandle peer = open_tcp(*prefill, *decode);
+  SubmitOptions options;
+  options.timeout = std::chrono::seconds(20);
+  for (size_t round = 0; round < kRounds; ++round) {
+    const size_t bytes = round % 3 == 2 ? kLarge : 4096;
+    const bool write = round % 2 == 0;
+    const uint64_t seed = 100 + round;
+    fill_pattern({(write ? local : remote).data(), bytes}, seed);
+    TransferOp op{write ? OpKind::kWrite : OpKind::kRead, addr_of(local.data()),
+                  addr_of(remote.data()), bytes};
+    BatchHandle b = must(prefill->submit(peer, {&op, 1}, options));
+    BatchStatus s = prefill->status(b);
+    while (s.state == BatchState::kPending) {  // ends at the batch's timeout at the latest
+      std::this_thread::yield();
+      s = prefill->status(b);
+    }
+    ASSERT_EQ(s.state, BatchState::kCompleted) << "round " << round << ": " << s.status.to_string();
+    EXPECT_FALSE(find_pattern_mismatch({(write ? remote : local).data(), bytes}, seed))
+        << "round " << round;
+  }
+}
+
 // Four threads submit small batches (each goes on one lane) at once, WRITEs and READs in
 // turn: each batch takes an idle lane or shares a busy one, and waiters read answers that
 // may be other batches'. Every byte of every batch is checked.
