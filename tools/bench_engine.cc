@@ -60,6 +60,7 @@
 
 #include "bench_util.h"
 #include "commands.h"
+#include "core/fd.h"
 #include "core/net.h"
 #include "core/pattern.h"
 #include "core/thread_pool.h"
@@ -133,7 +134,45 @@ struct EngineBenchArgs {
   int rounds = 5;
   std::string iperf3;  // the iperf3 binary: races it in tcp and ucx cells ("" = not)
   unsigned iperf3_port = 9160;
-  int load = 0;  // busy processes beside the contestants (CpuLoad)
+  int load = 0;             // busy processes beside the contestants (CpuLoad)
+  double mark_slow_us = 0;  // SlowOpMarker's threshold (0: off)
+};
+
+// --mark-slow-us: a line in the kernel's trace buffer (ftrace's trace_marker) for each engine
+// op slower than the threshold, with when it began on CLOCK_MONOTONIC (steady_clock here; the
+// trace's own clock once `mono` is written to trace_clock). Traced beside scheduler events
+// (sched_switch, sched_wakeup), it shows what every thread of both processes did while that
+// op waited: how the slow single ops under load were found.
+class SlowOpMarker {
+ public:
+  static constexpr const char* kPath = "/sys/kernel/tracing/trace_marker";
+  static Result<SlowOpMarker> open(double threshold_us) {
+    SlowOpMarker m;
+    if (threshold_us <= 0) return m;
+    m.fd_ = Fd(::open(kPath, O_WRONLY | O_CLOEXEC));
+    if (!m.fd_.valid()) {
+      return ErrnoStatus(StatusCode::kInvalidArgument,
+                         fmt::format("--mark-slow-us needs {} (tracefs mounted, root)", kPath),
+                         errno);
+    }
+    m.threshold_ = std::chrono::nanoseconds(static_cast<int64_t>(threshold_us * 1e3));
+    return m;
+  }
+  // After an op that began at `began`.
+  void after(std::chrono::steady_clock::time_point began) const {
+    if (!fd_.valid()) return;
+    const auto took = std::chrono::steady_clock::now() - began;
+    if (took <= threshold_) return;
+    const int64_t start_ns = began.time_since_epoch().count();
+    const std::string line =
+        fmt::format("kvferry slow op: {:.1f} us from {}.{:09}\n", took.count() / 1e3,
+                    start_ns / 1'000'000'000, start_ns % 1'000'000'000);
+    [[maybe_unused]] ssize_t n = ::write(fd_.get(), line.data(), line.size());
+  }
+
+ private:
+  Fd fd_;
+  std::chrono::steady_clock::duration threshold_{};
 };
 
 // The bench's own buffers for one local memory kind: the pattern source, the engine's local
@@ -379,6 +418,7 @@ size_t faster(const std::vector<LatencySampler>& samples, size_t first,
 
 Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
   const uint64_t buffer_bytes = args.max_batch_bytes;
+  KVF_ASSIGN_OR_RETURN(const SlowOpMarker marker, SlowOpMarker::open(args.mark_slow_us));
   for (const std::string& memory : args.local_memory) {
     if (memory != "host" && memory != "host-thp" && memory != "device") {
       return InvalidArgument("bench engine: --local-memory " + memory +
@@ -520,12 +560,14 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
             Status failure;
             std::vector<std::function<bool()>> contestants;
             contestants.push_back([&] {
+              const auto began = std::chrono::steady_clock::now();
               auto b = engine->submit(peer, ops);
               if (!b.ok()) {
                 failure = b.status();
                 return false;
               }
               BatchStatus s = engine->wait(*b, std::chrono::seconds(60));
+              marker.after(began);
               if (s.state != BatchState::kCompleted) failure = s.status;
               return s.state == BatchState::kCompleted;
             });
@@ -753,6 +795,11 @@ void add_bench_engine_command(CLI::App& bench) {
       "loopback, default writes and -l 1M; figures from its own reports)");
   cmd->add_option("--iperf3-port", args->iperf3_port, "port of the iperf3 server (--iperf3)")
       ->check(CLI::Range(1u, 65535u));
+  cmd->add_option("--mark-slow-us", args->mark_slow_us,
+                  "write a line to the kernel's trace_marker for each engine op slower than "
+                  "this, with its start (CLOCK_MONOTONIC), to read beside a scheduler trace "
+                  "(root; 0: off)")
+      ->check(CLI::Range(0.0, 1e9));
   cmd->add_option("--load", args->load,
                   "busy processes spinning beside the contestants (placed by the scheduler): "
                   "the contended case, measured like the quiet one")

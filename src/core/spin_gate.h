@@ -14,14 +14,21 @@
 // bench: 2-7 % of single 4 KiB writes took 110-220 us, the client's spell and then the
 // server's each running out while the other waited on that core.
 //
-// So the gate watches each polling spell. Between polls the thread yields its core to any
-// thread queued on it, which lets a pair the scheduler put on one core take turns at once. It
-// ends the spell, and closes the gate (the thread sleeps at once) for a back-off, when a poll
-// (one non-blocking system call, and the yield) took more than kPreemptedGap (the thread lost
-// its core meanwhile) or when the spell ran out before anything came. The back-off starts at
-// kMinBackoff, short so that a lone hiccup on a quiet machine (a VM pause, a timer) costs only
-// a few sleeping waits, and doubles, up to kMaxBackoff, each time the spell after a back-off
-// fails again. A spell that brought what it polled for (settle) resets it.
+// So the gate watches each polling spell. It ends the spell, and closes the gate (the thread
+// sleeps at once) for a back-off, when a poll took more than kPreemptedGap (the thread lost its
+// core meanwhile) or when the spell ran out before anything came. The back-off doubles, up to
+// kMaxBackoff, each time the spell after it fails again; a spell that brought what it polled
+// for (settle) resets it.
+//
+// Between polls the thread yields its core (sched_yield) to any thread queued on it, so two
+// ends the scheduler put on one core take turns at once, unless the machine is contended:
+// a poll or a yield that lost the core for more than kContendedGap (a busy process's time
+// slice, not a peer's turn) in the last kContendedFor. Yielding to a busy process costs the
+// rest of its slice, a scheduler tick (4 ms here): 1 run in 4 with two busy processes had
+// single-op p99 at 3-4 ms before contention turned yielding off. The first back-off is short
+// on a quiet machine (kMinBackoff: a lone hiccup costs a few sleeping waits) and longer on a
+// contended one (kContendedBackoff: a failed probe costs the op that made it 100-200 us;
+// at 250 us there, p99 was 9-10x p50).
 //
 // Thread-safety: none; one gate per polling role (a connection's I/O thread, a lane's
 // reading role), used by whichever thread holds that role.
@@ -39,7 +46,10 @@ class SpinGate {
   using Clock = std::chrono::steady_clock;
   // A poll is one non-blocking system call (a few microseconds): one this long was preempted.
   static constexpr std::chrono::microseconds kPreemptedGap{50};
+  static constexpr std::chrono::milliseconds kContendedGap{1};
+  static constexpr std::chrono::seconds kContendedFor{1};
   static constexpr std::chrono::microseconds kMinBackoff{250};
+  static constexpr std::chrono::milliseconds kContendedBackoff{2};
   static constexpr std::chrono::milliseconds kMaxBackoff{256};
 
   // Starts a spell of at most `hot` from `now`, unless the gate is closed.
@@ -52,22 +62,22 @@ class SpinGate {
   bool spinning() const { return spell_end_ != Clock::time_point{}; }
 
   // After a poll that found nothing, begun at `began` and returned at `now`: whether to poll
-  // again. False ends the spell: once it is over, or when the thread lost its core during the
-  // poll. A preempted poll, or a spell over with nothing come, closes the gate.
+  // again (having yielded the core, unless contended). False ends the spell: once it is over,
+  // or when the thread lost its core during the poll or the yield. A preempted poll, or a
+  // spell over with nothing come, closes the gate.
   bool keep_polling(Clock::time_point began, Clock::time_point now) {
-    bool preempted = now - began > kPreemptedGap;
+    bool preempted = lost_core(began, now);
     if (!preempted && now < spell_end_) {
-      // A thread queued on this core runs first (sched_yield returns at once when there is
-      // none): often the very peer polled for, woken onto this core by its answer.
+      if (contended(now)) return true;
       ::sched_yield();
       const Clock::time_point back = Clock::now();
-      preempted = back - now > kPreemptedGap;
-      if (!preempted) return true;
+      if (!lost_core(now, back)) return true;
+      preempted = true;
       now = back;
     }
     if (preempted || !paid_) {
       backoff_ = backoff_ == Clock::duration::zero()
-                     ? Clock::duration(kMinBackoff)
+                     ? Clock::duration(contended(now) ? kContendedBackoff : kMinBackoff)
                      : std::min<Clock::duration>(backoff_ * 2, kMaxBackoff);
       closed_until_ = now + backoff_;
     }
@@ -87,13 +97,24 @@ class SpinGate {
   void stop() { spell_end_ = Clock::time_point{}; }
 
   bool closed(Clock::time_point now) const { return now < closed_until_; }
+  bool contended(Clock::time_point now) const {
+    return contended_at_ != Clock::time_point{} && now - contended_at_ < kContendedFor;
+  }
   Clock::duration backoff() const { return backoff_; }
 
  private:
+  // Whether the thread lost its core between `from` and `to` (and for long enough to count as
+  // contention: recorded).
+  bool lost_core(Clock::time_point from, Clock::time_point to) {
+    if (to - from > kContendedGap) contended_at_ = to;
+    return to - from > kPreemptedGap;
+  }
+
   Clock::time_point spell_end_{};  // zero: no spell on
   bool paid_ = false;              // the spell on brought something
   Clock::time_point closed_until_{};
   Clock::duration backoff_{};
+  Clock::time_point contended_at_{};  // the last core lost for over kContendedGap
 };
 
 }  // namespace kvferry
