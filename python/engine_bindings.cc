@@ -364,8 +364,16 @@ void bind_engine(py::module_& m) {
           "of memory kinds ('host', 'shared_host', 'device').")
       .def(
           "batch_status",
-          [](PyEngine& e, const PyBatch& b) { return status_tuple(e.engine().status(b.handle)); },
-          py::arg("batch"), "(state, code, message) now; never blocks.")
+          [](PyEngine& e, const PyBatch& b) {
+            BatchStatus s;
+            {
+              py::gil_scoped_release release;  // may land answers that have arrived
+              s = e.engine().status(b.handle);
+            }
+            return status_tuple(s);
+          },
+          py::arg("batch"),
+          "(state, code, message) now; never waits for the peer (takes in what has arrived).")
       .def(
           "wait",
           [](PyEngine& e, const PyBatch& b, int64_t timeout_ms) {

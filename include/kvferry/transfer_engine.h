@@ -309,7 +309,9 @@ class TransferEngine {
   Result<BatchHandle> submit(const PeerHandle& peer, std::span<const TransferOp> ops,
                              const SubmitOptions& options = {});
 
-  // The batch's state now; never blocks.
+  // The batch's state now. Never waits for an answer: it takes in, on the calling thread, the
+  // answers that have arrived for the batch (tcp: a READ's payload lands then), so polling
+  // sees a batch complete as soon as its last answer is in.
   BatchStatus status(const BatchHandle& batch) const;
   // Waits until the batch ends or `timeout` passes (then the state is still kPending and
   // the batch keeps running until its own timeout). A batch past its own timeout is
