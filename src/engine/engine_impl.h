@@ -14,6 +14,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/shared_snapshot.h"
 #include "core/thread_pool.h"
 #include "engine/batch_record.h"
 #include "engine/notify_receiver.h"
@@ -157,12 +158,12 @@ class EngineImpl {
 
   // Registration. Writers serialise on registry_mu_; readers load the snapshot.
   mutable std::mutex registry_mu_;
-  std::atomic<std::shared_ptr<const RegionIndex>> local_regions_;
+  SharedSnapshot<RegionIndex> local_regions_;
   // Span storage of large batches, reused (shared: a batch may outlive the engine).
   const std::shared_ptr<SpanRecycler> span_recycler_ = std::make_shared<SpanRecycler>();
   std::map<uint64_t, std::unique_ptr<ShmAllocation>> shared_allocations_;  // by address
   uint64_t descriptor_version_ = 0;
-  std::atomic<std::shared_ptr<const std::string>> descriptor_json_;
+  SharedSnapshot<std::string> descriptor_json_;
 
   // Peers by the name they were opened with.
   std::mutex peers_mu_;

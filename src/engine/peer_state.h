@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/shared_snapshot.h"
 #include "kvferry/transfer_types.h"
 #include "kvferry/transport_kind.h"
 #include "metadata/segment_descriptor.h"
@@ -68,7 +69,7 @@ struct PeerState {
   std::optional<TransportKind> forced;  // every route goes over it
   uint64_t incarnation = 0;
   int64_t pid = 0;
-  std::atomic<std::shared_ptr<const RemoteSegment>> segment;  // null for the self peer
+  SharedSnapshot<RemoteSegment> segment;  // null for the self peer
   // By TransportKind: a link for each transport both sides serve (that connected).
   std::array<std::shared_ptr<TransportLink>, kAllTransportKinds.size()> links;
   RouteTable routes;
