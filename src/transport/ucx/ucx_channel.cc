@@ -419,12 +419,18 @@ UcxPumped::Outcome UcxChannel::pump(Clock::time_point now, Clock::time_point& wa
       out.progressed = true;
     }
     if (!job.error.ok()) continue;
-    // Every chunk answered, then the flush: a rendezvous WRITE's send (and the target's ack,
-    // sent when it accepted the chunk) can complete before the last bytes are in; the flush
-    // waits for their remote completion.
+    // Every chunk answered, then, for put/get, the flush: a put's local completion says
+    // nothing of its bytes being in, the flush waits for their remote completion. An active
+    // message's answer already does: the target acknowledges a WRITE once its bytes are
+    // copied into place, and a READ's reply carries them (a flush there cost one more round
+    // trip: a single 4 KiB WRITE took 27-33 us at p50 with it, 18-22 without).
     if (job.next_op == job.ops.size() && job.outstanding == 0 && job.awaiting == 0 &&
         !job.flushing && !job.flushed) {
-      start_flush(job);
+      if (path_ == UcxDataPath::kActiveMessages) {
+        job.flushed = true;
+      } else {
+        start_flush(job);
+      }
       out.progressed = true;
       if (!job.error.ok()) continue;
     }
