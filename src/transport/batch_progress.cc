@@ -46,6 +46,7 @@ void BatchProgress::finalize_locked(const Status& status) {
   error_ = status;
   complete_time_ = Clock::now() - start_;
   if (report_final_) on_final(status, complete_time_);
+  final_.store(true, std::memory_order_release);
   cv_.notify_all();
 }
 

@@ -70,6 +70,8 @@ class BatchProgress {
   // Records the time the last part was posted (telemetry).
   void mark_posted();
   void add_helper(std::shared_ptr<BatchHelper> helper);
+  // Whether the batch is final (Completed or Failed): a lock-free read for a hot wait.
+  bool is_final() const { return final_.load(std::memory_order_acquire); }
 
   // Held while this process copies bytes of the batch; stop() waits until none is held.
   class CopyGuard {
@@ -152,7 +154,8 @@ class BatchProgress {
   std::atomic<bool> stopped_{false};
   std::atomic<bool> pins_released_{false};
   std::atomic<bool> has_helpers_{false};
-  bool report_final_ = false;  // set before posting, then immutable
+  std::atomic<bool> final_{false};  // state_ != kPending, readable without mu_
+  bool report_final_ = false;       // set before posting, then immutable
 
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;

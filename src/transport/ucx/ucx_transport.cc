@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "core/logging.h"
+#include "core/spin_gate.h"
 #include "transport/ucx/ucx_channel.h"
 #include "transport/ucx/ucx_log.h"
 #include "transport/ucx/ucx_sealed_address.h"
@@ -22,6 +23,49 @@ using detail::UcxWorker;
 constexpr std::string_view kAllowHint =
     "allow them with EngineOptions::ucx_allow_emulated or KVFERRY_UCX_ALLOW_EMULATED=1 on "
     "trusted hosts";
+
+// A small part's answer comes sooner than a sleeping waiter wakes: the thread that waits for
+// its batch polls the batch's state for up to kHotWait first, while polling pays (SpinGate),
+// rather than sleep until the progress thread's completion wakes it.
+constexpr uint64_t kHotWaitBytes = uint64_t{256} << 10;
+constexpr std::chrono::microseconds kHotWait{100};
+
+// The waiting role of one link: one thread at a time polls, the others sleep.
+struct UcxWaitRole {
+  std::mutex mu;
+  SpinGate gate;
+};
+
+class UcxHotWait final : public BatchHelper {
+ public:
+  UcxHotWait(std::shared_ptr<UcxWaitRole> role, const BatchProgress* batch)
+      : role_(std::move(role)), batch_(batch) {}
+  void help(Clock::time_point until) override {
+    std::unique_lock lock(role_->mu, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    SpinGate& gate = role_->gate;
+    Clock::time_point now = Clock::now();
+    gate.open(now, kHotWait);
+    while (gate.spinning()) {
+      if (batch_->is_final()) {
+        gate.settle();
+        gate.stop();
+        return;
+      }
+      const Clock::time_point began = now;
+      now = Clock::now();
+      if (now >= until) {
+        gate.stop();
+        return;
+      }
+      gate.keep_polling(began, now);
+    }
+  }
+
+ private:
+  std::shared_ptr<UcxWaitRole> role_;
+  const BatchProgress* batch_;
+};
 
 // The initiating side for one peer incarnation: checks and hands parts to the progress
 // thread. Its channel outlives it until the endpoint is closed; it keeps the worker alive
@@ -58,6 +102,9 @@ class UcxLink final : public TransportLink {
           UcxOp{op.kind, op.local, op.remote_addr, op.length, region->addr, &region->ucx_rkey});
     }
     part.batch->add_tasks(1);
+    if (part.bytes <= kHotWaitBytes) {
+      part.batch->add_helper(std::make_shared<UcxHotWait>(wait_role_, part.batch.get()));
+    }
     worker_->post([channel = channel_, job = std::shared_ptr<UcxJob>(std::move(job))]() mutable {
       channel->enqueue(std::make_unique<UcxJob>(std::move(*job)));
     });
@@ -73,6 +120,7 @@ class UcxLink final : public TransportLink {
   std::shared_ptr<UcxWorker> worker_;
   std::shared_ptr<UcxChannel> channel_;
   std::string peer_name_;
+  std::shared_ptr<UcxWaitRole> wait_role_ = std::make_shared<UcxWaitRole>();
 };
 
 class UcxTransport final : public Transport {

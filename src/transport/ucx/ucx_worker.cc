@@ -139,11 +139,13 @@ void UcxWorker::wake() {
 }
 
 void UcxWorker::post(std::function<void()> fn) {
+  bool asleep = false;
   {
     std::lock_guard lock(mu_);
     tasks_.push_back(std::move(fn));
+    asleep = asleep_;
   }
-  wake();
+  if (asleep) wake();  // a polling thread takes it in its next round
 }
 
 Status UcxWorker::call(const std::function<Status()>& fn) {
@@ -212,6 +214,11 @@ void UcxWorker::run() {
     }
     if (spin.spinning() && spin.keep_polling(began, now)) continue;
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    {
+      std::lock_guard lock(mu_);
+      if (!tasks_.empty()) continue;
+      asleep_ = true;  // from here on, post() wakes the thread
+    }
     if (!active_.empty()) wake_at = std::min(wake_at, now + kMaxActiveSleep);
     int timeout_ms = -1;
     if (wake_at != Clock::time_point::max()) {
@@ -224,6 +231,8 @@ void UcxWorker::run() {
       uint64_t n = 0;
       [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &n, sizeof(n));
     }
+    std::lock_guard lock(mu_);
+    asleep_ = false;
   }
 }
 

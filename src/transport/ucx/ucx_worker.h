@@ -1,9 +1,9 @@
 // UcxWorker: one engine's UCX context and worker, and the one progress thread that owns
 // the worker. Every UCX call on the worker (endpoints, put/get, flush, close, memory
 // registration) runs on that thread; other threads hand it work (post, call). The thread
-// sleeps on the worker's event fd (ucp_worker_arm) and an eventfd of its own, so an idle
-// engine does not spin; it also runs on the passive side, where UCX's emulated put/get are
-// served by the target's worker.
+// sleeps on the worker's event fd (ucp_worker_arm) and an eventfd of its own, which post
+// writes only once the thread has decided to sleep, so an idle engine does not spin; it also
+// runs on the passive side, where UCX's emulated put/get are served by the target's worker.
 //
 // Channels with work (UcxPumped) are pumped after every progress round until they report
 // idle; the thread wakes for the earliest deadline any of them reports.
@@ -138,8 +138,9 @@ class UcxWorker {
   Fd wake_fd_;         // eventfd: post() writes it
 
   std::mutex mu_;
-  std::vector<std::function<void()>> tasks_;        // guarded by mu_
-  bool stopping_ = false;                           // guarded by mu_
+  std::vector<std::function<void()>> tasks_;  // guarded by mu_
+  bool stopping_ = false;                     // guarded by mu_
+  bool asleep_ = false;  // the thread is past its last look at tasks_; guarded by mu_
   std::vector<std::shared_ptr<UcxPumped>> active_;  // progress thread only
   UcxRegionSource regions_;
   std::chrono::milliseconds frame_rest_timeout_ = kDefaultFrameRestTimeout;
