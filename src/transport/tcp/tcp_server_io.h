@@ -107,6 +107,7 @@ struct Conn {
   int64_t frame_began_ns = 0;   // when the current frame's first byte was taken in
   int64_t out_since_ns = 0;     // when queued output last made progress (or began to queue)
   bool reading_paused = false;  // max_queued_replies reached: EPOLLIN off until it drains
+  uint32_t interest = EPOLLIN;  // the events epoll watches for it now
   InState in = InState::kHeader;
   std::array<std::byte, kTcpHeaderBytes> header{};
   size_t header_have = 0;
@@ -202,7 +203,10 @@ struct TcpServer::IoThread {
       ::shutdown(c.fd.get(), SHUT_WR);
       c.drain_until_ns = monotonic_ns() + kRefusedDrainNs;
     }
-    return ::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) == 0;
+    if (ev.events == c.interest) return true;  // a system call per request saved
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) != 0) return false;
+    c.interest = ev.events;
+    return true;
   }
 
   // Discards input on a refused, half-closed connection. False: it is done (close it).
