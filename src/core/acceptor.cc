@@ -10,6 +10,10 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <optional>
+#include <thread>
+#include <vector>
 #include <cerrno>
 #include <cstring>
 #include <list>
@@ -156,27 +160,147 @@ void ConnectionSlot::release() {
   state_.reset();
 }
 
+// The process's accept thread: it polls the listening socket of every started Acceptor
+// (those backing off excepted, until their pause ends) and runs the ready one's accept_ready.
+// One thread for all listeners, not one each: every callback only queues or adopts its
+// connection, so none holds up the others. The thread starts with the first listener and
+// ends when the last one stops.
+class AcceptHub {
+ public:
+  static AcceptHub& instance() {
+    static AcceptHub* hub = new AcceptHub();  // never destroyed: stop() may run at exit
+    return *hub;
+  }
+
+  void add(Acceptor* a) {
+    std::lock_guard lock(mu_);
+    members_.push_back({a, {}});
+    if (!running_thread_) {
+      running_thread_ = true;
+      named_thread("kvf-accept", [this] { run(); }).detach();
+    }
+    wake();
+  }
+
+  // After it returns, a's accept_ready never runs again (on the hub's own thread, from a's
+  // callback, it returns at once: the call under way is the caller's).
+  void remove(Acceptor* a) {
+    std::unique_lock lock(mu_);
+    std::erase_if(members_, [a](const Member& m) { return m.acceptor == a; });
+    if (std::this_thread::get_id() == thread_id_) return;
+    idle_.wait(lock, [&] { return serving_ != a; });
+    wake();
+  }
+
+ private:
+  struct Member {
+    Acceptor* acceptor;
+    Clock::time_point paused_until;  // backing off until then
+  };
+
+  AcceptHub() : wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+  void wake() {  // mu_ held
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
+  }
+
+  void run() {
+    std::vector<pollfd> fds;
+    std::vector<Acceptor*> polled;
+    std::unique_lock lock(mu_);
+    thread_id_ = std::this_thread::get_id();
+    for (;;) {
+      if (members_.empty()) {
+        running_thread_ = false;
+        thread_id_ = {};
+        return;
+      }
+      fds.assign(1, pollfd{wake_.get(), POLLIN, 0});
+      polled.clear();
+      const Clock::time_point now = Clock::now();
+      Clock::time_point next_resume = Clock::time_point::max();
+      for (const Member& m : members_) {
+        if (m.paused_until > now) {
+          next_resume = std::min(next_resume, m.paused_until);
+          continue;
+        }
+        fds.push_back(pollfd{m.acceptor->listener_.get(), POLLIN, 0});
+        polled.push_back(m.acceptor);
+      }
+      int timeout = -1;
+      if (next_resume != Clock::time_point::max()) {
+        timeout = static_cast<int>(
+            std::chrono::ceil<std::chrono::milliseconds>(next_resume - now).count());
+      }
+      lock.unlock();
+      const int rc = ::poll(fds.data(), fds.size(), timeout);
+      if (rc > 0 && (fds[0].revents & POLLIN) != 0) {
+        uint64_t drained = 0;
+        [[maybe_unused]] ssize_t n = ::read(wake_.get(), &drained, sizeof(drained));
+      }
+      lock.lock();
+      if (rc <= 0) continue;
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0) continue;
+        Acceptor* a = polled[i - 1];
+        auto member = std::find_if(members_.begin(), members_.end(),
+                                   [a](const Member& m) { return m.acceptor == a; });
+        if (member == members_.end()) continue;  // stopped meanwhile
+        serving_ = a;
+        lock.unlock();
+        const std::optional<Clock::time_point> pause = a->accept_ready();
+        lock.lock();
+        serving_ = nullptr;
+        idle_.notify_all();
+        if (!pause) continue;
+        member = std::find_if(members_.begin(), members_.end(),
+                              [a](const Member& m) { return m.acceptor == a; });
+        if (member != members_.end()) member->paused_until = *pause;
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable idle_;  // serving_ changed
+  std::vector<Member> members_;   // guarded by mu_
+  Acceptor* serving_ = nullptr;   // whose accept_ready runs now; guarded by mu_
+  bool running_thread_ = false;   // guarded by mu_
+  std::thread::id thread_id_;     // the running thread's; guarded by mu_
+  Fd wake_;                       // eventfd: the member list changed
+};
+
 Result<std::unique_ptr<Acceptor>> Acceptor::bind(const Endpoint& endpoint, Options options) {
   Endpoint bound;
   KVF_ASSIGN_OR_RETURN(Fd listener, listen_tcp(endpoint, &bound));
-  // A longer queue than listen_tcp's, and non-blocking, so that one wake-up drains a burst.
+  // A longer queue than listen_tcp's, so that one wake-up drains a burst.
   if (::listen(listener.get(), kAcceptBacklog) != 0) {
     return ErrnoStatus(StatusCode::kInternal, "listen", errno);
   }
+  std::string where = bound.to_string();
+  return adopt_as(std::move(listener), std::move(bound), std::move(where), std::move(options));
+}
+
+Result<std::unique_ptr<Acceptor>> Acceptor::adopt(Fd listener, std::string where,
+                                                  Options options) {
+  return adopt_as(std::move(listener), Endpoint{}, std::move(where), std::move(options));
+}
+
+Result<std::unique_ptr<Acceptor>> Acceptor::adopt_as(Fd listener, Endpoint bound,
+                                                     std::string where, Options options) {
+  // Non-blocking, so that accept_ready ends when the queue is empty.
   const int flags = ::fcntl(listener.get(), F_GETFL);
   if (flags < 0 || ::fcntl(listener.get(), F_SETFL, flags | O_NONBLOCK) != 0) {
     return ErrnoStatus(StatusCode::kInternal, "fcntl(O_NONBLOCK) on the listener", errno);
   }
-  Fd wake(::eventfd(0, EFD_CLOEXEC));
-  if (!wake.valid()) return ErrnoStatus(StatusCode::kInternal, "eventfd", errno);
   return std::unique_ptr<Acceptor>(
-      new Acceptor(std::move(listener), std::move(wake), std::move(bound), std::move(options)));
+      new Acceptor(std::move(listener), std::move(bound), std::move(where), std::move(options)));
 }
 
-Acceptor::Acceptor(Fd listener, Fd wake, Endpoint bound, Options options)
+Acceptor::Acceptor(Fd listener, Endpoint bound, std::string where, Options options)
     : listener_(std::move(listener)),
-      wake_(std::move(wake)),
       bound_(std::move(bound)),
+      where_(std::move(where)),
       options_(std::move(options)),
       counts_(std::make_shared<ConnectionCounts>()) {
   if (!options_.accept_call) {
@@ -188,25 +312,19 @@ Acceptor::~Acceptor() { stop(); }
 
 void Acceptor::start(OnConnection on_connection) {
   on_connection_ = std::move(on_connection);
-  thread_ = named_thread(thread_name("kvf-a-", options_.name), [this] { accept_loop(); });
+  AcceptHub::instance().add(this);
 }
 
-void Acceptor::stop() {
-  uint64_t one = 1;
-  [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
-  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
-}
+void Acceptor::stop() { AcceptHub::instance().remove(this); }
 
-bool Acceptor::back_off(int error) {
+Clock::time_point Acceptor::back_off(int error) {
   backoffs_.fetch_add(1);
   if (!backing_off_) {  // once per episode: it may last, and the log must not flood
     backing_off_ = true;
     log().warn("{}: accept on {} failed: {}; pausing {} ms between attempts", options_.name,
-               bound_.to_string(), std::strerror(error), options_.backoff.count());
+               where_, std::strerror(error), options_.backoff.count());
   }
-  pollfd wake{wake_.get(), POLLIN, 0};
-  return ::poll(&wake, 1, static_cast<int>(options_.backoff.count())) <= 0 ||
-         (wake.revents & POLLIN) == 0;
+  return Clock::now() + options_.backoff;
 }
 
 uint32_t Acceptor::open_connections() const {
@@ -259,7 +377,7 @@ void Acceptor::evict_locked(SlotState& victim, const std::string& admitting) {
   evictions_log_.warn(
       "{}: listener {} is full ({} connections, {} per source): closing the oldest connections "
       "that have not sent a request, from the sources holding the most, to admit new ones",
-      options_.name, bound_.to_string(), options_.limits.max_connections,
+      options_.name, where_, options_.limits.max_connections,
       options_.limits.max_connections_per_source);
 }
 
@@ -281,7 +399,7 @@ bool Acceptor::take_slot(int fd, const std::string& source, ConnectionSlot& slot
     if (held == 0) counts_->by_source.erase(source);
     refusals_log_.warn(
         "{}: refusing connections on {}: {} open, {} from {} (limits {} and {} per source)",
-        options_.name, bound_.to_string(), counts_->total, held,
+        options_.name, where_, counts_->total, held,
         source.empty() ? "an unknown source" : source, limits.max_connections,
         limits.max_connections_per_source);
     return false;
@@ -297,38 +415,32 @@ bool Acceptor::take_slot(int fd, const std::string& source, ConnectionSlot& slot
   return true;
 }
 
-void Acceptor::accept_loop() {
-  for (;;) {
-    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-    int rc = ::poll(fds, 2, -1);
-    if (rc < 0 && errno == EINTR) continue;
-    if (rc < 0 || (fds[1].revents & POLLIN) != 0) return;
-    for (int accepted = 0; accepted < kAcceptBurst; ++accepted) {
-      int conn = options_.accept_call(listener_.get(), options_.flags | SOCK_CLOEXEC);
-      if (conn >= 0) {
-        if (backing_off_) log().info("{}: accepting again", options_.name);
-        backing_off_ = false;
-        Fd connection(conn);
-        // Every kvferry listener speaks request and reply in small frames: without
-        // TCP_NODELAY, a second frame written before the first is acknowledged waits for
-        // the peer's delayed ACK (about 40 ms on Linux).
-        int one = 1;
-        ::setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        ConnectionSlot slot;
-        if (!take_slot(conn, source_address(conn), slot)) {
-          refused_.fetch_add(1);
-          continue;  // closed here: over a limit
-        }
-        on_connection_(std::move(connection), std::move(slot));
-        continue;
+std::optional<Clock::time_point> Acceptor::accept_ready() {
+  for (int accepted = 0; accepted < kAcceptBurst; ++accepted) {
+    int conn = options_.accept_call(listener_.get(), options_.flags | SOCK_CLOEXEC);
+    if (conn >= 0) {
+      if (backing_off_) log().info("{}: accepting again", options_.name);
+      backing_off_ = false;
+      Fd connection(conn);
+      // Every kvferry listener speaks request and reply in small frames: without
+      // TCP_NODELAY, a second frame written before the first is acknowledged waits for
+      // the peer's delayed ACK (about 40 ms on Linux).
+      int one = 1;
+      ::setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      ConnectionSlot slot;
+      if (!take_slot(conn, source_address(conn), slot)) {
+        refused_.fetch_add(1);
+        continue;  // closed here: over a limit
       }
-      const int error = errno;
-      if (error == EAGAIN || error == EWOULDBLOCK) break;  // the queue is empty
-      if (retry_at_once(error)) continue;
-      if (!back_off(error)) return;
-      break;
+      on_connection_(std::move(connection), std::move(slot));
+      continue;
     }
+    const int error = errno;
+    if (error == EAGAIN || error == EWOULDBLOCK) break;  // the queue is empty
+    if (retry_at_once(error)) continue;
+    return back_off(error);
   }
+  return std::nullopt;
 }
 
 }  // namespace kvferry

@@ -1,16 +1,19 @@
-// Acceptor: a listening TCP socket and the thread that accepts connections on it, for every
-// kvferry listener (the p2p handshake server, the tcp data server, the PD control listener).
+// Acceptor: a listening TCP socket and how connections on it are accepted, for every
+// kvferry listener (the p2p handshake server, the tcp data server, the notification
+// listener, the PD control listener).
 //
 // bind() listens at once, so the owner learns the real port before anything is accepted;
-// start() starts the accept thread, which hands each new connection to the callback on that
-// thread (the callback should only queue or adopt it). stop() (or the destructor) wakes the
-// thread through an eventfd and joins it; after it returns the callback never runs again.
+// start() hands the listener to the process's accept thread (one for every listener of the
+// process: "kvf-accept"), which hands each new connection to the callback on that thread (the
+// callback must only queue or adopt it: it holds up every listener while it runs). stop()
+// (or the destructor) takes the listener back; after it returns the callback never runs
+// again. The thread starts with the first listener started and ends when the last stops.
 //
 // When accept fails for lack of resources (EMFILE, ENFILE, ENOBUFS, ENOMEM) or for any reason
-// that is not about one connection, the thread backs off for `backoff` before trying again:
-// a pending connection keeps the listener readable, so retrying at once would spin at 100%
-// CPU until a descriptor frees up. Errors about one connection (ECONNABORTED, EPROTO, ...)
-// are retried at once.
+// that is not about one connection, the listener is left out of the thread's poll for
+// `backoff` before it tries again: a pending connection keeps the listener readable, so
+// retrying at once would spin at 100% CPU until a descriptor frees up. Errors about one
+// connection (ECONNABORTED, EPROTO, ...) are retried at once.
 //
 // Limits (Options::limits): a connection over max_connections or max_connections_per_source
 // is closed as soon as it is accepted. With Options::evict_idle, a listener at a limit first
@@ -30,7 +33,7 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
+#include <optional>
 #include <utility>
 
 #include "core/fd.h"
@@ -42,6 +45,7 @@
 namespace kvferry {
 
 struct ConnectionCounts;
+class AcceptHub;
 struct SlotState;
 
 // One accepted connection's place against its listener's limits; destroying (or
@@ -71,7 +75,7 @@ class ConnectionSlot {
   std::shared_ptr<SlotState> state_;
 };
 
-// How long the accept thread pauses after accept failed for lack of resources.
+// How long a listener is left alone after accept failed for lack of resources.
 inline constexpr std::chrono::milliseconds kAcceptBackoff{50};
 
 class Acceptor {
@@ -103,17 +107,20 @@ class Acceptor {
 
   // Listens on `endpoint` (port 0 picks one). Internal when the socket cannot be bound.
   static Result<std::unique_ptr<Acceptor>> bind(const Endpoint& endpoint, Options options);
+  // Accepts on a socket already listening (a Unix one: the client's source is then ""), named
+  // `where` in log messages; endpoint() is empty.
+  static Result<std::unique_ptr<Acceptor>> adopt(Fd listener, std::string where, Options options);
   ~Acceptor();
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;
 
-  // Starts the accept thread. Call once.
+  // Starts accepting (on the process's accept thread). Call once.
   void start(OnConnection on_connection);
-  // Stops accepting and joins the thread; idempotent.
+  // Stops accepting; idempotent. The callback does not run after it returns.
   void stop();
 
   const Endpoint& endpoint() const { return bound_; }
-  // How many times the thread has backed off so far.
+  // How many times the listener has backed off so far.
   uint64_t backoffs() const { return backoffs_.load(); }
   // How many connections were closed at once for being over a limit.
   uint64_t refused() const { return refused_.load(); }
@@ -123,10 +130,16 @@ class Acceptor {
   uint32_t open_connections() const;
 
  private:
-  Acceptor(Fd listener, Fd wake, Endpoint bound, Options options);
-  void accept_loop();
-  // Sleeps for the back-off; false when stop() was called meanwhile.
-  bool back_off(int error);
+  friend class AcceptHub;
+  using Clock = std::chrono::steady_clock;
+  Acceptor(Fd listener, Endpoint bound, std::string where, Options options);
+  static Result<std::unique_ptr<Acceptor>> adopt_as(Fd listener, Endpoint bound, std::string where,
+                                                    Options options);
+  // The listener is readable: accepts what is queued (a burst at most). Returns when to try
+  // again if accept failed for lack of resources (the back-off), else nothing.
+  std::optional<Clock::time_point> accept_ready();
+  // Counts and logs a back-off; returns its end.
+  Clock::time_point back_off(int error);
   // A slot for the connection `fd` from `source`, or false when over a limit and no room
   // could be made.
   bool take_slot(int fd, const std::string& source, ConnectionSlot& slot);
@@ -137,8 +150,8 @@ class Acceptor {
   void evict_locked(SlotState& victim, const std::string& admitting);
 
   Fd listener_;
-  Fd wake_;  // eventfd: readable once stop() was called
   Endpoint bound_;
+  std::string where_;  // in log messages: the endpoint, or adopt's name
   Options options_;
   OnConnection on_connection_;
   std::atomic<uint64_t> backoffs_{0};
@@ -148,7 +161,6 @@ class Acceptor {
   bool backing_off_ = false;  // accept thread only: logged the current episode
   LogThrottle refusals_log_;  // a flood refuses or evicts thousands a second
   LogThrottle evictions_log_;
-  std::thread thread_;
 };
 
 }  // namespace kvferry

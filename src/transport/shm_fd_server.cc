@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -15,7 +14,6 @@
 #include "core/byte_codec.h"
 #include "core/frame_header.h"
 #include "core/logging.h"
-#include "core/named_thread.h"
 
 namespace kvferry {
 namespace {
@@ -24,7 +22,6 @@ constexpr FrameFormat kShmFdFormat{"shm fd", kShmFdMagic, kShmFdVersion,
                                    static_cast<uint16_t>(ShmFdFrame::kReply)};
 constexpr uint32_t kMaxRequestBytes = sizeof(AuthProof) + sizeof(uint64_t);
 constexpr uint32_t kMaxReplyBytes = 4096;
-constexpr auto kAcceptBackoff = std::chrono::milliseconds(50);
 
 std::vector<std::byte> frame(ShmFdFrame type, std::span<const std::byte> payload) {
   return make_frame(kShmFdFormat, static_cast<uint16_t>(type), payload);
@@ -47,62 +44,32 @@ Result<std::unique_ptr<ShmFdServer>> ShmFdServer::start(uint64_t incarnation, Lo
                                                         std::chrono::milliseconds io_timeout) {
   std::string name = fmt::format("kvferry-shm/{}/{:016x}", ::getpid(), incarnation);
   KVF_ASSIGN_OR_RETURN(Fd listener, listen_abstract(name, 64));
-  Fd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-  if (!wake.valid()) return ErrnoStatus(StatusCode::kInternal, "shm fd: eventfd", errno);
-  std::unique_ptr<ShmFdServer> server(new ShmFdServer(std::move(listener), std::move(wake),
-                                                      std::move(name), std::move(lookup),
-                                                      std::move(secret), io_timeout));
-  server->thread_ = named_thread("kvf-shm-fd", [s = server.get()] { s->accept_loop(); });
+  Acceptor::Options accepting = Acceptor::Options::named("shm fd", SOCK_NONBLOCK);
+  accepting.limits.max_connections = kMaxConnections;
+  accepting.limits.max_connections_per_source = 0;  // every client is "" (a Unix socket)
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<Acceptor> acceptor,
+                       Acceptor::adopt(std::move(listener), "@" + name, std::move(accepting)));
+  std::unique_ptr<ShmFdServer> server(new ShmFdServer(std::move(acceptor), std::move(name),
+                                                      std::move(lookup), std::move(secret),
+                                                      io_timeout));
+  server->acceptor_->start([s = server.get()](Fd fd, ConnectionSlot slot) {
+    const auto deadline = Clock::now() + s->io_timeout_;  // from accept: queued time counts
+    auto held = std::make_shared<std::pair<Fd, ConnectionSlot>>(std::move(fd), std::move(slot));
+    s->pool_.post([s, held, deadline] { s->serve(std::move(held->first), deadline); });
+  });
   return server;
 }
 
-ShmFdServer::ShmFdServer(Fd listener, Fd wake, std::string name, Lookup lookup,
+ShmFdServer::ShmFdServer(std::unique_ptr<Acceptor> acceptor, std::string name, Lookup lookup,
                          std::optional<std::string> secret, std::chrono::milliseconds io_timeout)
-    : listener_(std::move(listener)),
-      wake_(std::move(wake)),
-      name_(std::move(name)),
+    : name_(std::move(name)),
       lookup_(std::move(lookup)),
       secret_(std::move(secret)),
       io_timeout_(io_timeout),
-      pool_(kThreads, "kvf-shm-fd", ThreadPool::Start::kOnDemand) {}
+      pool_(kThreads, "kvf-shm-fd", ThreadPool::Start::kOnDemand),
+      acceptor_(std::move(acceptor)) {}
 
-ShmFdServer::~ShmFdServer() {
-  uint64_t one = 1;
-  if (::write(wake_.get(), &one, sizeof(one)) < 0) {
-    log().warn("shm fd: cannot wake the accept thread: {}", std::strerror(errno));
-  }
-  if (thread_.joinable()) thread_.join();
-}
-
-void ShmFdServer::accept_loop() {
-  for (;;) {
-    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0 && errno != EINTR) return;
-    if (fds[1].revents != 0) return;
-    if ((fds[0].revents & POLLIN) == 0) continue;
-    int conn = ::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (conn < 0) {
-      // Out of descriptors: pause instead of spinning on a listener that stays readable.
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        pollfd w{wake_.get(), POLLIN, 0};
-        if (::poll(&w, 1, static_cast<int>(kAcceptBackoff.count())) > 0) return;
-      }
-      continue;
-    }
-    Fd accepted(conn);
-    if (open_.load() >= kMaxConnections) {
-      log().debug("shm fd: closed a connection: {} are open (the limit)", kMaxConnections);
-      continue;  // closes it
-    }
-    open_.fetch_add(1);
-    auto holder = std::make_shared<Fd>(std::move(accepted));
-    const auto deadline = Clock::now() + io_timeout_;  // from accept: queued time counts
-    pool_.post([this, holder, deadline] {
-      serve(std::move(*holder), deadline);
-      open_.fetch_sub(1);
-    });
-  }
-}
+ShmFdServer::~ShmFdServer() { acceptor_->stop(); }  // then the pool runs what is queued
 
 void ShmFdServer::serve(Fd connection, Clock::time_point deadline) {
   if (Clock::now() >= deadline) return;  // waited out its time in the queue

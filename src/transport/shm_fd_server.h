@@ -18,9 +18,10 @@
 // Abstract sockets belong to a network namespace: a peer in another one cannot connect
 // (fetch_shm_fd: NotSupported), and takes the next route too.
 //
-// Bounds: at most kMaxConnections connections at once (the next is closed at accept), each
-// with io_timeout from accept to its reply, served by up to kThreads threads (started as
-// requests come: an engine no peer asks runs none). A local crowd of slow clients can delay a
+// Bounds: at most kMaxConnections connections at once (the next is closed at accept: the
+// process's accept thread takes them, core/acceptor.h), each with io_timeout from accept to
+// its reply, served by up to kThreads threads (started as requests come: an engine no peer
+// asks runs none). A local crowd of slow clients can delay a
 // peer's fetch past its own timeout; that peer then takes the next route (cma, tcp), so its
 // transfers still go — only the shm route is lost while the crowd lasts.
 //
@@ -28,15 +29,14 @@
 // fetch_shm_fd is a free function.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 
+#include "core/acceptor.h"
 #include "core/fd.h"
 #include "core/net.h"
 #include "core/thread_pool.h"
@@ -71,20 +71,17 @@ class ShmFdServer {
   static constexpr uint32_t kMaxConnections = 64;
   static constexpr int kThreads = 4;
 
-  ShmFdServer(Fd listener, Fd wake, std::string name, Lookup lookup,
+  ShmFdServer(std::unique_ptr<Acceptor> acceptor, std::string name, Lookup lookup,
               std::optional<std::string> secret, std::chrono::milliseconds io_timeout);
-  void accept_loop();
   void serve(Fd connection, Clock::time_point deadline);
 
-  Fd listener_;
-  Fd wake_;  // eventfd: readable once the destructor runs
   std::string name_;
   Lookup lookup_;
   std::optional<std::string> secret_;
   std::chrono::milliseconds io_timeout_;
-  std::atomic<uint32_t> open_{0};  // accepted and not yet served to the end
   ThreadPool pool_;
-  std::thread thread_;
+  // Declared last: stopped first, so no connection is handed to a pool being torn down.
+  std::unique_ptr<Acceptor> acceptor_;
 };
 
 // Asks the engine listening on abstract socket `name`, which must be process `expected_pid`

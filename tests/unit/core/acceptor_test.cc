@@ -10,6 +10,10 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -292,6 +296,83 @@ TEST(EvictingAcceptor, EngagedConnectionsAreNeverClosedToMakeRoom) {
   EXPECT_TRUE(still_open(b));
   EXPECT_EQ(listener.acceptor->evicted(), 0u);
   EXPECT_EQ(listener.acceptor->refused(), 1u);
+}
+
+// Threads of this process named `name`.
+size_t threads_named(const std::string& name) {
+  size_t n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string line;
+    std::getline(comm, line);
+    n += line == name;
+  }
+  return n;
+}
+
+TEST(AcceptHub, EveryListenerOfTheProcessIsServedByOneThreadThatEndsWithTheLast) {
+  constexpr size_t kListeners = 5;
+  std::vector<std::unique_ptr<Acceptor>> acceptors;
+  std::vector<std::unique_ptr<Inbox>> inboxes;
+  for (size_t i = 0; i < kListeners; ++i) {
+    acceptors.push_back(testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test"))));
+    inboxes.push_back(std::make_unique<Inbox>());
+    acceptors.back()->start([in = inboxes.back().get()](Fd fd, ConnectionSlot) {
+      in->add(std::move(fd));
+    });
+  }
+  std::vector<Fd> clients;
+  for (size_t i = 0; i < kListeners; ++i) {
+    clients.push_back(connect_to(*acceptors[i]));
+    clients.push_back(connect_to(*acceptors[i]));
+  }
+  for (size_t i = 0; i < kListeners; ++i) EXPECT_TRUE(inboxes[i]->wait_for(2, 5s)) << i;
+  EXPECT_EQ(threads_named("kvf-accept"), 1u);
+  acceptors.clear();
+  EXPECT_TRUE(testing::eventually([] { return threads_named("kvf-accept") == 0; }, 10s));
+}
+
+// Resource exhaustion on one listener (a flood that used up its descriptors) pauses that one
+// alone: another listener of the process accepts at once meanwhile.
+TEST(AcceptHub, AListenerBackingOffHoldsUpNoOther) {
+  Acceptor::Options starved = Acceptor::Options::named("starved");
+  starved.backoff = 10s;
+  starved.accept_call = [](int, int) {
+    errno = EMFILE;
+    return -1;
+  };
+  auto stuck = testing::must(Acceptor::bind(kAnyPort, starved));
+  stuck->start([](Fd, ConnectionSlot) {});
+  Fd waiting = connect_to(*stuck);
+  ASSERT_TRUE(testing::eventually([&] { return stuck->backoffs() != 0; }, 10s));
+  auto healthy = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("healthy")));
+  Inbox inbox;
+  healthy->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
+  std::vector<Fd> clients;
+  for (int i = 0; i < 20; ++i) clients.push_back(connect_to(*healthy));
+  EXPECT_TRUE(inbox.wait_for(20, 5s));
+  EXPECT_EQ(stuck->backoffs(), 1u);  // paused, not retried in a loop
+}
+
+// An owner may stop its listener from the callback (its last connection, say): the call
+// returns, and the listener is not served again.
+TEST(AcceptHub, StopFromTheCallbackReturnsAndEndsTheListener) {
+  auto acceptor = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test")));
+  Inbox inbox;
+  acceptor->start([&](Fd fd, ConnectionSlot) {
+    acceptor->stop();
+    inbox.add(std::move(fd));
+  });
+  Fd first = connect_to(*acceptor);
+  ASSERT_TRUE(inbox.wait_for(1, 5s));
+  Fd second = connect_to(*acceptor);  // queued in the backlog, never accepted
+  auto other = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("other")));
+  Inbox other_inbox;
+  other->start([&](Fd fd, ConnectionSlot) { other_inbox.add(std::move(fd)); });
+  Fd third = connect_to(*other);
+  ASSERT_TRUE(other_inbox.wait_for(1, 5s));  // the thread went on serving others
+  std::lock_guard lock(inbox.mu);
+  EXPECT_EQ(inbox.connections.size(), 1u);
 }
 
 }  // namespace
