@@ -67,7 +67,8 @@ struct EngineOptions {
   // when it can reach none of the peer's memory, and a batch with an op it cannot carry is
   // refused before anything moves, naming the op.
   std::optional<TransportKind> forced_transport;
-  // Worker threads for large batches (local and shm copies).
+  // Worker threads for large batches (local and shm copies), started as the first such
+  // batches come: an engine that never copies runs none.
   int worker_threads = 2;
   // Default batch timeout (submit can override).
   std::chrono::milliseconds batch_timeout{30'000};

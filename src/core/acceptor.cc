@@ -10,15 +10,15 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <condition_variable>
-#include <optional>
-#include <thread>
-#include <vector>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "core/logging.h"
 #include "core/named_thread.h"
@@ -281,13 +281,12 @@ Result<std::unique_ptr<Acceptor>> Acceptor::bind(const Endpoint& endpoint, Optio
   return adopt_as(std::move(listener), std::move(bound), std::move(where), std::move(options));
 }
 
-Result<std::unique_ptr<Acceptor>> Acceptor::adopt(Fd listener, std::string where,
-                                                  Options options) {
+Result<std::unique_ptr<Acceptor>> Acceptor::adopt(Fd listener, std::string where, Options options) {
   return adopt_as(std::move(listener), Endpoint{}, std::move(where), std::move(options));
 }
 
-Result<std::unique_ptr<Acceptor>> Acceptor::adopt_as(Fd listener, Endpoint bound,
-                                                     std::string where, Options options) {
+Result<std::unique_ptr<Acceptor>> Acceptor::adopt_as(Fd listener, Endpoint bound, std::string where,
+                                                     Options options) {
   // Non-blocking, so that accept_ready ends when the queue is empty.
   const int flags = ::fcntl(listener.get(), F_GETFL);
   if (flags < 0 || ::fcntl(listener.get(), F_SETFL, flags | O_NONBLOCK) != 0) {
@@ -321,8 +320,8 @@ Clock::time_point Acceptor::back_off(int error) {
   backoffs_.fetch_add(1);
   if (!backing_off_) {  // once per episode: it may last, and the log must not flood
     backing_off_ = true;
-    log().warn("{}: accept on {} failed: {}; pausing {} ms between attempts", options_.name,
-               where_, std::strerror(error), options_.backoff.count());
+    log().warn("{}: accept on {} failed: {}; pausing {} ms between attempts", options_.name, where_,
+               std::strerror(error), options_.backoff.count());
   }
   return Clock::now() + options_.backoff;
 }
@@ -399,9 +398,8 @@ bool Acceptor::take_slot(int fd, const std::string& source, ConnectionSlot& slot
     if (held == 0) counts_->by_source.erase(source);
     refusals_log_.warn(
         "{}: refusing connections on {}: {} open, {} from {} (limits {} and {} per source)",
-        options_.name, where_, counts_->total, held,
-        source.empty() ? "an unknown source" : source, limits.max_connections,
-        limits.max_connections_per_source);
+        options_.name, where_, counts_->total, held, source.empty() ? "an unknown source" : source,
+        limits.max_connections, limits.max_connections_per_source);
     return false;
   }
   ++counts_->total;

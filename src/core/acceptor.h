@@ -32,8 +32,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <string>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "core/fd.h"

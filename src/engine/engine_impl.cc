@@ -90,7 +90,7 @@ EngineImpl::EngineImpl(EngineOptions options)
     : options_(std::move(options)),
       incarnation_(new_incarnation()),
       metrics_(options_.metrics ? std::make_unique<EngineMetrics>() : nullptr),
-      workers_(options_.worker_threads, "kvf-copy") {
+      workers_(options_.worker_threads, "kvf-copy", ThreadPool::Start::kOnDemand) {
   local_regions_.store(std::make_shared<const RegionIndex>());
 }
 

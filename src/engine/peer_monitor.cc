@@ -21,13 +21,12 @@ PeerMonitor::PeerMonitor()
   ev.events = EPOLLIN;
   ev.data.u64 = kWakeKey;
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
-  thread_ = named_thread("kvf-peer-mon", [this] { loop(); });
 }
 
 PeerMonitor::~PeerMonitor() {
   uint64_t one = 1;
   [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 Status PeerMonitor::watch(const std::shared_ptr<PeerState>& peer) {
@@ -58,6 +57,7 @@ Status PeerMonitor::watch(const std::shared_ptr<PeerState>& peer) {
     return ErrnoStatus(StatusCode::kInternal, "epoll_ctl", errno);
   }
   watched_.emplace(key, Watched{std::move(pidfd), peer});
+  if (!thread_.joinable()) thread_ = named_thread("kvf-peer-mon", [this] { loop(); });
   return Status::Ok();
 }
 

@@ -2,7 +2,8 @@
 // per peer (readable once the process exits), and marks the peer disconnected so its
 // batches stop and later submissions fail with PeerDisconnected.
 //
-// Thread-safety: watch() may be called from any thread; one monitor thread runs epoll.
+// Thread-safety: watch() may be called from any thread; one monitor thread runs epoll,
+// started with the first watch (an engine with no same-host peer runs none).
 #pragma once
 
 #include <memory>
@@ -38,7 +39,7 @@ class PeerMonitor {
     std::weak_ptr<PeerState> peer;
   };
   std::unordered_map<uint64_t, Watched> watched_;  // guarded by mu_
-  std::thread thread_;
+  std::thread thread_;                             // started under mu_
 };
 
 }  // namespace kvferry::detail

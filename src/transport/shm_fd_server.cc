@@ -49,9 +49,8 @@ Result<std::unique_ptr<ShmFdServer>> ShmFdServer::start(uint64_t incarnation, Lo
   accepting.limits.max_connections_per_source = 0;  // every client is "" (a Unix socket)
   KVF_ASSIGN_OR_RETURN(std::unique_ptr<Acceptor> acceptor,
                        Acceptor::adopt(std::move(listener), "@" + name, std::move(accepting)));
-  std::unique_ptr<ShmFdServer> server(new ShmFdServer(std::move(acceptor), std::move(name),
-                                                      std::move(lookup), std::move(secret),
-                                                      io_timeout));
+  std::unique_ptr<ShmFdServer> server(new ShmFdServer(
+      std::move(acceptor), std::move(name), std::move(lookup), std::move(secret), io_timeout));
   server->acceptor_->start([s = server.get()](Fd fd, ConnectionSlot slot) {
     const auto deadline = Clock::now() + s->io_timeout_;  // from accept: queued time counts
     auto held = std::make_shared<std::pair<Fd, ConnectionSlot>>(std::move(fd), std::move(slot));

@@ -201,18 +201,23 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(const TcpServerOptions& opti
   auto server =
       std::unique_ptr<TcpServer>(new TcpServer(options, std::move(regions), std::move(acceptor)));
   server->acceptor_->start([s = server.get()](Fd conn, ConnectionSlot slot) {
-    s->io_[s->next_io_.fetch_add(1) % s->io_.size()]->adopt(std::move(conn), std::move(slot));
+    s->io_for_next_connection().adopt(std::move(conn), std::move(slot));
   });
   return server;
 }
 
 TcpServer::TcpServer(const TcpServerOptions& options, RegionSource regions,
                      std::unique_ptr<Acceptor> acceptor)
-    : options_(options), regions_(std::move(regions)), acceptor_(std::move(acceptor)) {
-  auto reads = std::make_shared<TcpDeviceReadService>(options_.device);
-  for (int i = 0; i < options_.io_threads; ++i) {
-    io_.push_back(std::make_unique<IoThread>(options_, regions_, reads));
-  }
+    : options_(options),
+      regions_(std::move(regions)),
+      reads_(std::make_shared<TcpDeviceReadService>(options_.device)),
+      acceptor_(std::move(acceptor)),
+      io_(static_cast<size_t>(options_.io_threads)) {}
+
+TcpServer::IoThread& TcpServer::io_for_next_connection() {
+  std::unique_ptr<IoThread>& io = io_[next_io_++ % io_.size()];
+  if (!io) io = std::make_unique<IoThread>(options_, regions_, reads_);
+  return *io;
 }
 
 TcpServer::~TcpServer() {

@@ -1,5 +1,6 @@
 // TcpServer: the receiving side of the tcp transport. Accepts data connections and serves
-// them on a few I/O threads with epoll (non-blocking sockets, level-triggered).
+// them on a few I/O threads with epoll (non-blocking sockets, level-triggered), each started
+// with the first connection it is given.
 //
 // For a kWrite it checks, before reading any payload, that the whole target range lies in
 // one registered region, pins that region (so it cannot be unregistered mid-write), and
@@ -46,6 +47,8 @@
 
 namespace kvferry {
 
+class TcpDeviceReadService;
+
 struct TcpServerOptions {
   Endpoint listen;
   int io_threads = 2;
@@ -79,11 +82,16 @@ class TcpServer {
   TcpServer(const TcpServerOptions& options, RegionSource regions,
             std::unique_ptr<Acceptor> acceptor);
 
+  // The I/O thread the next connection goes to, started on first use: an engine no peer
+  // reaches over tcp runs none (accept thread only).
+  IoThread& io_for_next_connection();
+
   TcpServerOptions options_;
   RegionSource regions_;
+  std::shared_ptr<TcpDeviceReadService> reads_;  // shared by the I/O threads
   std::unique_ptr<Acceptor> acceptor_;
-  std::vector<std::unique_ptr<IoThread>> io_;
-  std::atomic<size_t> next_io_{0};
+  std::vector<std::unique_ptr<IoThread>> io_;  // null until started
+  size_t next_io_ = 0;                         // accept thread only
 };
 
 }  // namespace kvferry

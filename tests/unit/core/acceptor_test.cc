@@ -13,8 +13,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <string>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -317,9 +317,8 @@ TEST(AcceptHub, EveryListenerOfTheProcessIsServedByOneThreadThatEndsWithTheLast)
   for (size_t i = 0; i < kListeners; ++i) {
     acceptors.push_back(testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test"))));
     inboxes.push_back(std::make_unique<Inbox>());
-    acceptors.back()->start([in = inboxes.back().get()](Fd fd, ConnectionSlot) {
-      in->add(std::move(fd));
-    });
+    acceptors.back()->start(
+        [in = inboxes.back().get()](Fd fd, ConnectionSlot) { in->add(std::move(fd)); });
   }
   std::vector<Fd> clients;
   for (size_t i = 0; i < kListeners; ++i) {
