@@ -122,19 +122,29 @@ done
 
 if grep -q '^KVFERRY_UCX:BOOL=ON' build/CMakeCache.txt; then
   # ucx over UCX's tcp transport (all these machines have; emulation allowed for the run),
-  # against ucx_perftest's put bandwidth on the same transport and kvferry's tcp, same run.
-  echo "== engine: ucx vs ucx_perftest ucp_put_bw (UCX_TLS=tcp) and vs kvferry tcp"
+  # against ucx_perftest on the same transport (put bandwidth; active-message bandwidth and
+  # latency, which is what kvferry's ucx sends there) and kvferry's tcp, same run.
+  echo "== engine: ucx vs ucx_perftest (UCX_TLS=tcp) and vs kvferry tcp"
   port=${KVFERRY_UCX_PERFTEST_PORT:-13337}
   : > "$out/ucx-perftest.txt"
-  for size in 1048576 4194304; do
+  for run in "ucp_put_bw 1048576 2000" "ucp_put_bw 4194304 2000" "ucp_am_bw 65536 20000" \
+    "ucp_am_bw 1048576 2000" "ucp_am_lat 4096 20000"; do
+    read -r test size iterations <<< "$run"
     UCX_TLS=tcp ucx_perftest -p "$port" > /dev/null 2>&1 &
     server=$!
     sleep 1
-    echo "size $size" >> "$out/ucx-perftest.txt"
-    UCX_TLS=tcp ucx_perftest 127.0.0.1 -p "$port" -t ucp_put_bw -s "$size" -n 2000 -w 100 -f \
-      | tee -a "$out/ucx-perftest.txt"
+    echo "$test size $size" >> "$out/ucx-perftest.txt"
+    UCX_TLS=tcp ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s "$size" -n "$iterations" -w 100 \
+      -f | tee -a "$out/ucx-perftest.txt"
     wait "$server" || true
   done
+  # One thread, as ucp_am_lat and ucp_am_bw run: single 4 KiB ops, and batches of 128.
+  UCX_TLS=tcp KVFERRY_UCX_ALLOW_EMULATED=1 build/kvferry bench engine --transports ucx \
+    --op write,read --threads 1 --block-bytes 4096 --ops 1 --min-time-ms 1000 \
+    --json "$out/engine-ucx-single.json" | tee "$out/engine-ucx-single.txt"
+  UCX_TLS=tcp KVFERRY_UCX_ALLOW_EMULATED=1 build/kvferry bench engine --transports ucx \
+    --op write,read --threads 1 --block-bytes 65536,1048576 --ops 128 --min-time-ms 500 \
+    --json "$out/engine-ucx-128.json" | tee "$out/engine-ucx-128.txt"
   UCX_TLS=tcp KVFERRY_UCX_ALLOW_EMULATED=1 build/kvferry bench engine --transports ucx,tcp \
     --threads 2 --block-bytes 1048576,4194304 --ops 1,16 --min-time-ms 500 \
     --json "$out/engine-ucx.json" | tee "$out/engine-ucx.txt"

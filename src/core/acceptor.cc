@@ -314,7 +314,10 @@ void Acceptor::start(OnConnection on_connection) {
   AcceptHub::instance().add(this);
 }
 
-void Acceptor::stop() { AcceptHub::instance().remove(this); }
+void Acceptor::stop() {
+  stopped_.store(true);  // ends a burst under way (stop() called from the callback)
+  AcceptHub::instance().remove(this);
+}
 
 Clock::time_point Acceptor::back_off(int error) {
   backoffs_.fetch_add(1);
@@ -414,7 +417,7 @@ bool Acceptor::take_slot(int fd, const std::string& source, ConnectionSlot& slot
 }
 
 std::optional<Clock::time_point> Acceptor::accept_ready() {
-  for (int accepted = 0; accepted < kAcceptBurst; ++accepted) {
+  for (int accepted = 0; accepted < kAcceptBurst && !stopped_.load(); ++accepted) {
     int conn = options_.accept_call(listener_.get(), options_.flags | SOCK_CLOEXEC);
     if (conn >= 0) {
       if (backing_off_) log().info("{}: accepting again", options_.name);

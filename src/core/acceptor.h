@@ -154,6 +154,7 @@ class Acceptor {
   std::string where_;  // in log messages: the endpoint, or adopt's name
   Options options_;
   OnConnection on_connection_;
+  std::atomic<bool> stopped_{false};
   std::atomic<uint64_t> backoffs_{0};
   std::atomic<uint64_t> refused_{0};
   std::atomic<uint64_t> evicted_{0};
