@@ -17,7 +17,7 @@ inline void name_this_thread(const std::string& name) {
 }
 
 // `prefix` + `what` with spaces as dashes, cut to the kernel's 15 characters
-// ("kvf-a-" + "pd control" = "kvf-a-pd-contro").
+// ("kvf-r-" + "bootstrap http" = "kvf-r-bootstrap").
 inline std::string thread_name(std::string prefix, const std::string& what) {
   for (char c : what) prefix.push_back(c == ' ' ? '-' : c);
   return prefix.substr(0, 15);
