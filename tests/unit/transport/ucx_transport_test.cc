@@ -204,16 +204,17 @@ TEST_F(UcxTransportTest, EnginesSharingASecretMoveBytesAndOneWithoutItIsRefused)
 }
 
 TEST_F(UcxTransportTest, TwoEnginesInOneProcessMoveBytesBothWays) {
+  constexpr size_t kBytes = 3 << 20;
+  // Declared first: the engines that registered them go before the memory does.
+  std::vector<std::byte> src(kBytes);
+  std::vector<std::byte> dst(kBytes, std::byte{0});
+  std::vector<std::byte> back(kBytes, std::byte{0});
   EngineOptions o;
   o.ucx_allow_emulated = true;
   o.name = "target";
   auto target = must(TransferEngine::create(o));
   o.name = "initiator";
   auto initiator = must(TransferEngine::create(o));
-  constexpr size_t kBytes = 3 << 20;
-  std::vector<std::byte> src(kBytes);
-  std::vector<std::byte> dst(kBytes, std::byte{0});
-  std::vector<std::byte> back(kBytes, std::byte{0});
   fill_pattern(src, 17);
   ASSERT_TRUE(initiator->register_memory(src.data(), kBytes).ok());
   ASSERT_TRUE(initiator->register_memory(back.data(), kBytes).ok());
@@ -246,13 +247,14 @@ TEST_F(UcxTransportTest, TwoEnginesInOneProcessMoveBytesBothWays) {
 // and every byte of every op is checked; each batch completes whichever way it was waited for.
 TEST_F(UcxTransportTest, SmallBatchesWaitedForFromSeveralThreadsAtOnceArriveIntact) {
   constexpr size_t kThreads = 3, kRounds = 60, kBytes = 4096;
+  // Declared first: the engines that registered them go before the memory does.
+  std::vector<std::byte> local(kThreads * kBytes), remote(kThreads * kBytes);
   EngineOptions o;
   o.ucx_allow_emulated = true;
   o.name = "target";
   auto target = must(TransferEngine::create(o));
   o.name = "initiator";
   auto initiator = must(TransferEngine::create(o));
-  std::vector<std::byte> local(kThreads * kBytes), remote(kThreads * kBytes);
   ASSERT_TRUE(initiator->register_memory(local.data(), local.size()).ok());
   ASSERT_TRUE(target->register_memory(remote.data(), remote.size()).ok());
   PeerOptions po;
