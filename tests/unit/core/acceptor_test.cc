@@ -353,6 +353,36 @@ TEST(AcceptHub, AListenerBackingOffHoldsUpNoOther) {
   EXPECT_EQ(stuck->backoffs(), 1u);  // paused, not retried in a loop
 }
 
+// A flood of connections on one listener (a client that connects and leaves without end)
+// keeps no other listener of the process waiting: each wake-up takes one burst of each ready
+// listener in turn.
+TEST(AcceptHub, AConnectionFloodOnOneListenerHoldsUpNoOther) {
+  auto flooded = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("flooded")));
+  std::atomic<uint64_t> flood_accepted{0};
+  flooded->start([&](Fd, ConnectionSlot) { flood_accepted.fetch_add(1); });  // closed at once
+  std::atomic<bool> flooding{true};
+  std::atomic<bool> flood_over{false};  // the flood ended on its own (bound reached, or refused)
+  std::thread flood([&] {
+    for (int i = 0; i < 20'000 && flooding.load(); ++i) {
+      Result<Fd> c = connect_tcp(flooded->endpoint(), Clock::now() + 5s);
+      if (!c.ok()) break;
+    }
+    flood_over = true;
+  });
+  ASSERT_TRUE(testing::eventually([&] { return flood_accepted.load() >= 100; }, 10s));
+  auto other = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("other")));
+  Inbox inbox;
+  other->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
+  std::vector<Fd> clients;
+  for (int i = 0; i < 20; ++i) clients.push_back(connect_to(*other));
+  const bool all_in = inbox.wait_for(20, 5s);
+  const bool during_the_flood = !flood_over.load();
+  flooding = false;
+  flood.join();
+  EXPECT_TRUE(all_in) << "accepted during the flood: " << inbox.connections.size();
+  EXPECT_TRUE(during_the_flood);
+}
+
 // An owner may stop its listener from the callback (its last connection, say): the call
 // returns, and nothing more is accepted, not even the rest of the burst under way (two
 // connections are queued before the listener starts, so one wake-up finds both).
