@@ -43,6 +43,18 @@ inline std::unique_ptr<TransferEngine> make_engine(const std::string& name, int 
   return must(TransferEngine::create(options));
 }
 
+// Threads of this process whose name starts with `prefix` (/proc/self/task).
+inline size_t threads_named(const std::string& prefix) {
+  size_t n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    n += name.rfind(prefix, 0) == 0;
+  }
+  return n;
+}
+
 inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }

@@ -10,8 +10,6 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <filesystem>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -298,18 +296,6 @@ TEST(EvictingAcceptor, EngagedConnectionsAreNeverClosedToMakeRoom) {
   EXPECT_EQ(listener.acceptor->refused(), 1u);
 }
 
-// Threads of this process named `name`.
-size_t threads_named(const std::string& name) {
-  size_t n = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string line;
-    std::getline(comm, line);
-    n += line == name;
-  }
-  return n;
-}
-
 TEST(AcceptHub, EveryListenerOfTheProcessIsServedByOneThreadThatEndsWithTheLast) {
   constexpr size_t kListeners = 5;
   std::vector<std::unique_ptr<Acceptor>> acceptors;
@@ -326,9 +312,9 @@ TEST(AcceptHub, EveryListenerOfTheProcessIsServedByOneThreadThatEndsWithTheLast)
     clients.push_back(connect_to(*acceptors[i]));
   }
   for (size_t i = 0; i < kListeners; ++i) EXPECT_TRUE(inboxes[i]->wait_for(2, 5s)) << i;
-  EXPECT_EQ(threads_named("kvf-accept"), 1u);
+  EXPECT_EQ(testing::threads_named("kvf-accept"), 1u);
   acceptors.clear();
-  EXPECT_TRUE(testing::eventually([] { return threads_named("kvf-accept") == 0; }, 10s));
+  EXPECT_TRUE(testing::eventually([] { return testing::threads_named("kvf-accept") == 0; }, 10s));
 }
 
 // Resource exhaustion on one listener (a flood that used up its descriptors) pauses that one

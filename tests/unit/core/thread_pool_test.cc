@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <future>
 #include <mutex>
@@ -21,17 +20,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Threads of this process whose name starts with `prefix`.
-size_t threads_named(const std::string& prefix) {
-  size_t n = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream comm(task.path() / "comm");
-    std::string name;
-    std::getline(comm, name);
-    n += name.rfind(prefix, 0) == 0;
-  }
-  return n;
-}
+using testing::threads_named;
 
 TEST(ThreadPool, OneWorkerRunsTasksInTheOrderPosted) {
   std::vector<int> order;

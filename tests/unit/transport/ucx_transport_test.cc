@@ -209,12 +209,8 @@ TEST_F(UcxTransportTest, TwoEnginesInOneProcessMoveBytesBothWays) {
   std::vector<std::byte> src(kBytes);
   std::vector<std::byte> dst(kBytes, std::byte{0});
   std::vector<std::byte> back(kBytes, std::byte{0});
-  EngineOptions o;
-  o.ucx_allow_emulated = true;
-  o.name = "target";
-  auto target = must(TransferEngine::create(o));
-  o.name = "initiator";
-  auto initiator = must(TransferEngine::create(o));
+  auto target = must(TransferEngine::create(emulated_ucx_options("target", std::nullopt)));
+  auto initiator = must(TransferEngine::create(emulated_ucx_options("initiator", std::nullopt)));
   fill_pattern(src, 17);
   ASSERT_TRUE(initiator->register_memory(src.data(), kBytes).ok());
   ASSERT_TRUE(initiator->register_memory(back.data(), kBytes).ok());
@@ -249,12 +245,8 @@ TEST_F(UcxTransportTest, SmallBatchesWaitedForFromSeveralThreadsAtOnceArriveInta
   constexpr size_t kThreads = 3, kRounds = 60, kBytes = 4096;
   // Declared first: the engines that registered them go before the memory does.
   std::vector<std::byte> local(kThreads * kBytes), remote(kThreads * kBytes);
-  EngineOptions o;
-  o.ucx_allow_emulated = true;
-  o.name = "target";
-  auto target = must(TransferEngine::create(o));
-  o.name = "initiator";
-  auto initiator = must(TransferEngine::create(o));
+  auto target = must(TransferEngine::create(emulated_ucx_options("target", std::nullopt)));
+  auto initiator = must(TransferEngine::create(emulated_ucx_options("initiator", std::nullopt)));
   ASSERT_TRUE(initiator->register_memory(local.data(), local.size()).ok());
   ASSERT_TRUE(target->register_memory(remote.data(), remote.size()).ok());
   PeerOptions po;
