@@ -28,7 +28,8 @@ namespace kvferry::detail {
 namespace {
 
 // How often the loop looks at deadlines and retries the connections held back (so at most
-// this late), besides the wake-up a drain sends.
+// this late), besides the wake-up a drain sends; only while there is either: an idle receiver
+// (its connections between frames, none held back) sleeps until something comes.
 constexpr int kTickMs = 20;
 // The longest message of a kError frame this receiver sends.
 constexpr size_t kMaxRefusalBytes = 256;
@@ -111,8 +112,9 @@ struct NotificationReceiver::Loop {
   void run() {
     std::array<epoll_event, 64> events{};
     Clock::time_point next_tick = Clock::now();
+    bool ticking = true;
     while (!stopping_.load()) {
-      const int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), kTickMs);
+      const int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), ticking ? kTickMs : -1);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return;
       for (int i = 0; i < n; ++i) {
@@ -133,8 +135,9 @@ struct NotificationReceiver::Loop {
       if (room_changed_.exchange(false) || tick) retry_waiting();
       if (tick) {
         next_tick = now + std::chrono::milliseconds(kTickMs);
-        enforce_deadlines(now);
+        ticking = enforce_deadlines(now) || !waiting_fds_.empty();
       }
+      if (n > 0) ticking = true;  // what came may have set a deadline: looked at next tick
     }
   }
 
@@ -396,13 +399,19 @@ struct NotificationReceiver::Loop {
     waiting_count_.store(waiting_fds_.size());
   }
 
-  void enforce_deadlines(Clock::time_point now) {
+  // Ends the connections past a deadline. Whether any deadline is still ahead.
+  bool enforce_deadlines(Clock::time_point now) {
     std::vector<int> touched;
+    bool ahead = false;
     for (auto& [fd, conn] : conns_) {
       Conn& c = *conn;
+      if (now <= c.deadline && now <= c.out_deadline) {
+        ahead = ahead || c.deadline != kNever || c.out_deadline != kNever;
+        continue;
+      }
       if (now > c.out_deadline && c.phase != Phase::kClosing) {
         end(c, fmt::format("the sender took no reply for {} ms", options_.io_timeout.count()));
-      } else if (now > c.deadline || now > c.out_deadline) {
+      } else {
         switch (c.phase) {
           case Phase::kHello:
           case Phase::kProof:
@@ -418,12 +427,11 @@ struct NotificationReceiver::Loop {
             break;
           case Phase::kClosing: c.closed = true; break;
         }
-      } else {
-        continue;
       }
       touched.push_back(fd);
     }
     for (int fd : touched) settle(fd);
+    return ahead || !touched.empty();
   }
 
   // Queues a frame and sends what the socket takes now.

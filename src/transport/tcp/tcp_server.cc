@@ -46,19 +46,20 @@ void TcpServer::IoThread::adopt(Fd fd, ConnectionSlot slot) {
 void TcpServer::IoThread::loop() {
   std::array<epoll_event, 64> events{};
   while (!stopping_.load()) {
-    // Wakes at least every 100 ms so a write whose sender went silent mid-payload gives
-    // up its pin at its deadline instead of holding the region forever.
+    // Sleeps until the next limit check is due (none while every connection is idle and no
+    // idle timeout is set), so a write whose sender went silent mid-payload gives up its pin
+    // at its deadline and an idle receiver costs no wake-ups.
     const Clock::time_point began = Clock::now();
     const bool hot = spin_.spinning();
-    int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), hot ? 0 : 100);
+    int n = ::epoll_wait(epoll_.get(), events.data(), events.size(),
+                         hot ? 0 : milliseconds_until(next_limit_check_ns_, steady_ns(began)));
     if (hot && n == 0) spin_.keep_polling(began, Clock::now());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return;
     const int64_t now = monotonic_ns();
-    if (now >= next_limit_check_ns_) {
-      next_limit_check_ns_ = now + kLimitCheckNs;
-      enforce_limits(now);
-    }
+    if (now >= next_limit_check_ns_) next_limit_check_ns_ = enforce_limits(now);
+    // What came may start a frame or a connection: looked at within kLimitCheckNs.
+    if (n > 0) next_limit_check_ns_ = std::min(next_limit_check_ns_, now + kLimitCheckNs);
     requests_ = 0;
     request_bytes_ = 0;
     for (int i = 0; i < n; ++i) {
@@ -92,16 +93,21 @@ void TcpServer::IoThread::loop() {
   }
 }
 
-void TcpServer::IoThread::enforce_limits(int64_t now) {
+int64_t TcpServer::IoThread::enforce_limits(int64_t now) {
   const int64_t hello_ns = nanoseconds(options_.limits.hello_timeout);
   const int64_t idle_ns = nanoseconds(options_.limits.idle_timeout);
   const int64_t stall_ns = nanoseconds(options_.stall_timeout);
   const int64_t frame_ns = nanoseconds(options_.frame_rest_timeout);
   std::vector<std::pair<int, const char*>> closing;
+  int64_t next = kNoLimitCheck;
   for (auto& [fd, conn] : conns_) {
     Conn& c = *conn;
     if (c.drain_until_ns != 0) {
-      if (now > c.drain_until_ns) closing.emplace_back(fd, nullptr);
+      if (now > c.drain_until_ns) {
+        closing.emplace_back(fd, nullptr);
+      } else {
+        next = std::min(next, c.drain_until_ns);
+      }
       continue;
     }
     if ((c.in == InState::kPayload || c.in == InState::kVecPayload) && c.current.deadline_ns != 0 &&
@@ -120,9 +126,12 @@ void TcpServer::IoThread::enforce_limits(int64_t now) {
       closing.emplace_back(fd, "request payload stalled");
     } else if (!c.out.empty() && now - c.out_since_ns > stall_ns) {
       closing.emplace_back(fd, "replies not read");
-    } else if (idle_ns != 0 && !mid_frame && c.out.empty() && c.staging_reads == 0 &&
-               now - c.last_in_ns > idle_ns) {
+    } else if (!established || mid_frame || !c.out.empty() || c.staging_reads != 0) {
+      next = std::min(next, now + kLimitCheckNs);  // under way: looked at regularly
+    } else if (idle_ns != 0 && now - c.last_in_ns > idle_ns) {
       closing.emplace_back(fd, nullptr);  // idle: its initiator reopens a lane on next use
+    } else if (idle_ns != 0) {
+      next = std::min(next, c.last_in_ns + idle_ns + 1);
     }
   }
   // One line per reason and pass: a flood must not flood the log too.
@@ -132,6 +141,7 @@ void TcpServer::IoThread::enforce_limits(int64_t now) {
     drop(fd);
   }
   for (auto [why, count] : counts) log().warn("tcp: closed {} connection(s): {}", count, why);
+  return next;
 }
 
 void TcpServer::IoThread::log_frame_overdue(const Conn& c, int64_t now) {

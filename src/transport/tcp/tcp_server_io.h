@@ -21,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -46,7 +47,10 @@ inline constexpr int64_t kRefusedDrainNs = 1'000'000'000;
 // to their target (through the kernel, one system call per copy, so registered memory the
 // application unmapped is an error, not a crash: core/own_memory.h). A payload with at least
 // kDirectReceiveBytes still to come is received straight into its target instead, together
-// with whatever follows it into the buffer.
+// with whatever follows it into the buffer. After a kWrite that large the next frame is
+// likely one too, so the buffer takes in no more than its header: its payload then goes
+// straight to its target as well, never through the buffer (a lone 64 KiB write came in
+// with its header, was copied again, and took two more system calls for its last 48 bytes).
 inline constexpr size_t kInputBufferBytes = size_t{64} << 10;
 inline constexpr uint64_t kDirectReceiveBytes = uint64_t{16} << 10;
 // Output pieces gathered into one sendmsg(); acknowledgements are flushed once at least this
@@ -56,8 +60,18 @@ inline constexpr size_t kMaxOutPieces = 256;
 inline constexpr size_t kAckFlushPieces = 32;
 // A vector frame's payload is received straight into at most this many entries per recvmsg.
 inline constexpr size_t kMaxReceiveEntries = 64;
-// How often an I/O thread looks for connections past a deadline, an idle or a stall limit.
+// How often an I/O thread looks for connections past a deadline, an idle or a stall limit,
+// while any connection is under way (a frame, replies or a hello not done); an idle one is
+// looked at when its idle timeout is due, and with none of either the thread sleeps.
 inline constexpr int64_t kLimitCheckNs = 20'000'000;
+inline constexpr int64_t kNoLimitCheck = std::numeric_limits<int64_t>::max();
+
+// epoll_wait's timeout for a wake-up at steady-clock `at_ns` (-1: none), from `now_ns`.
+inline int milliseconds_until(int64_t at_ns, int64_t now_ns) {
+  if (at_ns == kNoLimitCheck) return -1;
+  const int64_t ms = (std::max<int64_t>(at_ns - now_ns, 0) + 999'999) / 1'000'000;
+  return static_cast<int>(std::min<int64_t>(ms, std::numeric_limits<int>::max()));
+}
 
 inline int64_t monotonic_ns() { return steady_ns(Clock::now()); }
 
@@ -109,6 +123,7 @@ struct Conn {
   bool reading_paused = false;  // max_queued_replies reached: EPOLLIN off until it drains
   uint32_t interest = EPOLLIN;  // the events epoll watches for it now
   InState in = InState::kHeader;
+  bool large_writes = false;  // the last frame was a kWrite of at least kDirectReceiveBytes
   std::array<std::byte, kTcpHeaderBytes> header{};
   size_t header_have = 0;
   TcpHeader current;
@@ -172,8 +187,9 @@ struct TcpServer::IoThread {
   void loop();
 
   // Releases pins past their deadline, and closes connections that are past the hello
-  // timeout, idle, or stalled (see tcp_server.h).
-  void enforce_limits(int64_t now);
+  // timeout, idle, or stalled (see tcp_server.h). When to look again (kNoLimitCheck: only
+  // once something comes).
+  int64_t enforce_limits(int64_t now);
 
   // One line per interval for connections closed because a frame took longer than
   // frame_rest_timeout as a whole (a trickle of bytes, or a peer that stopped mid-frame).

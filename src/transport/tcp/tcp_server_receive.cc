@@ -232,9 +232,8 @@ bool TcpServer::IoThread::on_readable(Conn& c) {
       if (c.out.size() >= kAckFlushPieces && !flush(c)) return false;
       continue;
     }
-    // After a lone small request (see kTcpHotTime), a short receive drained the socket:
-    // the reply leaves now, and epoll (level-triggered) reports what comes next, instead
-    // of one more recvmsg that would find nothing.
+    // A short receive drained the socket: the reply leaves now, and epoll (level-triggered)
+    // reports what comes next, instead of one more recvmsg that would find nothing.
     if (drained) {
       land_staged(c);
       return flush(c);
@@ -275,7 +274,13 @@ bool TcpServer::IoThread::on_readable(Conn& c) {
       want =
           gather_vec_targets(c, std::min(landable, kTcpReceivePieceBytes), iov.data(), iov_count);
     }
-    iov[iov_count++] = {c.input.get(), kInputBufferBytes};
+    // After a large kWrite: the rest of a small payload and the next header only.
+    size_t take = kInputBufferBytes;
+    if (c.large_writes) {
+      const uint64_t rest = c.in == InState::kPayload && !direct ? c.remaining : 0;
+      take = std::min<uint64_t>(take, rest + kTcpHeaderBytes - c.header_have);
+    }
+    iov[iov_count++] = {c.input.get(), take};
     msghdr msg{};
     msg.msg_iov = iov.data();
     msg.msg_iovlen = iov_count;
@@ -296,7 +301,7 @@ bool TcpServer::IoThread::on_readable(Conn& c) {
     }
     c.last_in_ns = monotonic_ns();
     auto received = static_cast<size_t>(n);
-    drained = spin_.spinning() && received < (direct ? want : 0) + kInputBufferBytes;
+    drained = received < (direct ? want : 0) + take;
     if (direct) {
       const size_t into_target = std::min(received, want);
       c.in_end = received - into_target;
@@ -385,6 +390,7 @@ bool TcpServer::IoThread::on_header(Conn& c) {
   }
   c.current = *decoded;
   c.refused_addr = 0;
+  c.large_writes = c.current.type == TcpFrame::kWrite && c.current.length >= kDirectReceiveBytes;
   ++requests_;
   request_bytes_ += c.current.length;
   const bool auth_required = options_.secret.has_value() && !c.authenticated;
