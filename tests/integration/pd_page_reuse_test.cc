@@ -11,7 +11,7 @@ namespace kvferry::testing {
 namespace {
 
 constexpr int kRepetitions = 60;
-constexpr uint64_t kSlowTokens = 4096;  // 256 pages in 16 chunks of 16 pages (256 KiB)
+constexpr uint64_t kReusedPagesTokens = 4096;  // 256 pages in 16 chunks of 16 pages (256 KiB)
 constexpr int kChunkMs = 1;
 constexpr char kWatchMs[] = "30";  // late writes come within a chunk's time of the ack
 constexpr int kTimeoutMs = 40;     // decode's waiting timeout in the timeout case
@@ -53,7 +53,7 @@ TEST_P(PdPageReuse, AbortedRequestPagesAreNotWrittenAfterTheAckAndServeTheNextRe
   int aborted_mid_transfer = 0;
   for (int rep = 0; rep < kRepetitions && !HasFailure(); ++rep) {
     const uint64_t room = 2 * rep + 1;
-    route(prefill, decode, room, kSlowTokens);
+    route(prefill, decode, room, kReusedPagesTokens);
     if (!caught_mid_transfer(decode, room)) {
       decode.wait_line("done " + std::to_string(room) + " ", 10s);
       prefill.wait_line("done " + std::to_string(room) + " ", 10s);
@@ -67,7 +67,7 @@ TEST_P(PdPageReuse, AbortedRequestPagesAreNotWrittenAfterTheAckAndServeTheNextRe
     prefill.wait_line("done " + std::to_string(room) + " ", 10s);
     ++aborted_mid_transfer;
     // Same size: the same pages, now another request's.
-    expect_verified(prefill, decode, room + 1, kSlowTokens);
+    expect_verified(prefill, decode, room + 1, kReusedPagesTokens);
   }
   EXPECT_GT(aborted_mid_transfer, kRepetitions / 2) << "too few aborts met a transfer under way";
 }
@@ -80,7 +80,7 @@ TEST_P(PdPageReuse, TimedOutRequestPagesAreNotWrittenAfterTheAckAndServeTheNextR
   for (int rep = 0; rep < kRepetitions && !HasFailure(); ++rep) {
     const uint64_t room = 2 * rep + 1;
     const std::string r = std::to_string(room);
-    route(prefill, decode, room, kSlowTokens);
+    route(prefill, decode, room, kReusedPagesTokens);
     const std::string done = decode.wait_line("done " + r + " ", 15s);
     if (contains(done, "ok")) continue;  // finished within the timeout: nothing to check
     EXPECT_TRUE(contains(done, "done " + r + " failed Timeout")) << done;
