@@ -274,10 +274,11 @@ bool TcpServer::IoThread::on_readable(Conn& c) {
       want =
           gather_vec_targets(c, std::min(landable, kTcpReceivePieceBytes), iov.data(), iov_count);
     }
-    // After a large kWrite: the rest of a small payload and the next header only.
+    // After a large kWrite: what is left of it that is not received straight into its
+    // target (a tail, or a refused payload to drain), then the next header only.
     size_t take = kInputBufferBytes;
     if (c.large_writes) {
-      const uint64_t rest = c.in == InState::kPayload && !direct ? c.remaining : 0;
+      const uint64_t rest = direct || c.in == InState::kHeader ? 0 : c.remaining;
       take = std::min<uint64_t>(take, rest + kTcpHeaderBytes - c.header_have);
     }
     iov[iov_count++] = {c.input.get(), take};

@@ -260,23 +260,28 @@ TEST(TcpTransfer, ForcedTcpReachesTheEngineItself) {
 }
 
 TEST(TcpTransfer, ReceiverRefusesARangeItNoLongerHasAndWritesNothing) {
-  std::vector<std::byte> src(8192), dst(8192, std::byte{0}), other(8192, std::byte{0});
-  auto prefill = engine_with("prefill");
-  auto decode = engine_with("decode");
-  fill_pattern(src, 4);
-  ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
-  ASSERT_TRUE(decode->register_memory(dst.data(), dst.size()).ok());
-  PeerHandle peer = open_tcp(*prefill, *decode);  // caches the descriptor with dst in it
-  ASSERT_TRUE(decode->unregister_memory(dst.data()).ok());
-  TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(dst.data()), 8192};
-  Status s = prefill->transfer_sync(peer, {&op, 1});
-  EXPECT_EQ(s.code(), StatusCode::kNotRegistered) << s.to_string();
-  EXPECT_EQ(std::count(dst.begin(), dst.end(), std::byte{0}), 8192);
-  // The connection survives a refused request.
-  ASSERT_TRUE(decode->register_memory(other.data(), other.size()).ok());
-  op.remote_addr = addr_of(other.data());
-  ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
-  EXPECT_FALSE(find_pattern_mismatch(other, 4));
+  // A small write (its payload comes in the receiver's buffer with its header) and a large
+  // one (after which the receiver reads headers alone: the refused payload is drained).
+  for (const size_t bytes : {size_t{8192}, size_t{1} << 20}) {
+    SCOPED_TRACE(bytes);
+    std::vector<std::byte> src(bytes), dst(bytes, std::byte{0}), other(bytes, std::byte{0});
+    auto prefill = engine_with("prefill");
+    auto decode = engine_with("decode");
+    fill_pattern(src, 4);
+    ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
+    ASSERT_TRUE(decode->register_memory(dst.data(), dst.size()).ok());
+    PeerHandle peer = open_tcp(*prefill, *decode);  // caches the descriptor with dst in it
+    ASSERT_TRUE(decode->unregister_memory(dst.data()).ok());
+    TransferOp op{OpKind::kWrite, addr_of(src.data()), addr_of(dst.data()), bytes};
+    Status s = prefill->transfer_sync(peer, {&op, 1});
+    EXPECT_EQ(s.code(), StatusCode::kNotRegistered) << s.to_string();
+    EXPECT_EQ(static_cast<size_t>(std::count(dst.begin(), dst.end(), std::byte{0})), bytes);
+    // The connection survives a refused request.
+    ASSERT_TRUE(decode->register_memory(other.data(), other.size()).ok());
+    op.remote_addr = addr_of(other.data());
+    ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
+    EXPECT_FALSE(find_pattern_mismatch(other, 4));
+  }
 }
 
 // Ends every connection this process accepted (a listening socket's port is its local
