@@ -114,7 +114,8 @@ struct NotificationReceiver::Loop {
     Clock::time_point next_tick = Clock::now();
     bool ticking = true;
     while (!stopping_.load()) {
-      const int n = ::epoll_wait(epoll_.get(), events.data(), events.size(), ticking ? kTickMs : -1);
+      const int n =
+          ::epoll_wait(epoll_.get(), events.data(), events.size(), ticking ? kTickMs : -1);
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return;
       for (int i = 0; i < n; ++i) {
