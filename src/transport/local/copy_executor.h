@@ -11,14 +11,17 @@
 // memcpy to 0.92-1.09x; where the CPUs outnumber the workers the cap never binds
 // (docs/PERFORMANCE.md, "Engine: local and shm against memcpy").
 //
-// Why a fixed 4 MiB threshold and not a probe at engine start, nor a lower threshold: on the
-// 2-core VM of docs/PERFORMANCE.md ("Engine: local and shm against memcpy") one thread copies
-// a cache-resident 4 MiB at ~60 GB/s, and a second thread adds no bandwidth there but costs
-// a worker's wake-up and the cache lines it pulls from the other core: with the split
-// (2 MiB threshold) 4 MiB x 1 on 2 threads measured 0.75-0.93x memcpy, inline 0.96-1.08x.
-// From 8 MiB on (64 KiB x 128, 1 MiB x 16, DRAM-sized batches) the split wins or ties, so
-// the threshold sits between. No threshold is right everywhere (where a core's copy is slower
-// than the memory system, e.g. DRAM-bound copies on big servers, splitting 4 MiB may pay),
+// Why a fixed 4 MiB threshold and not a probe at engine start, nor a lower threshold: on a
+// 2-core AMD EPYC VM one thread copies a cache-resident 4 MiB at ~60 GB/s, and a second
+// thread adds no bandwidth there but costs a worker's wake-up and the cache lines it pulls
+// from the other core: with the split (2 MiB threshold) 4 MiB x 1 on 2 threads measured
+// 0.75-0.93x memcpy, inline 0.96-1.08x. From 8 MiB on (64 KiB x 128, 1 MiB x 16, DRAM-sized
+// batches) the split wins or ties, so the threshold sits between. No threshold is right
+// everywhere: where a core's copy is slower than the memory system, splitting 4 MiB pays. On
+// the 2-core Xeon VM of docs/PERFORMANCE.md ("Engine: local and shm against memcpy") one
+// thread copies 4 MiB at ~14 GB/s and two at ~27, so single 1-4 MiB ops run at 0.5-0.7 of a
+// two-thread memcpy there; with inline_batch_bytes = 1 MiB one 4 MiB shm write went from
+// 13.5-14.4 to 24.8-25.1 GB/s, but 4 MiB x 16 from 21-23 to 19 GB/s (2 runs each),
 // and a probe of a few milliseconds at engine start measures whoever else runs at that moment
 // (the cells here swing by 10-30% from run to run) and fixes that answer for the engine's
 // life; a deployment that knows better sets inline_batch_bytes. Slices are decoupled from
