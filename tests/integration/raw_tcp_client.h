@@ -103,9 +103,12 @@ class RawTcpClient {
                            std::to_string(static_cast<int>(reply.header.type)));
     }
     nonce_ = std::move(reply.payload);
+    hello_ack_ = reply.header;
     return Status::Ok();
   }
   const std::vector<std::byte>& nonce() const { return nonce_; }
+  // The kHelloAck's header, once hello() succeeded.
+  const TcpHeader& hello_ack() const { return hello_ack_; }
 
   // A kAuth frame proving `secret` for this connection's nonce.
   std::vector<std::byte> auth_frame(const std::string& secret, uint64_t request_id) const {
@@ -145,6 +148,7 @@ class RawTcpClient {
   explicit RawTcpClient(Fd fd) : fd_(std::move(fd)) {}
   Fd fd_;
   std::vector<std::byte> nonce_;
+  TcpHeader hello_ack_;
 };
 
 }  // namespace kvferry::testing

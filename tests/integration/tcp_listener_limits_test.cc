@@ -9,6 +9,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "core/pattern.h"
 #include "hostile_clients.h"
@@ -88,6 +89,27 @@ TEST_F(TcpListenerLimits, ConnectionsThatNeverHelloOrGoIdleAreClosed) {
   EXPECT_TRUE(eventually([&] { return open_fd_count() <= fds_before + kFdSlack; }, 3s))
       << open_fd_count() << " descriptors open, " << fds_before << " before";
   expect_transfer_lands(2);  // an idle lane closed by the receiver is reopened on next use
+}
+
+// A receiver closes a connection idle past its idle timeout; a request its initiator sends as
+// it does would be lost with the connection. The receiver announces its timeout in kHelloAck,
+// and an initiator retires a lane idle for half of it before the lane takes another request:
+// transfers after idle spells on both sides of the timeout all land.
+TEST_F(TcpListenerLimits, TransfersAfterIdleSpellsAroundTheIdleTimeoutAllLand) {
+  EngineOptions options;
+  options.tcp_limits.idle_timeout = 300ms;
+  start_target(options);
+  RawTcpClient raw = must(RawTcpClient::connect(tcp_endpoint_));
+  ASSERT_TRUE(raw.hello().ok());
+  EXPECT_EQ(raw.hello_ack().addr, 300u) << "the idle timeout in ms";
+  uint64_t seed = 1;
+  for (int round = 0; round < 2; ++round) {
+    for (const auto idle : {100ms, 149ms, 151ms, 290ms, 300ms, 310ms, 450ms}) {
+      SCOPED_TRACE(::testing::Message() << "after " << idle.count() << " ms idle");
+      std::this_thread::sleep_for(idle);  // the idle spell is this test's input
+      expect_transfer_lands(seed++);
+    }
+  }
 }
 
 TEST_F(TcpListenerLimits, APeerThatDoesNotReadItsRepliesIsNotReadEither) {

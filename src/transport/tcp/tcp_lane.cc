@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 
 #include "core/auth.h"
 
@@ -69,8 +70,10 @@ Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
       return Unauthenticated("peer " + o.peer_name + " refused our credentials (wrong secret?)");
     }
   }
+  // The receiver's idle timeout, at most a day (a larger claim is read as a day).
+  const auto peer_idle = std::chrono::milliseconds(std::min<uint64_t>(ack->addr, 86'400'000));
   std::shared_ptr<TcpLane> lane(new TcpLane(std::move(fd), o.peer_name, offset_ns,
-                                            o.frame_rest_timeout, o.device, o.service));
+                                            o.frame_rest_timeout, peer_idle, o.device, o.service));
   // Watched from the start: an idle lane's peer may close the connection.
   KVF_ASSIGN_OR_RETURN(lane->watch_,
                        o.service->pool().watch(lane->fd_.get(), [weak = std::weak_ptr(lane)] {
@@ -81,13 +84,15 @@ Result<std::shared_ptr<TcpLane>> TcpLane::connect(const TcpLinkOptions& o,
 
 TcpLane::TcpLane(Fd fd, std::string peer, int64_t offset_ns,
                  std::chrono::milliseconds frame_rest_timeout,
+                 std::chrono::milliseconds peer_idle_timeout,
                  std::shared_ptr<TcpDeviceStaging> device, std::shared_ptr<TcpLaneService> service)
     : fd_(std::move(fd)),
       peer_(std::move(peer)),
       clock_offset_ns_(offset_ns),
       frame_rest_timeout_(frame_rest_timeout),
       landers_(std::move(device)),
-      service_(std::move(service)) {}
+      service_(std::move(service)),
+      retire_after_(peer_idle_timeout / 2) {}
 
 // No turn runs any more (each holds the lane): nobody sends, so unsent WRITEs fail here too.
 TcpLane::~TcpLane() {
@@ -154,6 +159,32 @@ Clock::time_point TcpLane::tend(Clock::time_point now) {
     fail_all(Timeout("peer " + peer_ + " sent nothing past the batch deadlines"));
   }
   return next;
+}
+
+bool TcpLane::stale() {
+  Clock::time_point last_use;
+  {
+    std::lock_guard lock(mu_);
+    if (broken_) return true;
+    if (sending_ || reading_ || !queue_.empty() || !in_flight_.empty()) return false;
+    last_use = std::max(last_registered_, connected_at_);
+  }
+  const Clock::time_point now = Clock::now();
+  if (retire_after_ != Clock::duration::zero() && now >= last_use + retire_after_) {
+    fail_all(PeerDisconnected(fmt::format(
+        "connection to {} retired: idle for half its receiver's idle timeout of {} ms", peer_,
+        std::chrono::duration_cast<std::chrono::milliseconds>(retire_after_ * 2).count())));
+    return true;
+  }
+  if (now < last_use + kReaderIdleSleep) return false;
+  std::byte probe{};
+  const ssize_t n = ::recv(fd_.get(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) {
+    return false;
+  }
+  fail_all(lost(n == 0 ? PeerDisconnected("closed by the peer while idle")
+                       : ErrnoStatus(StatusCode::kPeerDisconnected, "recv", errno)));
+  return true;
 }
 
 void TcpLane::fail_all(const Status& why, bool sender_gone) {

@@ -176,6 +176,15 @@ class TcpLane : public std::enable_shared_from_this<TcpLane> {
     return broken_;
   }
 
+  // Whether this lane must take no more requests: broken, or, while it carries nothing,
+  // about to be closed or closed by its peer. A receiver closes a connection idle past its
+  // idle timeout, and a request sent as it does is lost with the connection. So a lane idle
+  // for half the timeout its receiver announced (kHelloAck) is retired here, before the
+  // receiver's close can cross a request; and after any quiet spell (kReaderIdleSleep) one
+  // non-blocking peek looks for a close the pool's watch has not handled yet. A stale lane is
+  // failed (it carries nothing) and the caller connects a fresh one.
+  bool stale();
+
   // Nothing is queued, being sent or waiting for its answer here.
   bool idle() const {
     std::lock_guard lock(mu_);
@@ -225,7 +234,8 @@ class TcpLane : public std::enable_shared_from_this<TcpLane> {
 
  private:
   TcpLane(Fd fd, std::string peer, int64_t offset_ns, std::chrono::milliseconds frame_rest_timeout,
-          std::shared_ptr<TcpDeviceStaging> device, std::shared_ptr<TcpLaneService> service);
+          std::chrono::milliseconds peer_idle_timeout, std::shared_ptr<TcpDeviceStaging> device,
+          std::shared_ptr<TcpLaneService> service);
 
   Status broken_status() const {
     std::lock_guard lock(mu_);
@@ -518,6 +528,9 @@ class TcpLane : public std::enable_shared_from_this<TcpLane> {
   SpinGate spin_;      // the reading role's (whoever holds it): polls only while polling pays
   bool armed_ = true;  // guarded by mu_: the watch fires when the connection turns readable
   Clock::time_point last_registered_{};  // guarded by mu_: the last request sent
+  const Clock::time_point connected_at_ = Clock::now();
+  // Half the receiver's idle timeout (zero: it has none): an idle lane is retired after it.
+  const Clock::duration retire_after_;
   // Guarded by mu_: the time tend() was asked for (max: none), and whether the service lists
   // the lane.
   Clock::time_point tend_at_ = Clock::time_point::max();

@@ -17,7 +17,7 @@ TcpLink::~TcpLink() { shutdown(); }
 
 Result<std::shared_ptr<TcpLane>> TcpLink::lane(size_t index, Clock::time_point batch_deadline) {
   std::unique_lock lock(mu_);
-  const auto usable = [&] { return lanes_[index] && !lanes_[index]->broken(); };
+  const auto usable = [&] { return lanes_[index] && !lanes_[index]->stale(); };
   // One caller connects a lane at a time, without the lock; the others wait for it, each
   // only until its own batch's deadline.
   while (connecting_[index] && !usable()) {

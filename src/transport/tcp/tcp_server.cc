@@ -3,6 +3,7 @@
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -129,7 +130,14 @@ int64_t TcpServer::IoThread::enforce_limits(int64_t now) {
     } else if (!established || mid_frame || !c.out.empty() || c.staging_reads != 0) {
       next = std::min(next, now + kLimitCheckNs);  // under way: looked at regularly
     } else if (idle_ns != 0 && now - c.last_in_ns > idle_ns) {
-      closing.emplace_back(fd, nullptr);  // idle: its initiator reopens a lane on next use
+      // Input that came but is not read yet (this check runs before the round's events)
+      // is not idleness: a request sent as the timeout ran out must not be lost with it.
+      int unread = 0;
+      if (::ioctl(c.fd.get(), FIONREAD, &unread) == 0 && unread > 0) {
+        next = std::min(next, now + kLimitCheckNs);
+      } else {
+        closing.emplace_back(fd, nullptr);  // idle: its initiator reopens a lane on next use
+      }
     } else if (idle_ns != 0) {
       next = std::min(next, c.last_in_ns + idle_ns + 1);
     }

@@ -402,6 +402,7 @@ bool TcpServer::IoThread::on_header(Conn& c) {
     TcpHeader reply;
     reply.type = TcpFrame::kHelloAck;
     reply.request_id = options_.incarnation;
+    reply.addr = static_cast<uint64_t>(options_.limits.idle_timeout.count());
     reply.deadline_ns = monotonic_ns();
     OutPiece piece;
     if (options_.secret) {

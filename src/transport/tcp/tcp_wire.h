@@ -68,8 +68,9 @@ inline constexpr uint64_t kTcpReceivePieceBytes = 1 << 20;
 
 enum class TcpFrame : uint16_t {
   kHello = 1,     // initiator -> receiver: deadline_ns = initiator's clock
-  kHelloAck = 2,  // receiver -> initiator: request_id = incarnation, deadline_ns = its clock;
-                  // payload: a nonce when authentication is on
+  kHelloAck = 2,  // receiver -> initiator: request_id = incarnation, deadline_ns = its clock,
+                  // addr = its idle timeout in ms (0: none); payload: a nonce when
+                  // authentication is on
   kAuth = 3,      // initiator -> receiver: payload = HMAC-SHA256(secret, nonce)
   kWrite = 4,     // payload = the bytes to place at addr
   kRead = 5,      // asks for `length` bytes at addr
