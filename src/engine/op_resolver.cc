@@ -184,72 +184,126 @@ Status overlap_error(std::span<const TransferOp> ops, size_t a, size_t b) {
       a, b, destination(ops[a]), ops[a].length, destination(ops[b]), ops[b].length));
 }
 
-using StartAndOp = std::pair<uint64_t, size_t>;
-
-// LSD radix sort by start over only the bits in which the starts differ (addresses in one
-// region share their high bits, aligned blocks their low ones), up to 11 bits a pass: a few
+// Sorts check_disjoint_by_sorting's keys (bits above `high` zero, the index below `low`) by
+// their bits [low, high): an LSD radix sort, up to 11 bits a pass (8 below kWideDigitOps
+// keys: 2,048 counters cost more than a pass saves), every pass counted in one read. A few
 // linear passes where std::sort of a shuffled 10,000-op batch took 6x as long as resolving it
 // (docs/PERFORMANCE.md). Written by hand: no library here sorts integers by radix. Below
-// kRadixSortMinOps a comparison sort is cheaper: each pass clears and scans its counters,
-// which for the 16 ops of a 1 MiB batch of 64 KiB blocks cost about 1 us of a 17 us batch (6%
-// of the shm cell; docs/PERFORMANCE.md, "Engine: local and shm against memcpy"). Below
-// kWideDigitOps a pass takes 8 bits: 2,048 counters cost more than a pass saves.
+// kRadixSortMinOps a comparison sort of the whole keys is cheaper (same order: ties go by
+// index): each pass clears and scans its counters, which for the 16 ops of a 1 MiB batch of
+// 64 KiB blocks cost about 1 us of a 17 us batch (6% of the shm cell; docs/PERFORMANCE.md,
+// "Engine: local and shm against memcpy").
 constexpr size_t kRadixSortMinOps = 128;
 constexpr size_t kWideDigitOps = size_t{1} << 16;
-void sort_by_start(std::vector<StartAndOp>& v, std::vector<StartAndOp>& scratch) {
-  if (v.size() < kRadixSortMinOps) {
-    std::sort(v.begin(), v.end());
+void radix_sort(std::vector<uint64_t>& keys, std::vector<uint64_t>& scratch, unsigned low,
+                unsigned high) {
+  if (keys.size() < kRadixSortMinOps) {
+    std::sort(keys.begin(), keys.end());
     return;
   }
-  uint64_t differ = 0;
-  for (const StartAndOp& e : v) differ |= e.first ^ v.front().first;
-  if (differ == 0) return;  // one start: any order is sorted
-  const auto low = static_cast<unsigned>(std::countr_zero(differ));
-  const auto high = 64 - static_cast<unsigned>(std::countl_zero(differ));
-  const unsigned most_digit_bits = v.size() < kWideDigitOps ? 8 : 11;
+  if (high <= low) return;
+  const unsigned most_digit_bits = keys.size() < kWideDigitOps ? 8 : 11;
   const unsigned passes = (high - low + most_digit_bits - 1) / most_digit_bits;
   const unsigned digit_bits = (high - low + passes - 1) / passes;  // evened out
   const uint64_t mask = (uint64_t{1} << digit_bits) - 1;
-  std::vector<size_t> first((size_t{1} << digit_bits) + 1);
-  scratch.resize(v.size());
-  for (unsigned shift = low; shift < high; shift += digit_bits) {
-    std::fill(first.begin(), first.end(), 0);
-    for (const StartAndOp& e : v) ++first[((e.first >> shift) & mask) + 1];
-    for (size_t d = 1; d < first.size(); ++d) first[d] += first[d - 1];
-    for (const StartAndOp& e : v) scratch[first[(e.first >> shift) & mask]++] = e;
-    v.swap(scratch);
+  const size_t buckets = size_t{1} << digit_bits;
+  std::vector<size_t> first(passes * (buckets + 1), 0);  // pass p: [p * (buckets + 1), ...)
+  for (const uint64_t k : keys) {
+    for (unsigned p = 0; p < passes; ++p) {
+      ++first[p * (buckets + 1) + ((k >> (low + p * digit_bits)) & mask) + 1];
+    }
+  }
+  scratch.resize(keys.size());
+  for (unsigned p = 0; p < passes; ++p) {
+    size_t* at = first.data() + p * (buckets + 1);
+    const unsigned shift = low + p * digit_bits;
+    if (at[((keys.front() >> shift) & mask) + 1] == keys.size()) continue;  // one digit: sorted
+    for (size_t d = 1; d <= buckets; ++d) at[d] += at[d - 1];
+    for (const uint64_t k : keys) scratch[at[(k >> shift) & mask]++] = k;
+    keys.swap(scratch);
   }
 }
 
-// The check for ops out of destination order: (start, op) per space, sorted by start; each
-// op's end is looked up in `ops`. The buffers stay with the submitting thread for its next
-// batch (fresh ones for a million ops are 12,000 newly touched pages, each a page fault), up to
+// The same check by std::sort of (start, index) pairs: for starts too far apart to pack.
+Status check_disjoint_by_comparison_sort(std::span<const TransferOp> ops, bool one_address_space) {
+  std::vector<std::pair<uint64_t, size_t>> sorted;
+  sorted.reserve(ops.size());
+  for (const size_t space : {size_t{0}, size_t{1}}) {
+    sorted.clear();
+    for (size_t i = 0; i < ops.size(); ++i) {
+      if (destination_space(ops[i], one_address_space) == space) {
+        sorted.emplace_back(destination(ops[i]), i);
+      }
+    }
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t k = 1; k < sorted.size(); ++k) {
+      const size_t prev = sorted[k - 1].second;
+      if (sorted[k].first < destination_end(ops[prev])) {
+        return overlap_error(ops, prev, sorted[k].second);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// The check for ops out of destination order. Each op of a space becomes one 8-byte key: the
+// bits in which its space's starts differ (addresses in one region share their high bits,
+// aligned blocks their low ones) above, its index below. Sorting the keys sorts the ops by
+// start; each op's start and end are then read from `ops`. Half the bytes (start, index)
+// pairs took, and a million-op sort moves them through memory, not cache. Starts spread over
+// more bits than the index leaves (over 2^44 bytes at a million ops) fall back to sorting
+// pairs. The buffers stay with the submitting thread for its next batch (fresh ones for a
+// million ops are thousands of newly touched pages, each a page fault), up to
 // kKeptSortBuffer bytes each.
 Status check_disjoint_by_sorting(std::span<const TransferOp> ops, bool one_address_space) {
-  constexpr size_t kKeptSortBuffer = size_t{16} << 20;  // a million ops
-  thread_local std::array<std::vector<StartAndOp>, 3> buffers;
+  constexpr size_t kKeptSortBuffer = size_t{16} << 20;  // two million ops
+  thread_local std::array<std::vector<uint64_t>, 3> buffers;
   struct EmptyAfter {
-    std::array<std::vector<StartAndOp>, 3>& buffers;
+    std::array<std::vector<uint64_t>, 3>& buffers;
     ~EmptyAfter() {
       for (auto& b : buffers) {
         b.clear();
-        if (b.capacity() * sizeof(StartAndOp) > kKeptSortBuffer) b = {};
+        if (b.capacity() * sizeof(uint64_t) > kKeptSortBuffer) b = {};
       }
     }
   } empty_after{buffers};
   auto& [in_peer, in_ours, scratch] = buffers;
-  in_peer.reserve(ops.size());
-  const std::array<std::vector<StartAndOp>*, 2> by_space{&in_peer, &in_ours};
-  for (size_t i = 0; i < ops.size(); ++i) {
-    by_space[destination_space(ops[i], one_address_space)]->emplace_back(destination(ops[i]), i);
+  struct Space {
+    std::vector<uint64_t>* keys;
+    uint64_t first = 0;
+    uint64_t differ = 0;  // OR of every start XOR the first
+    size_t count = 0;
+    unsigned low = 0;  // the bits in which the starts differ: [low, low + bits)
+    unsigned bits = 0;
+  };
+  std::array<Space, 2> spaces{Space{&in_peer}, Space{&in_ours}};
+  for (const TransferOp& op : ops) {
+    Space& s = spaces[destination_space(op, one_address_space)];
+    if (s.count++ == 0) s.first = destination(op);
+    s.differ |= destination(op) ^ s.first;
   }
-  for (std::vector<StartAndOp>* space : by_space) {
-    std::vector<StartAndOp>& sorted = *space;
-    sort_by_start(sorted, scratch);
-    for (size_t i = 1; i < sorted.size(); ++i) {
-      const size_t prev = sorted[i - 1].second;
-      if (sorted[i].first < destination_end(ops[prev])) {
-        return overlap_error(ops, prev, sorted[i].second);
+  const auto index_bits = static_cast<unsigned>(std::bit_width(ops.size()));
+  for (Space& s : spaces) {
+    if (s.differ == 0) continue;  // at most one start: sorted as it is
+    s.low = static_cast<unsigned>(std::countr_zero(s.differ));
+    s.bits = 64 - static_cast<unsigned>(std::countl_zero(s.differ)) - s.low;
+    if (s.bits + index_bits > 64) return check_disjoint_by_comparison_sort(ops, one_address_space);
+    s.keys->reserve(s.count);
+  }
+  for (size_t i = 0; i < ops.size(); ++i) {
+    Space& s = spaces[destination_space(ops[i], one_address_space)];
+    const uint64_t differing = (destination(ops[i]) >> s.low) & ((uint64_t{1} << s.bits) - 1);
+    s.keys->push_back((differing << index_bits) | i);
+  }
+  const uint64_t index_mask = (uint64_t{1} << index_bits) - 1;
+  for (Space& s : spaces) {
+    std::vector<uint64_t>& keys = *s.keys;
+    radix_sort(keys, scratch, index_bits, index_bits + s.bits);
+    for (size_t k = 1; k < keys.size(); ++k) {
+      const size_t prev = keys[k - 1] & index_mask;
+      const size_t next = keys[k] & index_mask;
+      if (destination(ops[next]) < destination_end(ops[prev])) {
+        return overlap_error(ops, prev, next);
       }
     }
   }

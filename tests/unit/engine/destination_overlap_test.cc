@@ -1,6 +1,7 @@
 // check_disjoint_destinations against a brute-force comparison of every pair, on random
 // batches in both orders (ascending: the one-pass path; shuffled: the radix sort), and on
-// batches too large for that against a comparison sort (the radix sort's wide digits).
+// batches too large for that against a comparison sort (the radix sort's wide digits), and on
+// starts spread over the whole address space (too many differing bits to pack with an index).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -102,6 +103,38 @@ TEST(DestinationOverlap, LargeShuffledBatchesAgreeWithAComparisonSort) {
       size_t a = 0, b = 0;
       ASSERT_EQ(std::sscanf(s.message().c_str(), "ops %zu and %zu", &a, &b), 2) << s.message();
       EXPECT_TRUE(overlap(ops[a], ops[b], false)) << s.message();
+    }
+  }
+}
+
+TEST(DestinationOverlap, StartsSpreadOverTheWholeAddressSpaceAgreeWithAComparisonSort) {
+  std::mt19937_64 rng(11);
+  for (const size_t n : {size_t{5}, size_t{200}, size_t{5'000}}) {
+    for (const bool plant : {false, true}) {
+      // Random 64-bit starts: about 64 bits differ, more than the index leaves beside them.
+      std::vector<TransferOp> ops;
+      for (size_t i = 0; i < n; ++i) {
+        const uint64_t at = (rng() >> 1) & ~uint64_t{4095};
+        ops.push_back({i % 3 == 0 ? OpKind::kRead : OpKind::kWrite, at, at, 4096});
+      }
+      if (plant) {  // one op moved into the middle of another of its space
+        const size_t victim = rng() % n;
+        size_t mover = rng() % n;
+        while (mover == victim || ops[mover].kind != ops[victim].kind) mover = rng() % n;
+        ops[mover].local_addr = ops[mover].remote_addr = dst(ops[victim]) + 100;
+      }
+      for (const bool one_space : {false, true}) {
+        const bool expected = any_overlap_by_comparison_sort(ops, one_space);
+        if (!one_space) {
+          ASSERT_EQ(expected, plant) << n;
+        }
+        const Status s = check_disjoint_destinations(ops, one_space);
+        ASSERT_EQ(!s.ok(), expected) << n << ": " << s.to_string();
+        if (!expected) continue;
+        size_t a = 0, b = 0;
+        ASSERT_EQ(std::sscanf(s.message().c_str(), "ops %zu and %zu", &a, &b), 2) << s.message();
+        EXPECT_TRUE(overlap(ops[a], ops[b], one_space)) << s.message();
+      }
     }
   }
 }
