@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -135,10 +136,12 @@ inline std::vector<LatencySampler> run_interleaved(
 
 // CPU time and voluntary context switches (sleeps: each one is a wake-up later) of a whole
 // process, every thread included, read from /proc. CPU time has the kernel's tick
-// resolution (10 ms at 100 Hz): measure over hundreds of milliseconds.
+// resolution (10 ms at 100 Hz): measure over hundreds of milliseconds. Switches are kept per
+// thread: a thread that ends between two reads takes its count with it, so only the threads
+// alive at both reads (or started between them) are compared.
 struct ProcessCpu {
   double cpu_s = 0;
-  uint64_t voluntary_switches = 0;
+  std::map<int, uint64_t> voluntary_switches;  // by thread id
 };
 
 inline ProcessCpu read_process_cpu(int pid) {
@@ -166,11 +169,23 @@ inline ProcessCpu read_process_cpu(int pid) {
     std::string line;
     while (std::getline(status, line)) {
       if (line.rfind("voluntary_ctxt_switches:", 0) == 0) {
-        out.voluntary_switches += std::stoull(line.substr(line.find(':') + 1));
+        out.voluntary_switches[std::stoi(task.path().filename().string())] =
+            std::stoull(line.substr(line.find(':') + 1));
       }
     }
   }
   return out;
+}
+
+// The switches of `end`'s threads since `start` (a thread new since then: all of its own).
+inline uint64_t switches_since(const ProcessCpu& start, const ProcessCpu& end) {
+  uint64_t n = 0;
+  for (const auto& [tid, count] : end.voluntary_switches) {
+    auto before = start.voluntary_switches.find(tid);
+    const uint64_t base = before == start.voluntary_switches.end() ? 0 : before->second;
+    n += count >= base ? count - base : 0;  // a reused thread id: counted afresh
+  }
+  return n;
 }
 
 // CPU and wake-ups of the two processes of a measurement, summed over every start() ...
@@ -186,8 +201,7 @@ class CpuMeter {
     ProcessCpu self_end = read_process_cpu(self_);
     ProcessCpu peer_end = peer_ > 0 ? read_process_cpu(peer_) : ProcessCpu{};
     cpu_s_ += self_end.cpu_s - self_start_.cpu_s + peer_end.cpu_s - peer_start_.cpu_s;
-    switches_ += self_end.voluntary_switches - self_start_.voluntary_switches +
-                 peer_end.voluntary_switches - peer_start_.voluntary_switches;
+    switches_ += switches_since(self_start_, self_end) + switches_since(peer_start_, peer_end);
   }
   double cpu_s() const { return cpu_s_; }
   uint64_t switches() const { return switches_; }
