@@ -198,6 +198,7 @@ void bind_pd(py::module_& m) {
         d["requests_failed"] = st.requests_failed;
         d["bytes_sent"] = st.bytes_sent;
         d["decode_connections"] = st.decode_connections;
+        d["open_rooms"] = st.open_rooms;
         return d;
       });
 

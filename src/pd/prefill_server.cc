@@ -148,6 +148,7 @@ PrefillStats PrefillServerImpl::stats() const {
   std::lock_guard lock(mu_);
   PrefillStats s = stats_;
   s.decode_connections = static_cast<uint32_t>(peers_.size());
+  s.open_rooms = rooms_.size();
   return s;
 }
 
@@ -421,6 +422,7 @@ void PrefillServerImpl::monitor_loop() {
     std::this_thread::sleep_for(t.tick());
     const auto now = Clock::now();
     std::vector<std::shared_ptr<SenderState>> stale;
+    std::vector<std::shared_ptr<SenderState>> expired;
     std::vector<std::shared_ptr<DecodePeer>> unregistered;
     {
       std::lock_guard lock(mu_);
@@ -430,9 +432,19 @@ void PrefillServerImpl::monitor_loop() {
         }
       }
       for (auto& [room, s] : rooms_) {
-        if (s->cell.state() == RequestState::kBootstrapping &&
-            now - s->created > t.bootstrap_timeout) {
+        const RequestState state = s->cell.state();
+        if (state == RequestState::kBootstrapping && now - s->created > t.bootstrap_timeout) {
           stale.push_back(s);
+        } else if (state == RequestState::kFailed) {
+          // A failed room is held while destinations it still misses may attach, to be told at
+          // once; for one bootstrap timeout, then it goes. One that attaches later starts a
+          // room of its own, which fails in turn (a registered decode naming rooms at will
+          // cannot make them pile up).
+          if (s->failed_seen == Clock::time_point{}) {
+            s->failed_seen = now;
+          } else if (now - s->failed_seen > t.bootstrap_timeout) {
+            expired.push_back(s);
+          }
         }
       }
     }
@@ -446,6 +458,13 @@ void PrefillServerImpl::monitor_loop() {
       fail(s, Timeout("room " + std::to_string(s->room) + " still Bootstrapping after " +
                       std::to_string(t.bootstrap_timeout.count()) + " ms"));
       finish_if_drained(s);
+    }
+    for (auto& s : expired) {
+      {
+        std::lock_guard lock(s->mu);
+        if (s->inflight != 0 || !s->ack_to.empty()) continue;  // finish_if_drained ends it
+      }
+      forget_room(s->room, s.get());
     }
     if (unregistered_closed_ >= kTrimAfterUnregisteredCloses && now - last_trim_ >= kTrimInterval) {
       unregistered_closed_ = 0;

@@ -97,6 +97,9 @@ struct SenderState {
   std::atomic<int64_t> first_post_ns{0};
   bool notified = false;  // every required destination was told the final state
   std::vector<std::shared_ptr<DecodePeer>> ack_to;  // abort acks owed once drained
+  // When the monitor first saw it failed while it was still held (monitor thread, under the
+  // server's mu_).
+  Clock::time_point failed_seen{};
 };
 
 // Warnings a decode connection can cause at will (any client, before it authenticated or

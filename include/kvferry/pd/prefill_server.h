@@ -108,6 +108,9 @@ struct PrefillStats {
   uint64_t requests_failed = 0;
   uint64_t bytes_sent = 0;
   uint32_t decode_connections = 0;
+  // Rooms the server holds: requests under way, and failed ones kept for a destination that
+  // has yet to attach (one bootstrap timeout at most).
+  uint64_t open_rooms = 0;
 };
 
 class PrefillServer {

@@ -311,6 +311,44 @@ TEST(PdSecurity, ARoomThatFailsTellsEveryDestinationAtOnce) {
   }
 }
 
+// A flood of rooms that never fill: a registered decode names rooms at will, each with one
+// destination of the two it claims, and prefill opens a room no decode ever asks for. Each
+// fails once the bootstrap timeout passes (its one destination told), and one timeout later
+// prefill holds none of them: such requests cannot pile rooms up.
+TEST(PdSecurity, RoomsThatNeverFillFailAndThenGoSoAFloodOfThemCannotPileUp) {
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  ModelShape m;
+  TestRank p = testing::make_rank("prefill", m, 1, 0);
+  TestRank d0 = testing::make_rank("decode0", m, 2, 0);
+  PdTimeouts t = patient_with_raw_clients();
+  t.bootstrap_timeout = 300ms;
+  auto prefill = testing::make_prefill(p, bootstrap->address(), false, t);
+  RawControlClient rank0(prefill->control_endpoint());
+  ASSERT_TRUE(rank0.register_as(d0).ok());
+  constexpr uint64_t kFirstRoom = 1000, kNamedRooms = 200;
+  const auto dst = testing::pages_from(4, 3);
+  for (uint64_t room = kFirstRoom; room < kFirstRoom + kNamedRooms; ++room) {
+    ASSERT_TRUE(rank0.send(TransferRequest{room, 2, false, dst}).ok());
+  }
+  KvSender orphan = testing::must(prefill->create_sender(5));
+  std::vector<bool> told(kNamedRooms, false);
+  for (uint64_t i = 0; i < kNamedRooms; ++i) {
+    auto status = rank0.read_status();
+    ASSERT_TRUE(status.ok()) << status.status().to_string();
+    ASSERT_GE(status->room, kFirstRoom);
+    ASSERT_LT(status->room, kFirstRoom + kNamedRooms);
+    EXPECT_FALSE(told[status->room - kFirstRoom]) << "room " << status->room << " told twice";
+    told[status->room - kFirstRoom] = true;
+    EXPECT_EQ(status->state, RequestState::kFailed);
+    EXPECT_EQ(status->code, StatusCode::kTimeout) << status->reason;
+  }
+  EXPECT_EQ(orphan.wait_final(5s), RequestState::kFailed);
+  EXPECT_EQ(orphan.failure().code(), StatusCode::kTimeout) << orphan.failure().to_string();
+  ASSERT_TRUE(kvferry::testing::eventually([&] { return prefill->stats().open_rooms == 0; }, 10s))
+      << prefill->stats().open_rooms << " rooms still held";
+  EXPECT_EQ(prefill->stats().requests_failed, kNamedRooms + 1);
+}
+
 // Registration spoofing: an unsigned PUT /register that keeps a live prefill rank's control
 // endpoint but claims a restart (a new incarnation), or repoints its engine or control
 // endpoint, is refused with 409 naming the field and the registered value. Decode, which
