@@ -14,7 +14,9 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <initializer_list>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -133,6 +135,69 @@ inline bool wait_for_any_address_port(std::chrono::milliseconds limit = std::chr
         const bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&any), sizeof(any)) == 0;
         ::close(fd);
         return bound;
+      },
+      limit);
+}
+
+// What sits in the kernel's queues of `pid`'s TCP connections (listeners left out), from
+// /proc/<pid>/net/tcp and tcp6, matched to the process's own sockets by inode; only those
+// bound to `local_port` unless it is 0. `unread`: received, not yet read by the process;
+// `unsent`: written by it, not yet taken by the other side.
+struct TcpQueues {
+  uint64_t unread = 0;
+  uint64_t unsent = 0;
+};
+inline TcpQueues tcp_queues(pid_t pid, uint16_t local_port = 0) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  std::vector<uint64_t> inodes;
+  std::error_code ec;
+  for (const auto& fd : std::filesystem::directory_iterator(proc + "/fd", ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(fd.path(), link_ec).string();
+    if (target.rfind("socket:[", 0) == 0) inodes.push_back(std::stoull(target.substr(8)));
+  }
+  std::sort(inodes.begin(), inodes.end());
+  TcpQueues out;
+  for (const char* table : {"/net/tcp", "/net/tcp6"}) {
+    std::ifstream in(proc + table);
+    std::string line;
+    std::getline(in, line);  // the column names
+    while (std::getline(in, line)) {
+      // sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+      std::istringstream row(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout;
+      uint64_t inode = 0;
+      row >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >> timeout >>
+          inode;
+      const size_t colon = queues.find(':');
+      if (!row || state == "0A" || colon == std::string::npos ||
+          !std::binary_search(inodes.begin(), inodes.end(), inode)) {
+        continue;  // not this process's, or a listener (whose queue counts connections)
+      }
+      const auto port = std::stoul(local.substr(local.rfind(':') + 1), nullptr, 16);
+      if (local_port != 0 && port != local_port) continue;
+      out.unsent += std::stoull(queues.substr(0, colon), nullptr, 16);
+      out.unread += std::stoull(queues.substr(colon + 1), nullptr, 16);
+    }
+  }
+  return out;
+}
+
+// Waits until nothing is queued on any TCP connection of the processes `pids` (every byte
+// either sent was read by the other) at two looks in a row, a poll apart: a process between
+// reading one message and sending its answer shows empty queues once. False after `limit`.
+inline bool tcp_settles(std::initializer_list<pid_t> pids,
+                        std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+  int quiet_looks = 0;
+  return eventually(
+      [&] {
+        bool quiet = true;
+        for (const pid_t pid : pids) {
+          const TcpQueues q = tcp_queues(pid);
+          quiet = quiet && q.unread == 0 && q.unsent == 0;
+        }
+        quiet_looks = quiet ? quiet_looks + 1 : 0;
+        return quiet_looks >= 2;
       },
       limit);
 }

@@ -273,8 +273,12 @@ TEST(ControlPortPreAuthFlood, FramesOfExactlyTheCapHeldOpenCostAtMostTheCapEach)
   greedy.pump(payload, Clock::now() + kFloodDeadline);
   EXPECT_EQ(greedy.refused(), 0u);  // each is within the cap: held, not refused
   EXPECT_EQ(greedy.most_sent(), payload.size());
-  std::this_thread::sleep_for(500ms);  // the prefill reads what it was sent
-  pair.transfer_and_verify(2);         // alongside, while the prefill holds every buffer
+  // Until the prefill has read what it was sent: nothing unread on its control port, nothing
+  // left unsent by the clients.
+  ASSERT_TRUE(eventually([&] {
+    return tcp_queues(::getpid(), endpoint.port).unread == 0 && tcp_queues(::getpid()).unsent == 0;
+  }));
+  pair.transfer_and_verify(2);  // alongside, while the prefill holds every buffer
   const uint64_t peak = sampler.stop();
   EXPECT_LE(peak, rss_before + kMaxPeakRiseBytes)
       << "resident " << (peak >> 20) << " MiB at the peak, " << (rss_before >> 20) << " before";

@@ -221,9 +221,11 @@ TEST(TcpTwoProcess, StoppedPeerFailsTheBatchWithTimeoutAndNothingLandsAfterwards
   auto took = Clock::now() - t0;
   EXPECT_LT(took, std::chrono::seconds(3));
   // Resume the peer: whatever sat in its socket buffer is past its deadline, so the
-  // receiver drains it without writing. The buffer stays all zero.
+  // receiver drains it without writing. Once it has read every byte sent to it, the buffer
+  // is still all zero.
   ASSERT_EQ(::kill(peer.process.pid(), SIGCONT), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_TRUE(testing::tcp_settles({peer.process.pid(), ::getpid()}))
+      << "bytes stayed queued between the two processes";
   std::vector<std::byte> zeros(kBytes, std::byte{0});
   EXPECT_EQ(*peer.process.ask(fmt::format("checksum 0 {}", kBytes), std::chrono::seconds(30)),
             fmt::format("{:016x}", checksum(zeros)));

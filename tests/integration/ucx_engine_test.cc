@@ -207,16 +207,18 @@ void stop_peer(ServePeer& peer) {
   ASSERT_TRUE(WIFSTOPPED(wstatus));
 }
 
-// Resumes the peer and gives it a bounded time to serve what queued up while it was
-// stopped: it answers a command (so it runs again), then a small READ over ucx into
-// `probe`, then 500 ms more for anything still in flight.
+// Resumes the peer and waits until it has served what queued up while it was stopped: it
+// answers a command (so it runs again), then a small READ over ucx into `probe` (answered
+// after every request sent before it), then until nothing is in flight between the two
+// processes (UCX's tcp connections carry it all).
 void resume_peer(TransferEngine& engine, PeerHandle& handle, ServePeer& peer,
                  std::vector<std::byte>& probe) {
   ASSERT_EQ(::kill(peer.process.pid(), SIGCONT), 0);
   ASSERT_EQ(must(peer.process.ask("verify 0 0 0", std::chrono::seconds(10))), "ok");
   TransferOp read{OpKind::kRead, reinterpret_cast<uint64_t>(probe.data()), peer.addr, probe.size()};
   ASSERT_TRUE(engine.transfer_sync(handle, {&read, 1}).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  ASSERT_TRUE(testing::tcp_settles({peer.process.pid(), ::getpid()}))
+      << "bytes stayed queued between the two processes";
 }
 
 // A stopped peer: its worker serves nothing, so the batch waits until kvferry's deadline;
