@@ -84,6 +84,7 @@ def test_pd_round_trip_moves_pages_and_aux_row(pd_pair):
         time.sleep(0.01)
     assert prefill.stats()["requests_succeeded"] == 1
     assert decode.stats()["requests_succeeded"] == 1
+    assert prefill.stats()["open_rooms"] == 0  # the finished room is not held
 
 
 def test_abort_fails_both_sides_with_a_reason(pd_pair):
