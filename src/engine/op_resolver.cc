@@ -269,7 +269,7 @@ Status check_disjoint_by_sorting(std::span<const TransferOp> ops, bool one_addre
   } empty_after{buffers};
   auto& [in_peer, in_ours, scratch] = buffers;
   struct Space {
-    std::vector<uint64_t>* keys;
+    std::vector<uint64_t>* keys = nullptr;
     uint64_t first = 0;
     uint64_t differ = 0;  // OR of every start XOR the first
     size_t count = 0;
