@@ -183,7 +183,7 @@ inline uint64_t switches_since(const ProcessCpu& start, const ProcessCpu& end) {
   for (const auto& [tid, count] : end.voluntary_switches) {
     auto before = start.voluntary_switches.find(tid);
     const uint64_t base = before == start.voluntary_switches.end() ? 0 : before->second;
-    n += count >= base ? count - base : 0;  // a reused thread id: counted afresh
+    n += count >= base ? count - base : count;  // below: a reused thread id, a new thread
   }
   return n;
 }

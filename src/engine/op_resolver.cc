@@ -249,8 +249,8 @@ Status check_disjoint_by_comparison_sort(std::span<const TransferOp> ops, bool o
 // The check for ops out of destination order. Each op of a space becomes one 8-byte key: the
 // bits in which its space's starts differ (addresses in one region share their high bits,
 // aligned blocks their low ones) above, its index below. Sorting the keys sorts the ops by
-// start; each op's start and end are then read from `ops`. Half the bytes (start, index)
-// pairs took, and a million-op sort moves them through memory, not cache. Starts spread over
+// start; each op's start and end are then read from `ops`. 8 bytes where (start, index)
+// pairs took 16: a million-op sort moves them through memory, not cache. Starts spread over
 // more bits than the index leaves (over 2^44 bytes at a million ops) fall back to sorting
 // pairs. The buffers stay with the submitting thread for its next batch (fresh ones for a
 // million ops are thousands of newly touched pages, each a page fault), up to

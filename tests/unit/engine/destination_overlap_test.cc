@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/op_resolver.h"
@@ -22,6 +23,26 @@ uint64_t dst(const TransferOp& op) {
 bool overlap(const TransferOp& a, const TransferOp& b, bool one_space) {
   if (!one_space && a.kind != b.kind) return false;
   return dst(a) < dst(b) + b.length && dst(b) < dst(a) + a.length;
+}
+
+// check_disjoint_destinations gives `expected`, and a refusal names two ops that overlap.
+void expect_verdict(const std::vector<TransferOp>& ops, bool one_space, bool expected) {
+  const Status s = check_disjoint_destinations(ops, one_space);
+  ASSERT_EQ(!s.ok(), expected) << ops.size() << " ops: " << s.to_string();
+  if (!expected) return;
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  size_t a = 0, b = 0;
+  ASSERT_EQ(std::sscanf(s.message().c_str(), "ops %zu and %zu", &a, &b), 2) << s.message();
+  ASSERT_LT(b, ops.size());
+  EXPECT_TRUE(overlap(ops[a], ops[b], one_space)) << s.message();
+}
+
+// Moves one op onto another of its kind, `into` bytes past that one's start.
+void plant_overlap(std::vector<TransferOp>& ops, std::mt19937_64& rng, uint64_t into) {
+  const size_t victim = rng() % ops.size();
+  size_t mover = rng() % ops.size();
+  while (mover == victim || ops[mover].kind != ops[victim].kind) mover = rng() % ops.size();
+  ops[mover].local_addr = ops[mover].remote_addr = dst(ops[victim]) + into;
 }
 
 TEST(DestinationOverlap, AgreesWithComparingEveryPair) {
@@ -50,16 +71,9 @@ TEST(DestinationOverlap, AgreesWithComparingEveryPair) {
     for (size_t i = 0; i < n && !expected; ++i) {
       for (size_t j = i + 1; j < n && !expected; ++j) expected = overlap(ops[i], ops[j], one_space);
     }
-    Status s = check_disjoint_destinations(ops, one_space);
-    ASSERT_EQ(!s.ok(), expected) << "trial " << trial << ": " << s.to_string();
-    if (!expected) continue;
-    ++overlapping_batches;
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-    // The two ops it names do overlap.
-    size_t a = 0, b = 0;
-    ASSERT_EQ(std::sscanf(s.message().c_str(), "ops %zu and %zu", &a, &b), 2) << s.message();
-    ASSERT_LT(b, n);
-    EXPECT_TRUE(overlap(ops[a], ops[b], one_space)) << s.message();
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    ASSERT_NO_FATAL_FAILURE(expect_verdict(ops, one_space, expected));
+    if (expected) ++overlapping_batches;
   }
   EXPECT_GT(overlapping_batches, 50);  // both verdicts were exercised
   EXPECT_LT(overlapping_batches, 350);
@@ -89,20 +103,10 @@ TEST(DestinationOverlap, LargeShuffledBatchesAgreeWithAComparisonSort) {
         ops.push_back({i % 5 == 0 ? OpKind::kRead : OpKind::kWrite, at, at, 64});
       }
       std::shuffle(ops.begin(), ops.end(), rng);
-      if (plant) {  // one op moved onto the second half of another of its space
-        const size_t victim = rng() % n;
-        size_t mover = rng() % n;
-        while (mover == victim || ops[mover].kind != ops[victim].kind) mover = rng() % n;
-        ops[mover].local_addr = ops[mover].remote_addr = dst(ops[victim]) + 32;
-      }
+      if (plant) plant_overlap(ops, rng, 32);  // onto the second half of another op
       const bool expected = any_overlap_by_comparison_sort(ops, false);
       ASSERT_EQ(expected, plant) << n;
-      const Status s = check_disjoint_destinations(ops, false);
-      ASSERT_EQ(!s.ok(), expected) << n << ": " << s.to_string();
-      if (!expected) continue;
-      size_t a = 0, b = 0;
-      ASSERT_EQ(std::sscanf(s.message().c_str(), "ops %zu and %zu", &a, &b), 2) << s.message();
-      EXPECT_TRUE(overlap(ops[a], ops[b], false)) << s.message();
+      ASSERT_NO_FATAL_FAILURE(expect_verdict(ops, false, expected));
     }
   }
 }
@@ -117,23 +121,13 @@ TEST(DestinationOverlap, StartsSpreadOverTheWholeAddressSpaceAgreeWithACompariso
         const uint64_t at = (rng() >> 1) & ~uint64_t{4095};
         ops.push_back({i % 3 == 0 ? OpKind::kRead : OpKind::kWrite, at, at, 4096});
       }
-      if (plant) {  // one op moved into the middle of another of its space
-        const size_t victim = rng() % n;
-        size_t mover = rng() % n;
-        while (mover == victim || ops[mover].kind != ops[victim].kind) mover = rng() % n;
-        ops[mover].local_addr = ops[mover].remote_addr = dst(ops[victim]) + 100;
-      }
+      if (plant) plant_overlap(ops, rng, 100);  // into the middle of another op
       for (const bool one_space : {false, true}) {
         const bool expected = any_overlap_by_comparison_sort(ops, one_space);
         if (!one_space) {
           ASSERT_EQ(expected, plant) << n;
         }
-        const Status s = check_disjoint_destinations(ops, one_space);
-        ASSERT_EQ(!s.ok(), expected) << n << ": " << s.to_string();
-        if (!expected) continue;
-        size_t a = 0, b = 0;
-        ASSERT_EQ(std::sscanf(s.message().c_str(), "ops %zu and %zu", &a, &b), 2) << s.message();
-        EXPECT_TRUE(overlap(ops[a], ops[b], one_space)) << s.message();
+        ASSERT_NO_FATAL_FAILURE(expect_verdict(ops, one_space, expected));
       }
     }
   }
