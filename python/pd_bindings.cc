@@ -166,7 +166,8 @@ void bind_pd(py::module_& m) {
                        uint32_t tp_rank, uint32_t tp_size, uint32_t total_kv_heads,
                        std::string bootstrap_address, std::string control_listen, int worker_shards,
                        const pd::PdTimeouts& timeouts, std::optional<std::string> strategy,
-                       uint32_t max_pages_per_call) {
+                       uint32_t max_pages_per_call, uint32_t max_open_rooms,
+                       uint32_t max_open_rooms_per_decode) {
              pd::PrefillServerOptions o;
              o.engine = &unwrap_engine(engine);
              o.buffers = make_buffers(layout, aux, state);
@@ -177,6 +178,8 @@ void bind_pd(py::module_& m) {
              o.timeouts = timeouts;
              if (strategy) o.send.strategy = value_or_throw(kv::parse_send_strategy(*strategy));
              o.send.max_pages_per_call = max_pages_per_call;
+             o.max_open_rooms = max_open_rooms;
+             o.max_open_rooms_per_decode = max_open_rooms_per_decode;
              py::gil_scoped_release release;
              return value_or_throw(pd::PrefillServer::create(std::move(o)));
            }),
@@ -185,7 +188,11 @@ void bind_pd(py::module_& m) {
            py::arg("tp_size") = 1, py::arg("total_kv_heads") = 0, py::arg("bootstrap_address") = "",
            py::arg("control_listen") = "127.0.0.1:0", py::arg("worker_shards") = 2,
            py::arg("timeouts") = pd::PdTimeouts{}, py::arg("strategy") = py::none(),
-           py::arg("max_pages_per_call") = 0, py::keep_alive<1, 2>())
+           py::arg("max_pages_per_call") = 0,
+           py::arg("max_open_rooms") = pd::PrefillServerOptions{}.max_open_rooms,
+           py::arg("max_open_rooms_per_decode") =
+               pd::PrefillServerOptions{}.max_open_rooms_per_decode,
+           py::keep_alive<1, 2>())
       .def_property_readonly("control_endpoint", &pd::PrefillServer::control_endpoint)
       .def(
           "create_sender",

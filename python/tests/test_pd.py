@@ -44,7 +44,8 @@ def pd_pair(request):
     d_mem, d_layout, d_aux, d_kv = make_rank(decode_engine)
     p_mem[:] = np.random.default_rng(5).integers(0, 256, p_mem.size, dtype=np.uint8)
     prefill = kvferry.PrefillServer(prefill_engine, p_layout, aux=p_aux,
-                                    bootstrap_address=bootstrap.address, timeouts=timeouts)
+                                    bootstrap_address=bootstrap.address, timeouts=timeouts,
+                                    max_open_rooms=4096, max_open_rooms_per_decode=1024)
     decode = kvferry.DecodeClient(decode_engine, d_layout, aux=d_aux, timeouts=timeouts)
     yield bootstrap, prefill, decode, (p_mem, p_kv), (d_mem, d_kv)
     del prefill, decode

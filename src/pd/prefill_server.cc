@@ -2,6 +2,8 @@
 // The send path is in kv_sender.cc.
 #include "kvferry/pd/prefill_server.h"
 
+#include <fmt/format.h>
+
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
@@ -293,6 +295,30 @@ Status PrefillServerImpl::admit_destination(const SenderState& s, const DecodePe
   return Status::Ok();
 }
 
+Result<std::shared_ptr<SenderState>> PrefillServerImpl::room_for_request(
+    const std::shared_ptr<DecodePeer>& peer, uint64_t room) {
+  std::lock_guard lock(mu_);
+  if (auto it = rooms_.find(room); it != rooms_.end()) return it->second;
+  const uint32_t per_decode = options_.max_open_rooms_per_decode;
+  if (per_decode != 0 && peer->rooms_opened >= per_decode) {
+    return FailedPrecondition(
+        fmt::format("room {}: {} already holds {} open rooms, the limit max_open_rooms_per_decode",
+                    room, peer->name(), peer->rooms_opened));
+  }
+  const uint32_t in_all = options_.max_open_rooms;
+  if (in_all != 0 && rooms_opened_by_decode_ >= in_all) {
+    return FailedPrecondition(
+        fmt::format("room {}: decode requests hold {} open rooms here, the limit max_open_rooms",
+                    room, rooms_opened_by_decode_));
+  }
+  auto s = std::make_shared<SenderState>(room, this);
+  s->opener = peer;
+  ++peer->rooms_opened;
+  ++rooms_opened_by_decode_;
+  rooms_.emplace(room, s);
+  return s;
+}
+
 void PrefillServerImpl::refuse_request(const std::shared_ptr<DecodePeer>& peer, uint64_t room,
                                        const Status& why) {
   // Refused for this sender only: the room belongs to the destinations that filled it, and a
@@ -322,13 +348,24 @@ void PrefillServerImpl::on_request(const std::shared_ptr<DecodePeer>& peer,
                         std::to_string(request.required_dst_ranks) + " exceeds the tp size " +
                         std::to_string(peer->registration.tp_size) + " of " + peer->name()));
   }
-  std::shared_ptr<SenderState> s;
-  {
-    std::lock_guard lock(mu_);
-    auto& slot = rooms_[room];
-    if (!slot) slot = std::make_shared<SenderState>(room, this);
-    s = slot;
+  const uint64_t capacity = peer->layout.num_pages();
+  if (request.dst_pages.size() > capacity) {
+    return refuse_request(
+        peer, room,
+        InvalidArgument(fmt::format("room {}: {} destination pages, but {} holds {} pages in all",
+                                    room, request.dst_pages.size(), peer->name(), capacity)));
   }
+  for (const kv::PageIndex page : request.dst_pages) {
+    if (page >= capacity) {
+      return refuse_request(
+          peer, room,
+          InvalidArgument(fmt::format("room {}: destination page {} lies past the {} pages of {}",
+                                      room, page, capacity, peer->name())));
+    }
+  }
+  Result<std::shared_ptr<SenderState>> opened = room_for_request(peer, room);
+  if (!opened.ok()) return refuse_request(peer, room, opened.status());
+  std::shared_ptr<SenderState> s = std::move(*opened);
   Status refused;
   bool complete = false;
   {
@@ -489,6 +526,10 @@ void PrefillServerImpl::forget_room(uint64_t room, const SenderState* s) {
     (s->cell.state() == RequestState::kSuccess ? stats_.requests_succeeded
                                                : stats_.requests_failed)++;
     if (metrics_ != nullptr) metrics_->on_final(s->cell.state());
+    if (s->opener != nullptr) {
+      --s->opener->rooms_opened;
+      --rooms_opened_by_decode_;
+    }
     rooms_.erase(it);
   }
 }

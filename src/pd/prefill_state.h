@@ -52,6 +52,9 @@ struct DecodePeer {
   kv::KvLayout layout;
   PeerHandle engine_peer;
   std::atomic<bool> alive{true};
+  // Rooms this connection's requests opened that the server still holds (under the
+  // server's mu_).
+  uint32_t rooms_opened = 0;
 
   // "decode connection N" until registered, then "decode tp d/D @ endpoint". Thread-safe.
   std::string name() const {
@@ -97,6 +100,10 @@ struct SenderState {
   std::atomic<int64_t> first_post_ns{0};
   bool notified = false;  // every required destination was told the final state
   std::vector<std::shared_ptr<DecodePeer>> ack_to;  // abort acks owed once drained
+  // The decode connection whose request opened the room (null: create_sender did); counted
+  // against its share of PrefillServerOptions::max_open_rooms* until the room is forgotten.
+  // Set once, under the server's mu_.
+  std::shared_ptr<DecodePeer> opener;
   // When the monitor first saw it failed while it was still held (monitor thread, under the
   // server's mu_).
   Clock::time_point failed_seen{};
@@ -143,6 +150,10 @@ class PrefillServerImpl {
   // s.mu held.
   Status admit_destination(const SenderState& s, const DecodePeer& peer,
                            const TransferRequest& request) const;
+  // Room `room`, opened for `peer` if it is not open and the limits allow
+  // (PrefillServerOptions::max_open_rooms*); why not otherwise.
+  Result<std::shared_ptr<SenderState>> room_for_request(const std::shared_ptr<DecodePeer>& peer,
+                                                        uint64_t room);
   // Answers `peer` with RequestStatus Failed for `room`, leaving the room alone.
   void refuse_request(const std::shared_ptr<DecodePeer>& peer, uint64_t room, const Status& why);
   void on_abort(const std::shared_ptr<DecodePeer>& peer, const AbortMessage& abort);
@@ -186,6 +197,7 @@ class PrefillServerImpl {
   // reader, so no on_close still runs on `this` once it returns).
   std::vector<std::weak_ptr<ControlChannel>> channels_;
   std::unordered_map<uint64_t, std::shared_ptr<SenderState>> rooms_;
+  uint64_t rooms_opened_by_decode_ = 0;  // of rooms_, those with an opener
   PrefillStats stats_;
   std::unique_ptr<PdMetrics> metrics_;  // PrefillServerOptions::metrics, else null
 };

@@ -67,6 +67,15 @@ struct PrefillServerOptions {
   // registered connection that goes silent is closed by the heartbeat timeout instead.
   ListenerLimits control_limits{.max_connections = 256, .max_connections_per_source = 32};
   SendOptions send;
+  // Rooms that decode's TransferRequests opened and the server still holds (until they
+  // finish, or fail and are forgotten): at most max_open_rooms in all, and at most
+  // max_open_rooms_per_decode opened by one decode connection, so a decode that opens rooms
+  // without end can exhaust neither this process's memory nor the other decodes' share. A
+  // request that would open one more is answered Failed (FailedPrecondition naming the
+  // limit) and leaves nothing behind; requests for rooms already open, and the rooms the
+  // serving stack opens (create_sender), are never refused. 0 = no limit.
+  uint32_t max_open_rooms = 65'536;
+  uint32_t max_open_rooms_per_decode = 16'384;
   // Count requests, transfer latency and bootstrap health (metrics()); off: nothing.
   bool metrics = false;
   PdIntegrity integrity;

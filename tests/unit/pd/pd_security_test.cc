@@ -349,6 +349,119 @@ TEST(PdSecurity, RoomsThatNeverFillFailAndThenGoSoAFloodOfThemCannotPileUp) {
   EXPECT_EQ(prefill->stats().requests_failed, kNamedRooms + 1);
 }
 
+// Room flood, bounded outright: a registered decode that opens rooms without end (requests
+// that never fill) is refused past its share, max_open_rooms_per_decode, and every decode
+// together past max_open_rooms; each refusal names its limit and leaves nothing behind.
+// Requests that join a room already open, and the serving stack's own rooms, are never
+// refused. A page list that cannot fit the decode's pool is refused before it opens a room.
+TEST(PdSecurity, ADecodeOpeningRoomsWithoutEndIsRefusedPastItsShareAndOthersStillJoin) {
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  ModelShape m;
+  TestRank p = testing::make_rank("prefill", m, 1, 0);
+  TestRank d0 = testing::make_rank("decode0", m, 2, 0);
+  TestRank d1 = testing::make_rank("decode1", m, 2, 1);
+  PdTimeouts t = patient_with_raw_clients();
+  t.bootstrap_timeout = 60s;  // the rooms stay open for the whole test
+  PrefillServerOptions o = testing::prefill_options(p, bootstrap->address(), t);
+  o.max_open_rooms_per_decode = 40;
+  o.max_open_rooms = 60;
+  auto prefill = testing::must(PrefillServer::create(std::move(o)));
+  RawControlClient flooder(prefill->control_endpoint());
+  RawControlClient other(prefill->control_endpoint());
+  ASSERT_TRUE(flooder.register_as(d0).ok());
+  ASSERT_TRUE(other.register_as(d1).ok());
+  const auto dst = testing::pages_from(4, 3);
+  auto expect_refused = [](RawControlClient& c, uint64_t room, StatusCode code,
+                           const std::string& reason) {
+    auto status = c.read_status();
+    ASSERT_TRUE(status.ok()) << status.status().to_string();
+    EXPECT_EQ(status->room, room);
+    EXPECT_EQ(status->state, RequestState::kFailed);
+    EXPECT_EQ(status->code, code) << status->reason;
+    EXPECT_TRUE(contains(status->reason, reason)) << status->reason;
+  };
+
+  constexpr uint64_t kFlood = 1000, kOther = 2000;
+  for (uint64_t room = kFlood; room < kFlood + 50; ++room) {
+    ASSERT_TRUE(flooder.send(TransferRequest{room, 2, false, dst}).ok());
+  }
+  for (uint64_t room = kFlood + 40; room < kFlood + 50; ++room) {
+    expect_refused(flooder, room, StatusCode::kFailedPrecondition, "max_open_rooms_per_decode");
+  }
+  EXPECT_EQ(prefill->stats().open_rooms, 40u);
+
+  // The other decode joins a room the flood opened (it fills: no answer) and opens its own
+  // until all decodes together hold max_open_rooms.
+  ASSERT_TRUE(other.send(TransferRequest{kFlood, 2, false, dst}).ok());
+  for (uint64_t room = kOther; room < kOther + 30; ++room) {
+    ASSERT_TRUE(other.send(TransferRequest{room, 2, false, dst}).ok());
+  }
+  for (uint64_t room = kOther + 20; room < kOther + 30; ++room) {
+    expect_refused(other, room, StatusCode::kFailedPrecondition, "max_open_rooms");
+  }
+  EXPECT_EQ(prefill->stats().open_rooms, 60u);
+
+  // Page lists the decode's pool cannot hold: refused whatever the limits.
+  std::vector<kv::PageIndex> past_the_pool = dst;
+  past_the_pool.push_back(m.pages);
+  ASSERT_TRUE(other.send(TransferRequest{3000, 2, false, past_the_pool}).ok());
+  expect_refused(other, 3000, StatusCode::kInvalidArgument,
+                 "destination page " + std::to_string(m.pages) + " lies past the");
+  ASSERT_TRUE(
+      other.send(TransferRequest{3001, 2, false, testing::pages_from(0, m.pages + 1, 0)}).ok());
+  expect_refused(other, 3001, StatusCode::kInvalidArgument,
+                 std::to_string(m.pages + 1) + " destination pages");
+
+  // The serving stack's rooms are its own: opened past the limit, and the flooded room the
+  // other decode joined goes on to wait for its input.
+  KvSender own = testing::must(prefill->create_sender(5));
+  KvSender joined = testing::must(prefill->create_sender(kFlood));
+  EXPECT_EQ(joined.wait_at_least(RequestState::kWaitingForInput, 5s),
+            RequestState::kWaitingForInput);
+  EXPECT_EQ(prefill->stats().open_rooms, 61u);
+}
+
+// A decode's share comes back as its rooms go: once the rooms it opened failed and were
+// forgotten, the same connection opens as many again.
+TEST(PdSecurity, ADecodesRoomShareComesBackOnceItsRoomsAreForgotten) {
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  ModelShape m;
+  TestRank p = testing::make_rank("prefill", m, 1, 0);
+  TestRank d0 = testing::make_rank("decode0", m, 2, 0);
+  PdTimeouts t = patient_with_raw_clients();
+  t.bootstrap_timeout = 300ms;
+  PrefillServerOptions o = testing::prefill_options(p, bootstrap->address(), t);
+  o.max_open_rooms_per_decode = 5;
+  auto prefill = testing::must(PrefillServer::create(std::move(o)));
+  RawControlClient rank0(prefill->control_endpoint());
+  ASSERT_TRUE(rank0.register_as(d0).ok());
+  const auto dst = testing::pages_from(4, 3);
+  // Five rooms that never fill, then one past the share; again once they are gone.
+  for (uint64_t first : {uint64_t{100}, uint64_t{200}}) {
+    for (uint64_t room = first; room <= first + 5; ++room) {
+      ASSERT_TRUE(rank0.send(TransferRequest{room, 2, false, dst}).ok());
+    }
+    int refused = 0, timed_out = 0;
+    for (int i = 0; i < 6; ++i) {
+      auto status = rank0.read_status();
+      ASSERT_TRUE(status.ok()) << status.status().to_string();
+      ASSERT_GE(status->room, first);
+      ASSERT_LE(status->room, first + 5);
+      if (status->code == StatusCode::kFailedPrecondition) {
+        EXPECT_EQ(status->room, first + 5) << status->reason;
+        ++refused;
+      } else {
+        EXPECT_EQ(status->code, StatusCode::kTimeout) << status->reason;
+        ++timed_out;
+      }
+    }
+    EXPECT_EQ(refused, 1);
+    EXPECT_EQ(timed_out, 5);
+    ASSERT_TRUE(kvferry::testing::eventually([&] { return prefill->stats().open_rooms == 0; }, 10s))
+        << prefill->stats().open_rooms << " rooms still held";
+  }
+}
+
 // Registration spoofing: an unsigned PUT /register that keeps a live prefill rank's control
 // endpoint but claims a restart (a new incarnation), or repoints its engine or control
 // endpoint, is refused with 409 naming the field and the registered value. Decode, which
