@@ -302,10 +302,11 @@ void run_parts(ThreadPool& pool, int parts, const F& part) {
   }
   std::latch done(parts - 1);
   for (int t = 1; t < parts; ++t) {
-    pool.post([&part, &done, t] {
+    auto run = [&part, &done, t] {
       part(t);
       done.count_down();
-    });
+    };
+    if (!pool.post(run).ok()) run();  // no thread: here
   }
   part(0);
   done.wait();

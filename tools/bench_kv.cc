@@ -299,7 +299,9 @@ class BlockCopier {
       }
       done.count_down();
     };
-    for (int t = 1; t < threads_; ++t) pool_.post([&part, t] { part(t); });
+    for (int t = 1; t < threads_; ++t) {
+      if (!pool_.post([&part, t] { part(t); }).ok()) part(t);  // no thread: here
+    }
     part(0);
     done.wait();
   }

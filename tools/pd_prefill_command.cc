@@ -126,7 +126,8 @@ int run_prefill(const PrefillArgs& args) {
           pd::RequestState state = (*it)->sender.poll();
           if (!(*it)->started && state == pd::RequestState::kWaitingForInput) {
             (*it)->started = true;
-            compute.post([&prefill, job = *it] { prefill(job); });
+            auto compute_job = [&prefill, job = *it] { prefill(job); };
+            if (!compute.post(compute_job).ok()) compute_job();  // no thread: here
           }
           // A failed job may still be in its compute task: its pages return after it.
           if (pd::is_final(state) && (!(*it)->started || (*it)->compute_done)) {

@@ -172,14 +172,16 @@ class AcceptHub {
     return *hub;
   }
 
-  void add(Acceptor* a) {
+  Status add(Acceptor* a) {
     std::lock_guard lock(mu_);
-    members_.push_back({a, {}});
     if (!running_thread_) {
+      KVF_ASSIGN_OR_RETURN(std::thread thread, start_named_thread("kvf-accept", [this] { run(); }));
+      thread.detach();
       running_thread_ = true;
-      named_thread("kvf-accept", [this] { run(); }).detach();
     }
+    members_.push_back({a, {}});
     wake();
+    return Status::Ok();
   }
 
   // After it returns, a's accept_ready never runs again (on the hub's own thread, from a's
@@ -309,9 +311,9 @@ Acceptor::Acceptor(Fd listener, Endpoint bound, std::string where, Options optio
 
 Acceptor::~Acceptor() { stop(); }
 
-void Acceptor::start(OnConnection on_connection) {
+Status Acceptor::start(OnConnection on_connection) {
   on_connection_ = std::move(on_connection);
-  AcceptHub::instance().add(this);
+  return AcceptHub::instance().add(this);
 }
 
 void Acceptor::stop() {

@@ -114,8 +114,9 @@ class Acceptor {
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;
 
-  // Starts accepting (on the process's accept thread). Call once.
-  void start(OnConnection on_connection);
+  // Starts accepting (on the process's accept thread). Call once. Internal when the accept
+  // thread is not running and cannot start.
+  Status start(OnConnection on_connection);
   // Stops accepting; idempotent. The callback does not run after it returns.
   void stop();
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/fd.h"
+#include "core/log_throttle.h"
 #include "core/named_thread.h"
 
 namespace kvferry {
@@ -65,17 +66,21 @@ struct IoPool::State : std::enable_shared_from_this<IoPool::State> {
   int started = 0;
   std::unordered_map<std::thread::id, std::thread> running;
   std::vector<std::thread> ended;  // workers that retired, joined by the next start
+  LogThrottle start_failures;      // threads that could not start
 
-  // mu held.
-  void start_worker_locked() {
+  // mu held. Internal when the thread cannot start (core/named_thread.h).
+  Status start_worker_locked() {
     for (std::thread& t : ended) t.join();
     ended.clear();
+    KVF_ASSIGN_OR_RETURN(std::thread t,
+                         start_named_thread(options.name + "-" + std::to_string(started),
+                                            [self = shared_from_this()] { self->run(); }));
+    ++started;
     ++threads;
     ++idle;
-    std::thread t = named_thread(options.name + "-" + std::to_string(started++),
-                                 [self = shared_from_this()] { self->run(); });
     const std::thread::id id = t.get_id();
     running.emplace(id, std::move(t));
+    return Status::Ok();
   }
 
   // mu held. Arms the timerfd for `at` (time_point::max(): disarmed).
@@ -114,7 +119,12 @@ struct IoPool::State : std::enable_shared_from_this<IoPool::State> {
         return;
       }
       --idle;
-      if (idle == 0 && !stopping && threads < options.max_threads) start_worker_locked();
+      if (idle == 0 && !stopping && threads < options.max_threads) {
+        // Without another thread, the ones running take the work in turn.
+        if (Status grown = start_worker_locked(); !grown.ok()) {
+          start_failures.warn("{}; {} thread(s) serve the pool", grown.message(), threads);
+        }
+      }
       lock.unlock();
       const bool go_on = handle(ev.data.u64);
       lock.lock();
@@ -195,11 +205,14 @@ Result<std::unique_ptr<IoPool>> IoPool::create(Options options) {
   KVF_RETURN_IF_ERROR(epoll_add(s->epoll.get(), s->tasks.get(), EPOLLIN | EPOLLONESHOT, kTasksId));
   KVF_RETURN_IF_ERROR(epoll_add(s->epoll.get(), s->stop.get(), EPOLLIN, kStopId));
   KVF_RETURN_IF_ERROR(epoll_add(s->epoll.get(), s->timer.get(), EPOLLIN | EPOLLONESHOT, kTimerId));
+  std::unique_ptr<IoPool> pool(new IoPool(s));
+  Status started;
   {
     std::lock_guard lock(s->mu);
-    for (int i = 0; i < s->options.keep; ++i) s->start_worker_locked();
+    for (int i = 0; i < s->options.keep && started.ok(); ++i) started = s->start_worker_locked();
   }
-  return std::unique_ptr<IoPool>(new IoPool(std::move(s)));
+  if (!started.ok()) return started;  // the pool goes, and stops those that started
+  return pool;
 }
 
 IoPool::~IoPool() {

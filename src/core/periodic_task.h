@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -16,17 +17,14 @@ namespace kvferry {
 
 class PeriodicTask {
  public:
-  PeriodicTask(std::chrono::milliseconds period, std::function<void()> callback,
-               std::string name = "kvf-periodic")
-      : period_(period), callback_(std::move(callback)) {
-    thread_ = named_thread(std::move(name), [this] {
-      std::unique_lock lock(mu_);
-      while (!cv_.wait_for(lock, period_, [this] { return stopping_; })) {
-        lock.unlock();
-        callback_();
-        lock.lock();
-      }
-    });
+  // A task whose thread runs; Internal when the thread cannot start (core/named_thread.h).
+  static Result<std::unique_ptr<PeriodicTask>> start(std::chrono::milliseconds period,
+                                                     std::function<void()> callback,
+                                                     std::string name = "kvf-periodic") {
+    std::unique_ptr<PeriodicTask> task(new PeriodicTask(period, std::move(callback)));
+    PeriodicTask* t = task.get();
+    KVF_ASSIGN_OR_RETURN(task->thread_, start_named_thread(std::move(name), [t] { t->run(); }));
+    return task;
   }
   ~PeriodicTask() {
     {
@@ -34,12 +32,23 @@ class PeriodicTask {
       stopping_ = true;
     }
     cv_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
   PeriodicTask(const PeriodicTask&) = delete;
   PeriodicTask& operator=(const PeriodicTask&) = delete;
 
  private:
+  PeriodicTask(std::chrono::milliseconds period, std::function<void()> callback)
+      : period_(period), callback_(std::move(callback)) {}
+  void run() {
+    std::unique_lock lock(mu_);
+    while (!cv_.wait_for(lock, period_, [this] { return stopping_; })) {
+      lock.unlock();
+      callback_();
+      lock.lock();
+    }
+  }
+
   std::chrono::milliseconds period_;
   std::function<void()> callback_;
   std::mutex mu_;

@@ -57,7 +57,8 @@ struct RequestServer::Loop {
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev) != 0) {
       return ErrnoStatus(StatusCode::kInternal, "epoll_ctl", errno);
     }
-    thread_ = named_thread(thread_name("kvf-r-", options_.name), [this] { run(); });
+    KVF_ASSIGN_OR_RETURN(
+        thread_, start_named_thread(thread_name("kvf-r-", options_.name), [this] { run(); }));
     return Status::Ok();
   }
 
@@ -280,9 +281,10 @@ Result<std::unique_ptr<RequestServer>> RequestServer::start(const Endpoint& list
   KVF_RETURN_IF_ERROR(loop->start());
   auto server =
       std::unique_ptr<RequestServer>(new RequestServer(std::move(acceptor), std::move(loop)));
-  server->acceptor_->start([l = server->loop_.get()](Fd fd, ConnectionSlot slot) {
-    l->adopt(std::move(fd), std::move(slot));
-  });
+  KVF_RETURN_IF_ERROR(
+      server->acceptor_->start([l = server->loop_.get()](Fd fd, ConnectionSlot slot) {
+        l->adopt(std::move(fd), std::move(slot));
+      }));
   return server;
 }
 

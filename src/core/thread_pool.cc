@@ -23,7 +23,10 @@ ThreadPool::ThreadPool(int threads, const std::string& name, Start start)
   std::lock_guard lock(mu_);
   workers_.reserve(static_cast<size_t>(max_threads_));
   if (start == Start::kNow) {
-    for (int i = 0; i < max_threads_; ++i) start_worker_locked();
+    for (int i = 0; i < max_threads_; ++i) {
+      std::thread t = named_thread(name_ + "-" + std::to_string(i), [this] { run(); });
+      workers_.push_back(std::move(t));
+    }
   }
 }
 
@@ -38,22 +41,30 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers) w.join();
 }
 
-void ThreadPool::start_worker_locked() {
-  workers_.push_back(
-      named_thread(name_ + "-" + std::to_string(workers_.size()), [this] { run(); }));
+Status ThreadPool::start_worker_locked() {
+  KVF_ASSIGN_OR_RETURN(
+      std::thread t,
+      start_named_thread(name_ + "-" + std::to_string(workers_.size()), [this] { run(); }));
+  workers_.push_back(std::move(t));
+  return Status::Ok();
 }
 
-void ThreadPool::post(std::function<void()> task) {
+Status ThreadPool::post(std::function<void()> task) {
   {
     std::lock_guard lock(mu_);
-    queue_.push_back(std::move(task));
     // Every waiting worker has a task already: one more starts, if the pool may grow.
-    if (!stopping_ && waiting_ < static_cast<int>(queue_.size()) &&
+    if (!stopping_ && waiting_ <= static_cast<int>(queue_.size()) &&
         static_cast<int>(workers_.size()) < max_threads_) {
-      start_worker_locked();
+      if (Status started = start_worker_locked(); !started.ok()) {
+        if (workers_.empty()) return started;
+        start_failures_.warn("{}; the pool's {} thread(s) take its tasks in turn",
+                             started.message(), workers_.size());
+      }
     }
+    queue_.push_back(std::move(task));
   }
   cv_.notify_one();
+  return Status::Ok();
 }
 
 void ThreadPool::run() {

@@ -4,6 +4,10 @@
 // an idle pool holds none (a server whose requests are rare: an engine's shm descriptor
 // server runs no thread until a peer asks). Started threads stay until the pool goes.
 //
+// When the system will not start a thread (core/named_thread.h), the threads the pool has
+// take its tasks in turn (a warning says so, at most once per interval); a pool with none
+// refuses the task.
+//
 // Thread-safety: post() may be called from any thread, including a worker. The
 // destructor drains nothing: it runs the tasks already queued, then joins.
 #pragma once
@@ -17,6 +21,9 @@
 #include <thread>
 #include <vector>
 
+#include "core/log_throttle.h"
+#include "kvferry/status.h"
+
 namespace kvferry {
 
 class ThreadPool {
@@ -28,12 +35,14 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  void post(std::function<void()> task);
+  // Queues `task`. Internal (naming the thread, nothing queued) when the pool has no thread
+  // and cannot start one.
+  Status post(std::function<void()> task);
   // The most threads it runs (started or not).
   int size() const { return max_threads_; }
 
  private:
-  void start_worker_locked();
+  Status start_worker_locked();
   void run();
 
   const int max_threads_;
@@ -44,6 +53,7 @@ class ThreadPool {
   bool stopping_ = false;
   int waiting_ = 0;                   // workers waiting for a task; guarded by mu_
   std::vector<std::thread> workers_;  // guarded by mu_
+  LogThrottle start_failures_;
 };
 
 // The CPUs this process may run on (its affinity mask; at least 1), read once.

@@ -37,15 +37,21 @@ Result<std::shared_ptr<NotificationSender>> EngineImpl::notification_sender(Peer
     }
   }
   std::lock_guard lock(notify_mu_);
-  auto& slot = notify_senders_[peer.name];
-  if (!slot || slot->target_incarnation() != peer.incarnation) {
+  auto it = notify_senders_.find(peer.name);
+  if (it == notify_senders_.end() || it->second->target_incarnation() != peer.incarnation) {
     KVF_ASSIGN_OR_RETURN(Endpoint endpoint, parse_endpoint(target));
-    if (slot) slot->shutdown(PeerDisconnected("peer " + peer.name + " restarted"));
     NotificationSender::Identity self{options_.name, endpoint_, incarnation_, secret_};
-    slot = std::make_shared<NotificationSender>(peer.name, std::move(endpoint), peer.incarnation,
-                                                std::move(self), peer.liveness);
+    KVF_ASSIGN_OR_RETURN(std::shared_ptr<NotificationSender> sender,
+                         NotificationSender::start(peer.name, std::move(endpoint), peer.incarnation,
+                                                   std::move(self), peer.liveness));
+    if (it != notify_senders_.end()) {
+      it->second->shutdown(PeerDisconnected("peer " + peer.name + " restarted"));
+      it->second = std::move(sender);
+    } else {
+      it = notify_senders_.emplace(peer.name, std::move(sender)).first;
+    }
   }
-  return slot;
+  return it->second;
 }
 
 void EngineImpl::drop_notification_sender(const std::string& peer_name, const Status& why) {

@@ -56,7 +56,7 @@ struct NotificationReceiver::Loop {
     if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev) != 0) {
       return ErrnoStatus(StatusCode::kInternal, "epoll_ctl", errno);
     }
-    thread_ = named_thread("kvf-notify", [this] { run(); });
+    KVF_ASSIGN_OR_RETURN(thread_, start_named_thread("kvf-notify", [this] { run(); }));
     return Status::Ok();
   }
 
@@ -557,9 +557,10 @@ Result<std::unique_ptr<NotificationReceiver>> NotificationReceiver::start(Option
   KVF_RETURN_IF_ERROR(loop->start());
   auto receiver = std::unique_ptr<NotificationReceiver>(
       new NotificationReceiver(std::move(acceptor), std::move(loop)));
-  receiver->acceptor_->start([l = receiver->loop_.get()](Fd conn, ConnectionSlot slot) {
-    l->adopt(std::move(conn), std::move(slot));
-  });
+  KVF_RETURN_IF_ERROR(
+      receiver->acceptor_->start([l = receiver->loop_.get()](Fd conn, ConnectionSlot slot) {
+        l->adopt(std::move(conn), std::move(slot));
+      }));
   return receiver;
 }
 

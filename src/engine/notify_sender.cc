@@ -49,12 +49,22 @@ NotificationSender::NotificationSender(std::string peer_name, Endpoint target,
       target_(std::move(target)),
       target_incarnation_(target_incarnation),
       self_(std::move(self)),
-      liveness_(std::move(liveness)),
-      thread_(named_thread("kvf-notify-tx", [this] { run(); })) {}
+      liveness_(std::move(liveness)) {}
+
+Result<std::shared_ptr<NotificationSender>> NotificationSender::start(
+    std::string peer_name, Endpoint target, uint64_t target_incarnation, Identity self,
+    std::shared_ptr<PeerLiveness> liveness) {
+  std::shared_ptr<NotificationSender> sender(
+      new NotificationSender(std::move(peer_name), std::move(target), target_incarnation,
+                             std::move(self), std::move(liveness)));
+  NotificationSender* raw = sender.get();
+  KVF_ASSIGN_OR_RETURN(sender->thread_, start_named_thread("kvf-notify-tx", [raw] { raw->run(); }));
+  return sender;
+}
 
 NotificationSender::~NotificationSender() {
   shutdown(Cancelled("the sending engine shut down"), kDrain);
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void NotificationSender::enqueue(std::string bytes, Clock::time_point deadline,

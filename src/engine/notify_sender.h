@@ -55,8 +55,11 @@ class NotificationSender {
     std::optional<std::string> secret;
   };
 
-  NotificationSender(std::string peer_name, Endpoint target, uint64_t target_incarnation,
-                     Identity self, std::shared_ptr<PeerLiveness> liveness);
+  // A sender with its thread running; Internal when the thread cannot start.
+  static Result<std::shared_ptr<NotificationSender>> start(std::string peer_name, Endpoint target,
+                                                           uint64_t target_incarnation,
+                                                           Identity self,
+                                                           std::shared_ptr<PeerLiveness> liveness);
   ~NotificationSender();  // drains (shutdown), fails the rest with Cancelled, says kBye, joins
   NotificationSender(const NotificationSender&) = delete;
   NotificationSender& operator=(const NotificationSender&) = delete;
@@ -73,6 +76,8 @@ class NotificationSender {
   static constexpr std::chrono::seconds kDrain{2};
 
  private:
+  NotificationSender(std::string peer_name, Endpoint target, uint64_t target_incarnation,
+                     Identity self, std::shared_ptr<PeerLiveness> liveness);
   struct Item {
     std::string bytes;
     Clock::time_point deadline;
@@ -103,7 +108,7 @@ class NotificationSender {
   uint32_t peer_max_bytes_ = 0;
   uint64_t next_sequence_ = 1;
 
-  std::thread thread_;  // last: starts once the rest is built
+  std::thread thread_;  // started by start(), once the rest is built
 };
 
 }  // namespace kvferry::detail

@@ -49,6 +49,9 @@ Status PeerMonitor::watch(const std::shared_ptr<PeerState>& peer) {
       ++it;
     }
   }
+  if (!thread_.joinable()) {
+    KVF_ASSIGN_OR_RETURN(thread_, start_named_thread("kvf-peer-mon", [this] { loop(); }));
+  }
   uint64_t key = next_key_++;
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -57,7 +60,6 @@ Status PeerMonitor::watch(const std::shared_ptr<PeerState>& peer) {
     return ErrnoStatus(StatusCode::kInternal, "epoll_ctl", errno);
   }
   watched_.emplace(key, Watched{std::move(pidfd), peer});
-  if (!thread_.joinable()) thread_ = named_thread("kvf-peer-mon", [this] { loop(); });
   return Status::Ok();
 }
 

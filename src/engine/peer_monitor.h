@@ -23,8 +23,8 @@ class PeerMonitor {
   PeerMonitor(const PeerMonitor&) = delete;
   PeerMonitor& operator=(const PeerMonitor&) = delete;
 
-  // Starts watching the peer's process. Internal if pidfd_open fails; PeerDisconnected if
-  // the process is already gone.
+  // Starts watching the peer's process. Internal if pidfd_open fails or the monitor thread
+  // cannot start; PeerDisconnected if the process is already gone.
   Status watch(const std::shared_ptr<PeerState>& peer);
 
  private:

@@ -59,8 +59,8 @@ Result<std::unique_ptr<EtcdStore>> EtcdStore::open(std::string uri, std::vector<
   if (!status.ok()) return status.status();
   auto period = std::chrono::duration_cast<std::chrono::milliseconds>(options.record_ttl) / 3;
   EtcdStore* raw = store.get();
-  store->keeper_ = std::make_unique<PeriodicTask>(
-      period, [raw] { raw->keep_alive(); }, "kvf-etcd-ttl");
+  KVF_ASSIGN_OR_RETURN(store->keeper_, PeriodicTask::start(
+                                           period, [raw] { raw->keep_alive(); }, "kvf-etcd-ttl"));
   return store;
 }
 

@@ -35,8 +35,8 @@ Result<std::unique_ptr<RedisStore>> RedisStore::open(std::string uri, Endpoint e
   }
   auto period = std::chrono::duration_cast<std::chrono::milliseconds>(options.record_ttl) / 3;
   RedisStore* raw = store.get();
-  store->keeper_ = std::make_unique<PeriodicTask>(
-      period, [raw] { raw->keep_alive(); }, "kvf-redis-ttl");
+  KVF_ASSIGN_OR_RETURN(store->keeper_, PeriodicTask::start(
+                                           period, [raw] { raw->keep_alive(); }, "kvf-redis-ttl"));
   return store;
 }
 

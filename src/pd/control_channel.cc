@@ -93,8 +93,9 @@ void ControlChannel::start(const Heartbeats& heartbeats, ControlHub& hub) {
   // The watch's callback holds the channel until finish() lets the watch go, so a callback
   // may drop the owner's last reference without destroying the object under a turn.
   std::shared_ptr<ControlChannel> self = self_.lock();
-  Status watching = Status::Ok();
-  {
+  // Beating first: a channel that finishes below is dropped at the hub's next tick.
+  Status started = hub.add(self, heartbeats);
+  if (started.ok()) {
     // Held until watch_ is set: the first turn (which may start at once) re-arms through it.
     std::lock_guard lock(watch_mu_);
     Result<IoPool*> pool = hub.readers();
@@ -104,16 +105,15 @@ void ControlChannel::start(const Heartbeats& heartbeats, ControlHub& hub) {
     if (watch.ok()) {
       watch_ = std::move(*watch);
     } else {
-      watching = watch.status();
+      started =
+          Status(watch.status().code(), "cannot watch its socket: " + watch.status().message());
     }
   }
-  if (!watching.ok()) {
+  if (!started.ok()) {
     std::lock_guard one_turn(turn_mu_);
     ReadingTurn turn(this);
-    finish(Status(watching.code(), "cannot watch its socket: " + watching.message()));
-    return;
+    finish(started);
   }
-  hub.add(self, heartbeats);
 }
 
 ControlChannel::~ControlChannel() { close(); }
@@ -192,18 +192,21 @@ ControlHub::~ControlHub() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ControlHub::add(const std::shared_ptr<ControlChannel>& channel,
-                     const ControlChannel::Heartbeats& heartbeats) {
+Status ControlHub::add(const std::shared_ptr<ControlChannel>& channel,
+                       const ControlChannel::Heartbeats& heartbeats) {
   const Clock::time_point now = Clock::now();
   {
     std::lock_guard lock(mu_);
-    if (stopping_) return;
+    if (stopping_) return Status::Ok();
+    if (!thread_.joinable()) {
+      KVF_ASSIGN_OR_RETURN(thread_, start_named_thread("kvf-pd-beat", [this] { run(); }));
+    }
     // The first beat goes one tick after the start, as every later check does.
     entries_.push_back(Entry{channel, heartbeats, now + heartbeats.timeouts.tick(), now, 0});
     changed_ = true;
-    if (!thread_.joinable()) thread_ = named_thread("kvf-pd-beat", [this] { run(); });
   }
   cv_.notify_all();
+  return Status::Ok();
 }
 
 size_t ControlHub::size() const {

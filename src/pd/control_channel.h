@@ -81,7 +81,8 @@ class ControlChannel {
   };
   // Starts reading on `hub`'s reader pool and registers the channel's heartbeats with it.
   // Call once, after the owner stored the channel. When the pool cannot take the socket (no
-  // descriptor for it), on_close runs on this thread with the reason.
+  // descriptor for it) or the hub's thread cannot start, on_close runs on this thread with
+  // the reason.
   void start(const Heartbeats& heartbeats, ControlHub& hub);
   ~ControlChannel();
   ControlChannel(const ControlChannel&) = delete;
@@ -173,8 +174,10 @@ class ControlHub {
   ControlHub(const ControlHub&) = delete;
   ControlHub& operator=(const ControlHub&) = delete;
 
-  void add(const std::shared_ptr<ControlChannel>& channel,
-           const ControlChannel::Heartbeats& heartbeats);
+  // Beats and checks `channel` from now on; Internal when the hub's thread is not running
+  // and cannot start.
+  Status add(const std::shared_ptr<ControlChannel>& channel,
+             const ControlChannel::Heartbeats& heartbeats);
   // Channels beating now (closed ones are dropped at their next tick).
   size_t size() const;
   // The reader pool, started by the first call; an error when it cannot be (no descriptors).

@@ -41,7 +41,8 @@ Status DecodeClientImpl::start() {
   }
   bootstrap_pool_ = std::make_unique<ThreadPool>(std::max(1, options_.bootstrap_threads),
                                                  "kvf-pd-boot", ThreadPool::Start::kOnDemand);
-  monitor_thread_ = named_thread("kvf-pd-decode", [this] { monitor_loop(); });
+  KVF_ASSIGN_OR_RETURN(monitor_thread_,
+                       start_named_thread("kvf-pd-decode", [this] { monitor_loop(); }));
   return Status::Ok();
 }
 
@@ -106,7 +107,10 @@ Result<KvReceiver> DecodeClientImpl::create_receiver(const std::string& bootstra
     if (inst->phase == PrefillInstance::Phase::kReady)
       r->cell.advance(RequestState::kWaitingForInput);
   }
-  if (connect) bootstrap_pool_->post([this, inst] { connect_instance(inst); });
+  if (connect) {
+    Status posted = bootstrap_pool_->post([this, inst] { connect_instance(inst); });
+    if (!posted.ok()) kill_instance(inst, posted);  // no thread to connect: its rooms fail
+  }
   return KvReceiver(r);
 }
 

@@ -113,13 +113,18 @@ Status PrefillServerImpl::send_chunk(const std::shared_ptr<SenderState>& s,
     return Status::Ok();
   }
   const bool is_last = last != nullptr;
+  Status refused;
   for (Work& w : work) {
     auto shard = static_cast<size_t>(w.peer->id % shards_.size());
-    shards_[shard]->post([this, s, peer = w.peer, plans = std::move(w.plans), is_last] {
-      run_plans(s, peer, plans, is_last);
-    });
+    Status posted = shards_[shard]->post([this, s, peer = w.peer, plans = std::move(w.plans),
+                                          is_last] { run_plans(s, peer, plans, is_last); });
+    if (!posted.ok()) {  // no worker thread: the request fails, and this work settles here
+      refused = Status(posted.code(), "room " + std::to_string(s->room) + ": " + posted.message());
+      fail(s, refused);
+      run_plans(s, w.peer, {}, is_last);
+    }
   }
-  return Status::Ok();
+  return refused;
 }
 
 void PrefillServerImpl::run_plans(const std::shared_ptr<SenderState>& s,

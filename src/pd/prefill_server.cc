@@ -61,10 +61,11 @@ Status PrefillServerImpl::start() {
   // Accepting before registering: the bootstrap server may ask this control listener for
   // the incarnation it greets with before it lets a new incarnation take the rank over (a
   // restart on the same port).
-  acceptor_->start(
-      [this](Fd fd, ConnectionSlot slot) { on_accepted(std::move(fd), std::move(slot)); });
+  KVF_RETURN_IF_ERROR(acceptor_->start(
+      [this](Fd fd, ConnectionSlot slot) { on_accepted(std::move(fd), std::move(slot)); }));
   if (!options_.bootstrap_address.empty()) KVF_RETURN_IF_ERROR(register_at_start());
-  monitor_thread_ = named_thread("kvf-pd-prefill", [this] { monitor_loop(); });
+  KVF_ASSIGN_OR_RETURN(monitor_thread_,
+                       start_named_thread("kvf-pd-prefill", [this] { monitor_loop(); }));
   return Status::Ok();
 }
 

@@ -51,11 +51,13 @@ Result<std::unique_ptr<ShmFdServer>> ShmFdServer::start(uint64_t incarnation, Lo
                        Acceptor::adopt(std::move(listener), "@" + name, std::move(accepting)));
   std::unique_ptr<ShmFdServer> server(new ShmFdServer(
       std::move(acceptor), std::move(name), std::move(lookup), std::move(secret), io_timeout));
-  server->acceptor_->start([s = server.get()](Fd fd, ConnectionSlot slot) {
+  KVF_RETURN_IF_ERROR(server->acceptor_->start([s = server.get()](Fd fd, ConnectionSlot slot) {
     const auto deadline = Clock::now() + s->io_timeout_;  // from accept: queued time counts
     auto held = std::make_shared<std::pair<Fd, ConnectionSlot>>(std::move(fd), std::move(slot));
-    s->pool_.post([s, held, deadline] { s->serve(std::move(held->first), deadline); });
-  });
+    // Not served (no thread): the connection closes, and the peer reaches this engine by
+    // its next route.
+    (void)s->pool_.post([s, held, deadline] { s->serve(std::move(held->first), deadline); });
+  }));
   return server;
 }
 

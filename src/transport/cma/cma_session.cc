@@ -62,7 +62,7 @@ Result<std::unique_ptr<CmaSessionHub>> CmaSessionHub::start(Options options) {
   if (!wake.valid()) return ErrnoStatus(StatusCode::kInternal, "cma session: eventfd", errno);
   std::unique_ptr<CmaSessionHub> hub(
       new CmaSessionHub(std::move(listener), std::move(wake), std::move(name), std::move(options)));
-  hub->thread_ = named_thread("kvf-cma", [h = hub.get()] { h->loop(); });
+  KVF_ASSIGN_OR_RETURN(hub->thread_, start_named_thread("kvf-cma", [h = hub.get()] { h->loop(); }));
   return hub;
 }
 

@@ -36,8 +36,13 @@ cudaError_t memcpy_batch(const std::vector<void*>& dsts, const std::vector<const
 
 }  // namespace
 
-CudaCopyQueue::CudaCopyQueue()
-    : completion_thread_(named_thread("kvf-cuda-done", [this] { completion_loop(); })) {}
+Result<std::unique_ptr<CudaCopyQueue>> CudaCopyQueue::start() {
+  std::unique_ptr<CudaCopyQueue> queue(new CudaCopyQueue());
+  CudaCopyQueue* q = queue.get();
+  KVF_ASSIGN_OR_RETURN(queue->completion_thread_,
+                       start_named_thread("kvf-cuda-done", [q] { q->completion_loop(); }));
+  return queue;
+}
 
 CudaCopyQueue::~CudaCopyQueue() {
   {
@@ -45,7 +50,7 @@ CudaCopyQueue::~CudaCopyQueue() {
     stopping_ = true;
   }
   queue_cv_.notify_all();
-  completion_thread_.join();
+  if (completion_thread_.joinable()) completion_thread_.join();
   for (auto& [device, event] : free_events_) cudaEventDestroy(as_event(event));
   for (auto& [device, stream] : streams_) cudaStreamDestroy(as_stream(stream));
   cudaGetLastError();

@@ -32,7 +32,8 @@ namespace kvferry::cuda_ipc {
 
 class CudaCopyQueue {
  public:
-  CudaCopyQueue();
+  // A queue whose completion thread runs; Internal when it cannot start.
+  static Result<std::unique_ptr<CudaCopyQueue>> start();
   ~CudaCopyQueue();
   CudaCopyQueue(const CudaCopyQueue&) = delete;
   CudaCopyQueue& operator=(const CudaCopyQueue&) = delete;
@@ -45,6 +46,7 @@ class CudaCopyQueue {
               std::vector<std::shared_ptr<const void>> keep_alive);
 
  private:
+  CudaCopyQueue() = default;
   struct Pending {
     std::shared_ptr<BatchProgress> batch;
     BatchProgress::WireGuard wire;  // the copies are enqueued on the device
@@ -67,7 +69,7 @@ class CudaCopyQueue {
   std::condition_variable queue_cv_;
   std::deque<Pending> queue_;
   bool stopping_ = false;
-  std::thread completion_thread_;  // last: started after everything above exists
+  std::thread completion_thread_;  // started by start(), once everything above exists
 };
 
 }  // namespace kvferry::cuda_ipc

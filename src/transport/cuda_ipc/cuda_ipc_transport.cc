@@ -10,8 +10,14 @@
 
 namespace kvferry::cuda_ipc {
 
-CudaIpcDevice::CudaIpcDevice(std::unique_ptr<CudaMemoryApi> api)
-    : api_(std::move(api)), cache_(*api_), queue_(std::make_unique<CudaCopyQueue>()) {}
+Result<std::unique_ptr<CudaIpcDevice>> CudaIpcDevice::open(std::unique_ptr<CudaMemoryApi> api) {
+  KVF_ASSIGN_OR_RETURN(std::unique_ptr<CudaCopyQueue> queue, CudaCopyQueue::start());
+  return std::make_unique<CudaIpcDevice>(std::move(api), std::move(queue));
+}
+
+CudaIpcDevice::CudaIpcDevice(std::unique_ptr<CudaMemoryApi> api,
+                             std::unique_ptr<CudaCopyQueue> queue)
+    : api_(std::move(api)), cache_(*api_), queue_(std::move(queue)) {}
 
 Result<CudaIpcBacking> CudaIpcDevice::export_region(void* addr, uint64_t length,
                                                     MemoryLocation location) {
@@ -142,7 +148,7 @@ Result<std::unique_ptr<Transport>> make_cuda_ipc_transport(const TransportEnv&) 
   return cuda_ipc::make_cuda_ipc_transport(
       []() -> Result<std::unique_ptr<cuda_ipc::CudaIpcDevice>> {
         KVF_ASSIGN_OR_RETURN(auto api, cuda_ipc::open_cuda_runtime_memory_api());
-        return std::make_unique<cuda_ipc::CudaIpcDevice>(std::move(api));
+        return cuda_ipc::CudaIpcDevice::open(std::move(api));
       });
 }
 

@@ -28,7 +28,10 @@ namespace kvferry::cuda_ipc {
 // The opened device side: what the transport needs once CUDA is up.
 class CudaIpcDevice {
  public:
-  explicit CudaIpcDevice(std::unique_ptr<CudaMemoryApi> api);
+  // The device side over `api`, its copy queue running; Internal when the queue's thread
+  // cannot start.
+  static Result<std::unique_ptr<CudaIpcDevice>> open(std::unique_ptr<CudaMemoryApi> api);
+  CudaIpcDevice(std::unique_ptr<CudaMemoryApi> api, std::unique_ptr<CudaCopyQueue> queue);
   Result<CudaIpcBacking> export_region(void* addr, uint64_t length, MemoryLocation location);
   Status post(const BatchPart& part);
   void forget_peer(uint64_t incarnation);

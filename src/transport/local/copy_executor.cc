@@ -199,10 +199,12 @@ void CopyExecutor::run(const BatchPart& part) {
   const size_t n = job->size();
   batch.add_tasks(static_cast<int>(n));
   batch.add_helper(job);
-  for (size_t i = 0; i < std::min<size_t>(n, static_cast<size_t>(parts)); ++i) {
-    pool_.post([keep = part.batch, job] { job->run_some(); });
+  bool pooled = true;
+  for (size_t i = 0; pooled && i < std::min<size_t>(n, static_cast<size_t>(parts)); ++i) {
+    pooled = pool_.post([keep = part.batch, job] { job->run_some(); }).ok();
   }
   batch.mark_posted();
+  if (!pooled) job->run_some();  // the pool has no thread and none starts: copied here
 }
 
 }  // namespace kvferry

@@ -41,6 +41,14 @@ TcpDeviceReadStager::TcpDeviceReadStager(std::shared_ptr<CudaMemoryApi> api,
                                          std::shared_ptr<TcpStagingPool> pool)
     : pool_(pool), stager_(std::move(api), std::move(pool)) {}
 
+Result<std::unique_ptr<TcpDeviceReadStager>> TcpDeviceReadStager::start(
+    std::shared_ptr<CudaMemoryApi> api, std::shared_ptr<TcpStagingPool> pool) {
+  std::unique_ptr<TcpDeviceReadStager> stager(
+      new TcpDeviceReadStager(std::move(api), std::move(pool)));
+  KVF_RETURN_IF_ERROR(stager->stager_.start());
+  return stager;
+}
+
 void TcpDeviceReadStager::stage(const std::shared_ptr<StagedReadInbox>& inbox, uint64_t conn,
                                 uint64_t request_id, const char* device_src, uint64_t length,
                                 int device, Clock::time_point deadline,
@@ -105,7 +113,7 @@ Result<TcpDeviceReadStager*> TcpDeviceReadService::stager() {
   }
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<CudaMemoryApi> api, staging_->api());
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<TcpStagingPool> pool, staging_->serve_pool());
-  stager_ = std::make_unique<TcpDeviceReadStager>(std::move(api), std::move(pool));
+  KVF_ASSIGN_OR_RETURN(stager_, TcpDeviceReadStager::start(std::move(api), std::move(pool)));
   return stager_.get();
 }
 

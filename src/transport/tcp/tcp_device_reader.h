@@ -58,7 +58,9 @@ class StagedReadInbox {
 
 class TcpDeviceReadStager {
  public:
-  TcpDeviceReadStager(std::shared_ptr<CudaMemoryApi> api, std::shared_ptr<TcpStagingPool> pool);
+  // A stager whose thread runs; Internal when it cannot start (core/named_thread.h).
+  static Result<std::unique_ptr<TcpDeviceReadStager>> start(std::shared_ptr<CudaMemoryApi> api,
+                                                            std::shared_ptr<TcpStagingPool> pool);
   ~TcpDeviceReadStager() = default;
   TcpDeviceReadStager(const TcpDeviceReadStager&) = delete;
   TcpDeviceReadStager& operator=(const TcpDeviceReadStager&) = delete;
@@ -71,6 +73,7 @@ class TcpDeviceReadStager {
   uint64_t buffer_bytes() const { return pool_->buffer_bytes(); }
 
  private:
+  TcpDeviceReadStager(std::shared_ptr<CudaMemoryApi> api, std::shared_ptr<TcpStagingPool> pool);
   std::shared_ptr<TcpStagingPool> pool_;
   TcpDeviceStager stager_;  // fails, on destruction, what it has not staged
 };

@@ -8,9 +8,12 @@ namespace kvferry {
 
 TcpDeviceStager::TcpDeviceStager(std::shared_ptr<CudaMemoryApi> api,
                                  std::shared_ptr<TcpStagingPool> pool)
-    : api_(std::move(api)),
-      pool_(std::move(pool)),
-      thread_(named_thread("kvf-tcp-stage", [this] { run(); })) {}
+    : api_(std::move(api)), pool_(std::move(pool)) {}
+
+Status TcpDeviceStager::start() {
+  KVF_ASSIGN_OR_RETURN(thread_, start_named_thread("kvf-tcp-stage", [this] { run(); }));
+  return Status::Ok();
+}
 
 TcpDeviceStager::~TcpDeviceStager() {
   {
@@ -19,7 +22,8 @@ TcpDeviceStager::~TcpDeviceStager() {
     closing_.store(true);
   }
   cv_.notify_all();
-  thread_.join();  // a wait for a staging buffer sees closing_ within kStagingRecheck
+  // A wait for a staging buffer sees closing_ within kStagingRecheck.
+  if (thread_.joinable()) thread_.join();
   for (DeviceStageJob& job : queue_) {
     job.deliver(PeerDisconnected("tcp link closed before the chunk was staged"));
   }

@@ -48,6 +48,8 @@ class TcpDeviceStager {
  public:
   TcpDeviceStager(std::shared_ptr<CudaMemoryApi> api, std::shared_ptr<TcpStagingPool> pool);
   ~TcpDeviceStager();
+  // Starts its thread; Internal when it cannot start (core/named_thread.h). Once, before use.
+  Status start();
   TcpDeviceStager(const TcpDeviceStager&) = delete;
   TcpDeviceStager& operator=(const TcpDeviceStager&) = delete;
 

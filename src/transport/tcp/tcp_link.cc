@@ -82,7 +82,9 @@ Result<TcpDeviceStager*> TcpLink::stager() {
   }
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<CudaMemoryApi> api, options_.device->api());
   KVF_ASSIGN_OR_RETURN(std::shared_ptr<TcpStagingPool> pool, options_.device->pool());
-  stager_ = std::make_unique<TcpDeviceStager>(std::move(api), std::move(pool));
+  auto stager = std::make_unique<TcpDeviceStager>(std::move(api), std::move(pool));
+  KVF_RETURN_IF_ERROR(stager->start());
+  stager_ = std::move(stager);
   return stager_.get();
 }
 

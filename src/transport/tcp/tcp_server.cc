@@ -26,13 +26,17 @@ TcpServer::IoThread::IoThread(const TcpServerOptions& options, RegionSource regi
   ev.events = EPOLLIN;
   ev.data.fd = wake_.get();
   ::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_.get(), &ev);
-  thread_ = named_thread("kvf-tcp-srv", [this] { loop(); });
+}
+
+Status TcpServer::IoThread::start() {
+  KVF_ASSIGN_OR_RETURN(thread_, start_named_thread("kvf-tcp-srv", [this] { loop(); }));
+  return Status::Ok();
 }
 
 TcpServer::IoThread::~IoThread() {
   stopping_.store(true);
   signal();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
   inbox_->close();  // the shared read stager may outlive this thread
 }
 
@@ -218,9 +222,12 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(const TcpServerOptions& opti
                                                                                options.limits)));
   auto server =
       std::unique_ptr<TcpServer>(new TcpServer(options, std::move(regions), std::move(acceptor)));
-  server->acceptor_->start([s = server.get()](Fd conn, ConnectionSlot slot) {
-    s->io_for_next_connection().adopt(std::move(conn), std::move(slot));
-  });
+  KVF_RETURN_IF_ERROR(server->acceptor_->start([s = server.get()](Fd conn, ConnectionSlot slot) {
+    // Without an I/O thread the connection closes: the peer sees it refused.
+    if (IoThread* io = s->io_for_next_connection(); io != nullptr) {
+      io->adopt(std::move(conn), std::move(slot));
+    }
+  }));
   return server;
 }
 
@@ -232,10 +239,17 @@ TcpServer::TcpServer(const TcpServerOptions& options, RegionSource regions,
       acceptor_(std::move(acceptor)),
       io_(static_cast<size_t>(options_.io_threads)) {}
 
-TcpServer::IoThread& TcpServer::io_for_next_connection() {
+TcpServer::IoThread* TcpServer::io_for_next_connection() {
   std::unique_ptr<IoThread>& io = io_[next_io_++ % io_.size()];
-  if (!io) io = std::make_unique<IoThread>(options_, regions_, reads_);
-  return *io;
+  if (!io) {
+    auto started = std::make_unique<IoThread>(options_, regions_, reads_);
+    if (Status s = started->start(); !s.ok()) {
+      start_failures_.warn("tcp receiver: {}; connection refused", s.message());
+      return nullptr;
+    }
+    io = std::move(started);
+  }
+  return io.get();
 }
 
 TcpServer::~TcpServer() {

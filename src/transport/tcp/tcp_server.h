@@ -39,6 +39,7 @@
 
 #include "core/acceptor.h"
 #include "core/fd.h"
+#include "core/log_throttle.h"
 #include "core/net.h"
 #include "kvferry/defaults.h"
 #include "kvferry/listener_limits.h"
@@ -83,8 +84,8 @@ class TcpServer {
             std::unique_ptr<Acceptor> acceptor);
 
   // The I/O thread the next connection goes to, started on first use: an engine no peer
-  // reaches over tcp runs none (accept thread only).
-  IoThread& io_for_next_connection();
+  // reaches over tcp runs none (accept thread only). Null when it cannot start.
+  IoThread* io_for_next_connection();
 
   TcpServerOptions options_;
   RegionSource regions_;
@@ -92,6 +93,7 @@ class TcpServer {
   std::unique_ptr<Acceptor> acceptor_;
   std::vector<std::unique_ptr<IoThread>> io_;  // null until started
   size_t next_io_ = 0;                         // accept thread only
+  LogThrottle start_failures_;                 // I/O threads that could not start
 };
 
 }  // namespace kvferry

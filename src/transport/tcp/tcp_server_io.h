@@ -175,6 +175,8 @@ struct TcpServer::IoThread {
   IoThread(const TcpServerOptions& options, RegionSource regions,
            std::shared_ptr<TcpDeviceReadService> reads);
   ~IoThread();
+  // Starts the thread; Internal when it cannot start (core/named_thread.h).
+  Status start();
 
   void adopt(Fd fd, ConnectionSlot slot);
 

@@ -116,7 +116,7 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_n
   int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake < 0) return Internal(fmt::format("ucx: eventfd: {}", std::strerror(errno)));
   w->wake_fd_ = Fd(wake);
-  w->thread_ = named_thread("kvf-ucx", [raw = w.get()] { raw->run(); });
+  KVF_ASSIGN_OR_RETURN(w->thread_, start_named_thread("kvf-ucx", [raw = w.get()] { raw->run(); }));
   return w;
 }
 

@@ -50,7 +50,7 @@ TEST(Acceptor, HandsEveryConnectionToTheCallback) {
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test")));
   EXPECT_NE(acceptor->endpoint().port, 0);
   Inbox inbox;
-  acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
+  ASSERT_TRUE(acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); }).ok());
   Fd a = connect_to(*acceptor);
   Fd b = connect_to(*acceptor);
   ASSERT_TRUE(inbox.wait_for(2, 5s));
@@ -64,7 +64,7 @@ TEST(Acceptor, HandsEveryConnectionToTheCallback) {
 TEST(Acceptor, HandsConnectionsWithNagleOff) {
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test")));
   Inbox inbox;
-  acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
+  ASSERT_TRUE(acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); }).ok());
   Fd a = connect_to(*acceptor);
   ASSERT_TRUE(inbox.wait_for(1, 5s));
   int nodelay = 0;
@@ -76,7 +76,7 @@ TEST(Acceptor, HandsConnectionsWithNagleOff) {
 TEST(Acceptor, StopEndsTheThreadPromptlyAndTheCallbackNeverRunsAfter) {
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test")));
   std::atomic<int> calls{0};
-  acceptor->start([&](Fd, ConnectionSlot) { calls.fetch_add(1); });
+  ASSERT_TRUE(acceptor->start([&](Fd, ConnectionSlot) { calls.fetch_add(1); }).ok());
   const auto t0 = std::chrono::steady_clock::now();
   acceptor->stop();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
@@ -102,7 +102,7 @@ TEST(Acceptor, BacksOffWhileOutOfDescriptorsAndRecoversAfter) {
   };
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
   Inbox inbox;
-  acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
+  ASSERT_TRUE(acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); }).ok());
   Fd client = connect_to(*acceptor);
   std::this_thread::sleep_for(300ms);
   const int during = attempts.load();
@@ -128,7 +128,7 @@ TEST(Acceptor, StopInterruptsABackOff) {
     return -1;
   };
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
-  acceptor->start([](Fd, ConnectionSlot) {});
+  ASSERT_TRUE(acceptor->start([](Fd, ConnectionSlot) {}).ok());
   Fd client = connect_to(*acceptor);
   while (acceptor->backoffs() == 0) std::this_thread::sleep_for(1ms);
   const auto t0 = std::chrono::steady_clock::now();
@@ -149,7 +149,7 @@ TEST(Acceptor, RetriesAtOnceWhenOnlyOneConnectionWasLost) {
   };
   auto acceptor = testing::must(Acceptor::bind(kAnyPort, options));
   Inbox inbox;
-  acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
+  ASSERT_TRUE(acceptor->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); }).ok());
   Fd client = connect_to(*acceptor);
   ASSERT_TRUE(inbox.wait_for(1, 2s));
   EXPECT_EQ(acceptor->backoffs(), 0u);
@@ -163,13 +163,15 @@ TEST(Acceptor, ConnectionsOverTheLimitAreClosedUntilAPlaceIsFreed) {
   std::mutex mu;
   std::vector<ConnectionSlot> slots;
   Inbox inbox;
-  acceptor->start([&](Fd fd, ConnectionSlot slot) {
-    {
-      std::lock_guard lock(mu);
-      slots.push_back(std::move(slot));
-    }
-    inbox.add(std::move(fd));
-  });
+  ASSERT_TRUE(acceptor
+                  ->start([&](Fd fd, ConnectionSlot slot) {
+                    {
+                      std::lock_guard lock(mu);
+                      slots.push_back(std::move(slot));
+                    }
+                    inbox.add(std::move(fd));
+                  })
+                  .ok());
   Fd a = connect_to(*acceptor);
   Fd b = connect_to(*acceptor);
   ASSERT_TRUE(inbox.wait_for(2, 5s));
@@ -220,13 +222,15 @@ struct EvictingListener {
     Acceptor::Options options = Acceptor::Options::named("test", 0, limits);
     options.evict_idle = true;
     acceptor = testing::must(Acceptor::bind(kAnyPort, std::move(options)));
-    acceptor->start([this](Fd fd, ConnectionSlot slot) {
-      {
-        std::lock_guard lock(mu);
-        slots.push_back(std::move(slot));
-      }
-      inbox.add(std::move(fd));
-    });
+    EXPECT_TRUE(acceptor
+                    ->start([this](Fd fd, ConnectionSlot slot) {
+                      {
+                        std::lock_guard lock(mu);
+                        slots.push_back(std::move(slot));
+                      }
+                      inbox.add(std::move(fd));
+                    })
+                    .ok());
   }
   ~EvictingListener() { acceptor->stop(); }
   void mark_all_engaged() {
@@ -303,8 +307,10 @@ TEST(AcceptHub, EveryListenerOfTheProcessIsServedByOneThreadThatEndsWithTheLast)
   for (size_t i = 0; i < kListeners; ++i) {
     acceptors.push_back(testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("test"))));
     inboxes.push_back(std::make_unique<Inbox>());
-    acceptors.back()->start(
-        [in = inboxes.back().get()](Fd fd, ConnectionSlot) { in->add(std::move(fd)); });
+    ASSERT_TRUE(
+        acceptors.back()
+            ->start([in = inboxes.back().get()](Fd fd, ConnectionSlot) { in->add(std::move(fd)); })
+            .ok());
   }
   std::vector<Fd> clients;
   for (size_t i = 0; i < kListeners; ++i) {
@@ -327,12 +333,12 @@ TEST(AcceptHub, AListenerBackingOffHoldsUpNoOther) {
     return -1;
   };
   auto stuck = testing::must(Acceptor::bind(kAnyPort, starved));
-  stuck->start([](Fd, ConnectionSlot) {});
+  ASSERT_TRUE(stuck->start([](Fd, ConnectionSlot) {}).ok());
   Fd waiting = connect_to(*stuck);
   ASSERT_TRUE(testing::eventually([&] { return stuck->backoffs() != 0; }, 10s));
   auto healthy = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("healthy")));
   Inbox inbox;
-  healthy->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
+  ASSERT_TRUE(healthy->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); }).ok());
   std::vector<Fd> clients;
   for (int i = 0; i < 20; ++i) clients.push_back(connect_to(*healthy));
   EXPECT_TRUE(inbox.wait_for(20, 5s));
@@ -345,7 +351,8 @@ TEST(AcceptHub, AListenerBackingOffHoldsUpNoOther) {
 TEST(AcceptHub, AConnectionFloodOnOneListenerHoldsUpNoOther) {
   auto flooded = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("flooded")));
   std::atomic<uint64_t> flood_accepted{0};
-  flooded->start([&](Fd, ConnectionSlot) { flood_accepted.fetch_add(1); });  // closed at once
+  ASSERT_TRUE(flooded->start([&](Fd, ConnectionSlot) { flood_accepted.fetch_add(1); })
+                  .ok());  // closed at once
   std::atomic<bool> flooding{true};
   std::atomic<bool> flood_over{false};  // the flood ended on its own (bound reached, or refused)
   std::thread flood([&] {
@@ -358,7 +365,7 @@ TEST(AcceptHub, AConnectionFloodOnOneListenerHoldsUpNoOther) {
   ASSERT_TRUE(testing::eventually([&] { return flood_accepted.load() >= 100; }, 10s));
   auto other = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("other")));
   Inbox inbox;
-  other->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); });
+  ASSERT_TRUE(other->start([&](Fd fd, ConnectionSlot) { inbox.add(std::move(fd)); }).ok());
   std::vector<Fd> clients;
   for (int i = 0; i < 20; ++i) clients.push_back(connect_to(*other));
   const bool all_in = inbox.wait_for(20, 5s);
@@ -377,14 +384,16 @@ TEST(AcceptHub, StopFromTheCallbackReturnsAndEndsTheListener) {
   Fd first = connect_to(*acceptor);
   Fd second = connect_to(*acceptor);  // queued in the backlog, never accepted
   Inbox inbox;
-  acceptor->start([&](Fd fd, ConnectionSlot) {
-    acceptor->stop();
-    inbox.add(std::move(fd));
-  });
+  ASSERT_TRUE(acceptor
+                  ->start([&](Fd fd, ConnectionSlot) {
+                    acceptor->stop();
+                    inbox.add(std::move(fd));
+                  })
+                  .ok());
   ASSERT_TRUE(inbox.wait_for(1, 5s));
   auto other = testing::must(Acceptor::bind(kAnyPort, Acceptor::Options::named("other")));
   Inbox other_inbox;
-  other->start([&](Fd fd, ConnectionSlot) { other_inbox.add(std::move(fd)); });
+  ASSERT_TRUE(other->start([&](Fd fd, ConnectionSlot) { other_inbox.add(std::move(fd)); }).ok());
   Fd third = connect_to(*other);
   ASSERT_TRUE(other_inbox.wait_for(1, 5s));  // the thread went on serving others
   std::lock_guard lock(inbox.mu);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/named_thread.h"
 #include "test_support.h"
 
 namespace kvferry {
@@ -26,7 +27,7 @@ TEST(ThreadPool, OneWorkerRunsTasksInTheOrderPosted) {
   std::vector<int> order;
   {
     ThreadPool pool(1, "kvf-tp-fifo");
-    for (int i = 0; i < 100; ++i) pool.post([&order, i] { order.push_back(i); });
+    for (int i = 0; i < 100; ++i) ASSERT_TRUE(pool.post([&order, i] { order.push_back(i); }).ok());
   }  // the destructor runs what is queued
   ASSERT_EQ(order.size(), 100u);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
@@ -42,11 +43,12 @@ TEST(ThreadPool, OnDemandStartsNoThreadUntilATaskComesAndNoMoreThanItsSize) {
   std::atomic<int> running{0};
   std::atomic<int> done{0};
   for (int i = 0; i < 5; ++i) {
-    pool.post([&, released] {
-      ++running;
-      released.wait();
-      ++done;
-    });
+    ASSERT_TRUE(pool.post([&, released] {
+                      ++running;
+                      released.wait();
+                      ++done;
+                    })
+                    .ok());
   }
   ASSERT_TRUE(testing::eventually([&] { return running.load() == 3; }, 10s));
   EXPECT_TRUE(testing::eventually([&] { return threads_named("kvf-tp-lazy") == 3; }, 10s));
@@ -54,6 +56,34 @@ TEST(ThreadPool, OnDemandStartsNoThreadUntilATaskComesAndNoMoreThanItsSize) {
   release.set_value();
   ASSERT_TRUE(testing::eventually([&] { return done.load() == 5; }, 10s));
   EXPECT_EQ(threads_named("kvf-tp-lazy"), 3u);
+}
+
+// Exhaustion (the system will not start a thread; core/named_thread.h's seam stands in
+// for it): a pool with no thread refuses the task, naming the thread, and runs nothing; a
+// pool with threads queues the task for them; once threads start again, it grows.
+TEST(ThreadPool, WhenNoThreadStartsAnEmptyPoolRefusesTheTaskAndAPoolWithThreadsQueuesIt) {
+  ThreadPool pool(2, "kvf-tp-famine", ThreadPool::Start::kOnDemand);
+  std::atomic<int> ran{0};
+  refuse_next_thread_starts(1, "kvf-tp-famine");
+  Status refused = pool.post([&] { ++ran; });
+  EXPECT_EQ(refused.code(), StatusCode::kInternal);
+  EXPECT_TRUE(testing::contains(refused.message(), "cannot start thread kvf-tp-famine-0"))
+      << refused.to_string();
+
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  ASSERT_TRUE(pool.post([&, released] {
+                    released.wait();
+                    ++ran;
+                  })
+                  .ok());
+  EXPECT_TRUE(testing::eventually([&] { return threads_named("kvf-tp-famine") == 1; }, 10s));
+  refuse_next_thread_starts(1, "kvf-tp-famine");  // the busy pool cannot grow: the task waits
+  ASSERT_TRUE(pool.post([&] { ++ran; }).ok());
+  EXPECT_EQ(threads_named("kvf-tp-famine"), 1u);
+  release.set_value();
+  EXPECT_TRUE(testing::eventually([&] { return ran.load() == 2; }, 10s)) << ran.load();
+  refuse_next_thread_starts(0);
 }
 
 }  // namespace

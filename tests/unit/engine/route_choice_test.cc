@@ -66,8 +66,7 @@ struct Engine {
             [this, device_usable]() -> Result<std::unique_ptr<cuda_ipc::CudaIpcDevice>> {
               ++device_opens;
               if (!device_usable) return NotSupported("no CUDA device: no driver");
-              return std::make_unique<cuda_ipc::CudaIpcDevice>(
-                  std::make_unique<testing::FakeCudaMemoryApi>());
+              return cuda_ipc::CudaIpcDevice::open(std::make_unique<testing::FakeCudaMemoryApi>());
             }));
 #else
     (void)device_usable;

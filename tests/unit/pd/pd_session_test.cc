@@ -4,6 +4,7 @@
 
 #include <thread>
 
+#include "core/named_thread.h"
 #include "unit/pd/pd_fixture.h"
 
 namespace kvferry::pd {
@@ -162,6 +163,56 @@ TEST(PdSession, DecodeAbortIsAcknowledgedAndPrefillKeepsServing) {
   LastChunkExtras none;
   ASSERT_TRUE(s2.send(testing::pages_from(0, 2), &none).ok());
   EXPECT_EQ(next.wait_final(5s), RequestState::kSuccess) << next.failure().to_string();
+}
+
+// Thread exhaustion (core/named_thread.h's seam stands in for the system refusing a thread):
+// a prefill send whose worker thread cannot start, and a decode receiver whose connecting
+// thread cannot start, fail their request with the reason on both sides; the process goes
+// on, and the next request, once threads start, arrives intact.
+TEST(PdSession, RequestsWhoseThreadsCannotStartFailWithTheReasonAndTheNextOneArrives) {
+  ModelShape m;
+  auto bootstrap = testing::must(BootstrapServer::start({}));
+  TestRank p = testing::make_rank("prefill", m, 1, 0), d = testing::make_rank("decode", m, 1, 0);
+  auto prefill = testing::make_prefill(p, bootstrap->address());
+  auto decode = testing::make_decode(d);
+  LastChunkExtras none;
+  const uint64_t tokens = 4 * m.page_tokens;
+  const auto src = testing::pages_from(0, 4), dst = testing::pages_from(8, 4);
+
+  refuse_next_thread_starts(1, "kvf-pd-boot");
+  KvReceiver unconnected = testing::must(decode->create_receiver(bootstrap->address(), 1));
+  refuse_next_thread_starts(0);
+  EXPECT_EQ(unconnected.wait_final(5s), RequestState::kFailed);
+  EXPECT_TRUE(kvferry::testing::contains(unconnected.failure().message(),
+                                         "cannot start thread kvf-pd-boot"))
+      << unconnected.failure().to_string();
+
+  KvReceiver receiver = testing::must(decode->create_receiver(bootstrap->address(), 2));
+  ASSERT_TRUE(receiver.init(dst).ok());
+  KvSender sender = testing::must(prefill->create_sender(2));
+  ASSERT_EQ(sender.wait_at_least(RequestState::kWaitingForInput, 5s),
+            RequestState::kWaitingForInput);
+  refuse_next_thread_starts(1, "kvf-pd-s");
+  Status sent = sender.send(src, &none);
+  refuse_next_thread_starts(0);
+  EXPECT_EQ(sent.code(), StatusCode::kInternal) << sent.to_string();
+  EXPECT_TRUE(kvferry::testing::contains(sent.message(), "cannot start thread kvf-pd-s"))
+      << sent.to_string();
+  EXPECT_EQ(sender.wait_final(5s), RequestState::kFailed);
+  EXPECT_EQ(receiver.wait_final(5s), RequestState::kFailed);
+  EXPECT_TRUE(
+      kvferry::testing::contains(receiver.failure().message(), "cannot start thread kvf-pd-s"))
+      << receiver.failure().to_string();
+
+  fill_request_pages(p.buffers.layout, src, tokens, 3, p.heads);
+  KvReceiver next = testing::must(decode->create_receiver(bootstrap->address(), 3));
+  ASSERT_TRUE(next.init(dst).ok());
+  KvSender s3 = testing::must(prefill->create_sender(3));
+  ASSERT_EQ(s3.wait_at_least(RequestState::kWaitingForInput, 5s), RequestState::kWaitingForInput);
+  ASSERT_TRUE(s3.send(src, &none).ok());
+  EXPECT_EQ(next.wait_final(5s), RequestState::kSuccess) << next.failure().to_string();
+  EXPECT_EQ(s3.wait_final(5s), RequestState::kSuccess) << s3.failure().to_string();
+  EXPECT_EQ(count_corrupt_pages(d.buffers.layout, dst, tokens, 3, d.heads), 0u);
 }
 
 TEST(PdSession, DeadPrefillFailsPendingRequestsWithinTwoHeartbeats) {

@@ -474,7 +474,7 @@ class TcpDeviceReadStagerTest : public ::testing::Test {
     fill_pattern(device_, 3);
     api_->pretend_device(device_.data(), device_.size());
     pool_ = must(TcpStagingPool::create(api_, kBuf, 2));
-    stager_ = std::make_unique<TcpDeviceReadStager>(api_, pool_);
+    stager_ = must(TcpDeviceReadStager::start(api_, pool_));
   }
 
   void stage(uint64_t id, uint64_t offset, uint64_t length,
