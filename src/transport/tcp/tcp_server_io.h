@@ -182,6 +182,7 @@ struct TcpServer::IoThread {
 
  private:
   void signal() {
+    signalled_.store(true, std::memory_order_release);  // a spell's direct polls ask epoll
     uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(wake_.get(), &one, sizeof(one));
   }
@@ -343,6 +344,13 @@ struct TcpServer::IoThread {
   SpinGate spin_;
   size_t requests_ = 0;
   uint64_t request_bytes_ = 0;
+  int request_fd_ = -1;  // the connection of the round's last request
+  // The connection a spell polls directly, and the polls of spells so far (every
+  // kEpollEvery-th asks epoll instead).
+  int spell_fd_ = -1;
+  uint32_t spell_polls_ = 0;
+  static constexpr uint32_t kEpollEvery = 8;
+  std::atomic<bool> signalled_{false};  // the wake-up eventfd was written since last read
   std::mutex mu_;
   std::vector<Incoming> incoming_;                        // guarded by mu_
   std::unordered_map<int, std::unique_ptr<Conn>> conns_;  // I/O thread only

@@ -394,6 +394,7 @@ bool TcpServer::IoThread::on_header(Conn& c) {
   c.large_writes = c.current.type == TcpFrame::kWrite && c.current.length >= kDirectReceiveBytes;
   ++requests_;
   request_bytes_ += c.current.length;
+  request_fd_ = c.fd.get();
   const bool auth_required = options_.secret.has_value() && !c.authenticated;
   if (!c.hello_done) {
     // A kHello carries nothing but its header (its length would be read as frames).
