@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <functional>
 #include <vector>
 
 #include "core/auth.h"
@@ -311,20 +312,40 @@ TEST(PdSecurity, ARoomThatFailsTellsEveryDestinationAtOnce) {
   }
 }
 
+// A prefill rank and a raw client on it registered as decode tp rank 0 of 2: the rooms the
+// client names wait for a second destination that never comes, and fail once
+// `bootstrap_timeout` passes. `adjust` changes the prefill's options (its room limits).
+struct PrefillWithRawDecode {
+  explicit PrefillWithRawDecode(std::chrono::milliseconds bootstrap_timeout,
+                                const std::function<void(PrefillServerOptions&)>& adjust = {})
+      : prefill(start(bootstrap_timeout, adjust)), rank0(prefill->control_endpoint()) {}
+
+  std::unique_ptr<PrefillServer> start(std::chrono::milliseconds bootstrap_timeout,
+                                       const std::function<void(PrefillServerOptions&)>& adjust) {
+    PdTimeouts t = patient_with_raw_clients();
+    t.bootstrap_timeout = bootstrap_timeout;
+    PrefillServerOptions o = testing::prefill_options(p, bootstrap->address(), t);
+    if (adjust) adjust(o);
+    return testing::must(PrefillServer::create(std::move(o)));
+  }
+
+  std::unique_ptr<BootstrapServer> bootstrap = testing::must(BootstrapServer::start({}));
+  ModelShape m;
+  TestRank p = testing::make_rank("prefill", m, 1, 0);
+  TestRank d0 = testing::make_rank("decode0", m, 2, 0);
+  std::unique_ptr<PrefillServer> prefill;
+  RawControlClient rank0;
+};
+
 // A flood of rooms that never fill: a registered decode names rooms at will, each with one
 // destination of the two it claims, and prefill opens a room no decode ever asks for. Each
 // fails once the bootstrap timeout passes (its one destination told), and one timeout later
 // prefill holds none of them: such requests cannot pile rooms up.
 TEST(PdSecurity, RoomsThatNeverFillFailAndThenGoSoAFloodOfThemCannotPileUp) {
-  auto bootstrap = testing::must(BootstrapServer::start({}));
-  ModelShape m;
-  TestRank p = testing::make_rank("prefill", m, 1, 0);
-  TestRank d0 = testing::make_rank("decode0", m, 2, 0);
-  PdTimeouts t = patient_with_raw_clients();
-  t.bootstrap_timeout = 300ms;
-  auto prefill = testing::make_prefill(p, bootstrap->address(), false, t);
-  RawControlClient rank0(prefill->control_endpoint());
-  ASSERT_TRUE(rank0.register_as(d0).ok());
+  PrefillWithRawDecode f(300ms);
+  auto& prefill = f.prefill;
+  auto& rank0 = f.rank0;
+  ASSERT_TRUE(rank0.register_as(f.d0).ok());
   constexpr uint64_t kFirstRoom = 1000, kNamedRooms = 200;
   const auto dst = testing::pages_from(4, 3);
   for (uint64_t room = kFirstRoom; room < kFirstRoom + kNamedRooms; ++room) {
@@ -355,20 +376,16 @@ TEST(PdSecurity, RoomsThatNeverFillFailAndThenGoSoAFloodOfThemCannotPileUp) {
 // Requests that join a room already open, and the serving stack's own rooms, are never
 // refused. A page list that cannot fit the decode's pool is refused before it opens a room.
 TEST(PdSecurity, ADecodeOpeningRoomsWithoutEndIsRefusedPastItsShareAndOthersStillJoin) {
-  auto bootstrap = testing::must(BootstrapServer::start({}));
-  ModelShape m;
-  TestRank p = testing::make_rank("prefill", m, 1, 0);
-  TestRank d0 = testing::make_rank("decode0", m, 2, 0);
+  PrefillWithRawDecode f(60s, [](PrefillServerOptions& o) {  // the rooms stay open throughout
+    o.max_open_rooms_per_decode = 40;
+    o.max_open_rooms = 60;
+  });
+  auto& prefill = f.prefill;
+  auto& flooder = f.rank0;
+  const ModelShape& m = f.m;
   TestRank d1 = testing::make_rank("decode1", m, 2, 1);
-  PdTimeouts t = patient_with_raw_clients();
-  t.bootstrap_timeout = 60s;  // the rooms stay open for the whole test
-  PrefillServerOptions o = testing::prefill_options(p, bootstrap->address(), t);
-  o.max_open_rooms_per_decode = 40;
-  o.max_open_rooms = 60;
-  auto prefill = testing::must(PrefillServer::create(std::move(o)));
-  RawControlClient flooder(prefill->control_endpoint());
   RawControlClient other(prefill->control_endpoint());
-  ASSERT_TRUE(flooder.register_as(d0).ok());
+  ASSERT_TRUE(flooder.register_as(f.d0).ok());
   ASSERT_TRUE(other.register_as(d1).ok());
   const auto dst = testing::pages_from(4, 3);
   auto expect_refused = [](RawControlClient& c, uint64_t room, StatusCode code,
@@ -424,17 +441,10 @@ TEST(PdSecurity, ADecodeOpeningRoomsWithoutEndIsRefusedPastItsShareAndOthersStil
 // A decode's share comes back as its rooms go: once the rooms it opened failed and were
 // forgotten, the same connection opens as many again.
 TEST(PdSecurity, ADecodesRoomShareComesBackOnceItsRoomsAreForgotten) {
-  auto bootstrap = testing::must(BootstrapServer::start({}));
-  ModelShape m;
-  TestRank p = testing::make_rank("prefill", m, 1, 0);
-  TestRank d0 = testing::make_rank("decode0", m, 2, 0);
-  PdTimeouts t = patient_with_raw_clients();
-  t.bootstrap_timeout = 300ms;
-  PrefillServerOptions o = testing::prefill_options(p, bootstrap->address(), t);
-  o.max_open_rooms_per_decode = 5;
-  auto prefill = testing::must(PrefillServer::create(std::move(o)));
-  RawControlClient rank0(prefill->control_endpoint());
-  ASSERT_TRUE(rank0.register_as(d0).ok());
+  PrefillWithRawDecode f(300ms, [](PrefillServerOptions& o) { o.max_open_rooms_per_decode = 5; });
+  auto& prefill = f.prefill;
+  auto& rank0 = f.rank0;
+  ASSERT_TRUE(rank0.register_as(f.d0).ok());
   const auto dst = testing::pages_from(4, 3);
   // Five rooms that never fill, then one past the share; again once they are gone.
   for (uint64_t first : {uint64_t{100}, uint64_t{200}}) {
