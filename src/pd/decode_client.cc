@@ -2,6 +2,8 @@
 // The per-request path is in kv_receiver.cc.
 #include "kvferry/pd/decode_client.h"
 
+#include <algorithm>
+
 #include "core/logging.h"
 #include "core/named_thread.h"
 #include "kvferry/kv/tp_slice.h"
@@ -333,22 +335,28 @@ void DecodeClientImpl::kill_instance(const std::shared_ptr<PrefillInstance>& ins
                                      const Status& reason) {
   std::vector<std::shared_ptr<ReceiverState>> affected;
   std::vector<std::shared_ptr<PrefillLink>> links;
+  // What the requests fail with: the first reason the instance died for, not what its
+  // death caused (closing its links below reports each lost, on this thread or another).
+  Status why;
+  bool first = false;
   {
     std::lock_guard lock(mu_);
     if (inst->phase != PrefillInstance::Phase::kDead) {
       inst->phase = PrefillInstance::Phase::kDead;
       inst->error = reason;
+      first = true;
     }
+    why = inst->error;
     for (auto& [rank, link] : inst->links) links.push_back(link);
     for (auto& [room, r] : rooms_) {
       if (r->instance == inst) affected.push_back(r);
     }
   }
-  for (auto& link : links) link->channel->close();
-  if (!affected.empty()) {
+  if (first && !affected.empty()) {
     log().warn("decode: prefill instance {} failed: {} ({} requests fail)", inst->bootstrap_address,
-               reason.message(), affected.size());
+               why.message(), affected.size());
   }
+  for (auto& link : links) link->channel->close();
   // No ack will come over a lost link, but writes already on their way may still land (a
   // hung or partitioned prefill resumes them): the pages wait until every engine call of
   // the prefill that may carry them has timed out (its transfer_call_timeout, configured
@@ -362,7 +370,7 @@ void DecodeClientImpl::kill_instance(const std::shared_ptr<PrefillInstance>& ins
       std::lock_guard lock(r->mu);
       if (r->sent) r->fenced_until = fence;
     }
-    fail(r, reason);
+    fail(r, why);
     {
       std::lock_guard lock(r->mu);
       // A request that succeeded before the link went has nothing more on its way.
@@ -378,6 +386,19 @@ std::shared_ptr<ReceiverState> DecodeClientImpl::find_room(uint64_t room) const 
   std::lock_guard lock(mu_);
   auto it = rooms_.find(room);
   return it == rooms_.end() ? nullptr : it->second;
+}
+
+void DecodeClientImpl::poll_health(const std::shared_ptr<PrefillInstance>& inst) {
+  if (inst->health_polling.exchange(true)) return;
+  Status posted = bootstrap_pool_->post([this, inst] {
+    check_health(inst);
+    inst->health_polling = false;
+  });
+  if (!posted.ok()) {
+    inst->health_polling = false;
+    health_log_.warn("decode: no /health poll of bootstrap server {}: {}", inst->bootstrap_address,
+                     posted.message());
+  }
 }
 
 // What the bootstrap server reports is information: a rank it reports with another
@@ -425,15 +446,22 @@ void DecodeClientImpl::monitor_loop() {
   while (!stopping_) {
     std::this_thread::sleep_for(t.tick());
     const auto now = Clock::now();
-    std::vector<std::shared_ptr<PrefillInstance>> ready;
+    // The instances a request in flight waits on: only their health can fail one.
+    std::vector<std::shared_ptr<PrefillInstance>> busy;
     std::vector<std::shared_ptr<ReceiverState>> receivers;
     {
       std::lock_guard lock(mu_);
-      for (auto& [addr, inst] : instances_) {
-        if (inst->phase == PrefillInstance::Phase::kReady) ready.push_back(inst);
+      for (auto& [room, r] : rooms_) {
+        receivers.push_back(r);
+        const RequestState state = r->cell.state();
+        if (state != RequestState::kSuccess && state != RequestState::kFailed &&
+            r->instance->phase == PrefillInstance::Phase::kReady) {
+          busy.push_back(r->instance);
+        }
       }
-      for (auto& [room, r] : rooms_) receivers.push_back(r);
     }
+    std::sort(busy.begin(), busy.end());
+    busy.erase(std::unique(busy.begin(), busy.end()), busy.end());
     for (auto& r : receivers) {
       RequestState state = r->cell.state();
       if (state == RequestState::kBootstrapping && now - r->created > t.bootstrap_timeout) {
@@ -459,11 +487,12 @@ void DecodeClientImpl::monitor_loop() {
     }
     // Heartbeats and the silence check on each control link are the channel's own
     // (ControlChannel: a silent link closes, and on_link_lost fails the instance); what
-    // beats here is the bootstrap server's health report.
-    const bool beat = now >= next_beat;
-    if (beat) next_beat = now + t.heartbeat_interval;
-    if (beat) {
-      for (auto& inst : ready) check_health(inst);
+    // beats here is the bootstrap server's health report, asked of the instances with a
+    // request in flight, off this thread (a server that does not answer holds a pool
+    // thread for its timeout, never the timeouts above).
+    if (now >= next_beat) {
+      next_beat = now + t.heartbeat_interval;
+      for (auto& inst : busy) poll_health(inst);
     }
   }
 }

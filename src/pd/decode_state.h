@@ -49,8 +49,10 @@ struct PrefillInstance {
   InstanceLayout layout;
   std::vector<uint32_t> ranks;  // prefill ranks this decode rank reads from
   std::map<uint32_t, std::shared_ptr<PrefillLink>> links;
-  // When the bootstrap server last answered for the instance (connected, then monitor thread).
+  // When the bootstrap server last answered for the instance (connected, then its polls).
   Clock::time_point last_healthy = Clock::now();
+  // A /health poll of the instance is queued or running (at most one is).
+  std::atomic<bool> health_polling{false};
 };
 
 struct ReceiverState {
@@ -114,6 +116,8 @@ class DecodeClientImpl {
   std::shared_ptr<ReceiverState> find_room(uint64_t room) const;
   void settle(const std::shared_ptr<ReceiverState>& r);
   void monitor_loop();
+  // Queues a /health poll of `inst` on the bootstrap pool, unless one is still out.
+  void poll_health(const std::shared_ptr<PrefillInstance>& inst);
   void check_health(const std::shared_ptr<PrefillInstance>& inst);
   RegisterLayout registration() const;
   bool replicated() const;

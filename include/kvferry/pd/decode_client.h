@@ -9,13 +9,13 @@
 // receiver is WaitingForInput. init() gives the request's destination pages, aux row and
 // state slot; the receiver reports Success once every prefill rank it reads from did.
 //
-// Failure: heartbeats on every control connection and on the bootstrap server's /health;
-// a prefill rank that closes its connection, goes silent past the heartbeat timeout, or is
-// reported dead or restarted by the bootstrap server fails every pending request of its
-// instance. Bootstrapping and Transferring are bounded by their timeouts. abort() tells
-// prefill; wait_abort_acked() returns once prefill confirmed that none of the request's
-// writes is still in flight (or, the link to it lost, once its writes would have timed
-// out), so the pages can be reused.
+// Failure: heartbeats on every control connection, and the bootstrap server's /health of
+// each instance with a request in flight; a prefill rank that closes its connection, goes
+// silent past the heartbeat timeout, or is reported dead or restarted by the bootstrap
+// server fails every pending request of its instance. Bootstrapping and Transferring are bounded by
+// their timeouts. abort() tells prefill; wait_abort_acked() returns once prefill confirmed that
+// none of the request's writes is still in flight (or, the link to it lost, once its writes would
+// have timed out), so the pages can be reused.
 //
 // Ownership: the client borrows the engine (it must outlive the client) and owns its
 // threads and connections; a KvReceiver is a handle that keeps its request's state alive and

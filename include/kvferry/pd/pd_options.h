@@ -21,7 +21,8 @@ namespace kvferry::pd {
 
 struct PdTimeouts {
   // Each side sends a Heartbeat on every control connection this often (and decode polls
-  // the bootstrap server's /health); any frame counts as a sign of life.
+  // /health of each instance it has a request in flight with); any frame counts as a sign
+  // of life.
   std::chrono::milliseconds heartbeat_interval{500};
   // A peer silent for this long is dead and its pending requests fail. Zero = 1.5 x the
   // interval; checked every quarter interval, so a dead peer is noticed within two

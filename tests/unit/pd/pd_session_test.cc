@@ -1,10 +1,15 @@
 // PD session layer in one process: bootstrap server, prefill servers and decode clients with
 // their own engines (shm between them), bytes verified on the decode side.
 #include <gtest/gtest.h>
+#include <httplib.h>
+#include <sys/socket.h>
 
+#include <atomic>
 #include <thread>
 
 #include "core/named_thread.h"
+#include "core/net.h"
+#include "pd/bootstrap_json.h"
 #include "unit/pd/pd_fixture.h"
 
 namespace kvferry::pd {
@@ -229,6 +234,159 @@ TEST(PdSession, DeadPrefillFailsPendingRequestsWithinTwoHeartbeats) {
   EXPECT_EQ(receiver.wait_final(5s), RequestState::kFailed);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 2 * testing::fast_timeouts().heartbeat_interval);
   EXPECT_EQ(receiver.failure().code(), StatusCode::kPeerDisconnected);
+}
+
+// What stands in for a prefill instance's bootstrap server once decode has connected
+// through the real one: on the real one's address, it answers GET /health with `report` and
+// counts the polls.
+class HealthStandIn {
+ public:
+  HealthStandIn(const std::string& address, HealthReport report) {
+    const Endpoint at = testing::must(parse_endpoint(address));
+    server_.Get("/health", [this, report](const httplib::Request&, httplib::Response& res) {
+      polls_.fetch_add(1);
+      res.status = report.healthy ? 200 : 503;
+      res.set_content(to_json(report).dump(), "application/json");
+    });
+    // The real server's connections linger on the port (TIME_WAIT; one it accepted as it
+    // stopped, until its client closes it).
+    server_.set_socket_options([](int fd) {
+      const int yes = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    });
+    for (int i = 0; i < 500 && !bound_; ++i) {
+      bound_ = server_.bind_to_port(at.host, at.port);  // listening from here on
+      if (!bound_) std::this_thread::sleep_for(10ms);
+    }
+    if (bound_) thread_ = std::thread([this] { server_.listen_after_bind(); });
+  }
+  ~HealthStandIn() {
+    server_.stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  bool bound() const { return bound_; }
+  int polls() const { return polls_.load(); }
+
+ private:
+  httplib::Server server_;
+  std::atomic<int> polls_{0};
+  bool bound_ = false;
+  std::thread thread_;
+};
+
+// One prefill instance (a bootstrap server, one prefill rank) and requests from the decode
+// client `decode` to it: started until both sides wait for input, then sent and verified.
+struct Instance {
+  ModelShape m;
+  std::unique_ptr<BootstrapServer> bootstrap = testing::must(BootstrapServer::start({}));
+  TestRank rank;
+  std::unique_ptr<PrefillServer> prefill;
+  std::string address = bootstrap->address();
+
+  explicit Instance(const std::string& name) : rank(testing::make_rank(name, m, 1, 0)) {
+    prefill = testing::make_prefill(rank, address);
+  }
+  struct Request {
+    uint64_t room = 0;
+    KvReceiver receiver;
+    KvSender sender;
+  };
+  Request start(DecodeClient& decode, uint64_t room) {
+    Request r{room, testing::must(decode.create_receiver(address, room)), {}};
+    EXPECT_TRUE(r.receiver.init(destination(room)).ok());
+    r.sender = testing::must(prefill->create_sender(room));
+    EXPECT_EQ(r.sender.wait_at_least(RequestState::kWaitingForInput, 5s),
+              RequestState::kWaitingForInput);
+    return r;
+  }
+  // Sends the request's pages and counts the corrupt ones that arrived in `decode_rank`.
+  uint64_t finish(Request& r, const TestRank& decode_rank) {
+    const std::vector<kv::PageIndex> src = testing::pages_from(0, 2);
+    fill_request_pages(rank.buffers.layout, src, kTokens, r.room, rank.heads);
+    LastChunkExtras none;
+    EXPECT_TRUE(r.sender.send(src, &none).ok());
+    EXPECT_EQ(r.receiver.wait_final(5s), RequestState::kSuccess)
+        << r.receiver.failure().to_string();
+    return count_corrupt_pages(decode_rank.buffers.layout, destination(r.room), kTokens, r.room,
+                               decode_rank.heads);
+  }
+  static std::vector<kv::PageIndex> destination(uint64_t room) {
+    return testing::pages_from(static_cast<kv::PageIndex>(room * 2), 2);
+  }
+  const uint64_t kTokens = 2 * m.page_tokens;
+};
+
+double health_polls(const DecodeClient& decode, const char* result) {
+  return decode.metrics().value("kvferry_pd_bootstrap_checks_total", {{"result", result}});
+}
+
+// Decode asks a bootstrap server for /health only while a request of its instance is in
+// flight: what the report can do is fail such requests, and polling every instance it ever
+// reached would cost each bootstrap server a request per decode rank of the whole cluster
+// every heartbeat (docs/SCALING.md). Two instances both reached; only the one with a request
+// in flight is polled, the other from its first request on, and every page arrives.
+TEST(PdSession, DecodePollsTheHealthOfAnInstanceOnlyWhileARequestOfItIsInFlight) {
+  Instance a("prefill-a"), b("prefill-b");
+  TestRank d = testing::make_rank("decode", a.m, 1, 0);
+  auto decode = testing::make_decode(d, testing::fast_timeouts(), /*metrics=*/true);
+  for (Instance* i : {&a, &b}) {
+    Instance::Request first = i->start(*decode, i == &a ? 1 : 2);
+    EXPECT_EQ(i->finish(first, d), 0u);
+  }
+  // a's bootstrap server is replaced by one that counts the polls.
+  const HealthReport report = testing::must(BootstrapClient(a.address).health());
+  a.bootstrap->stop();
+  HealthStandIn stand_in(a.address, report);
+  ASSERT_TRUE(stand_in.bound());
+
+  Instance::Request on_b = b.start(*decode, 3);
+  const double before = health_polls(*decode, "ok");
+  for (int i = 0; i < 500 && health_polls(*decode, "ok") < before + 3; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GE(health_polls(*decode, "ok"), before + 3);  // b's, three heartbeats
+  EXPECT_EQ(stand_in.polls(), 0);                      // a has nothing in flight
+
+  Instance::Request on_a = a.start(*decode, 4);
+  for (int i = 0; i < 500 && stand_in.polls() < 2; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_GE(stand_in.polls(), 2);
+  EXPECT_EQ(a.finish(on_a, d), 0u);
+  EXPECT_EQ(b.finish(on_b, d), 0u);
+  EXPECT_EQ(health_polls(*decode, "failed"), 0);
+}
+
+// A bootstrap server that reports a prefill rank restarted (another incarnation) or stale
+// (it stopped heartbeating the server) fails the decode requests in flight on its instance,
+// though their control links are still up, naming what the server reported.
+TEST(PdSession, ARankTheBootstrapServerReportsRestartedOrStaleFailsTheRequestsInFlight) {
+  struct Report {
+    bool restarted;    // else stale
+    const char* says;  // in the failure
+  };
+  for (const Report& reported :
+       {Report{true, "restarted"}, Report{false, "stopped heartbeating the bootstrap server"}}) {
+    SCOPED_TRACE(reported.says);
+    Instance a("prefill");
+    TestRank d = testing::make_rank("decode", a.m, 1, 0);
+    auto decode = testing::make_decode(d);
+    Instance::Request request = a.start(*decode, 1);
+    HealthReport report = testing::must(BootstrapClient(a.address).health());
+    ASSERT_EQ(report.ranks.size(), 1u);
+    if (reported.restarted) {
+      ++report.ranks[0].incarnation;
+    } else {
+      report.ranks[0].alive = false;
+      report.healthy = false;
+    }
+    a.bootstrap->stop();
+    HealthStandIn stand_in(a.address, report);
+    ASSERT_TRUE(stand_in.bound());
+    EXPECT_EQ(request.receiver.wait_final(5s), RequestState::kFailed);
+    EXPECT_EQ(request.receiver.failure().code(), StatusCode::kPeerDisconnected);
+    EXPECT_NE(request.receiver.failure().message().find(reported.says), std::string::npos)
+        << request.receiver.failure().to_string();
+    EXPECT_GE(stand_in.polls(), 1);
+  }
 }
 
 // A prefill whose link is lost cannot acknowledge an abort, and its writes already on the
