@@ -15,6 +15,8 @@ namespace kvferry::pd {
 namespace detail {
 namespace {
 constexpr auto kBootstrapRetry = std::chrono::milliseconds(50);
+// A silent bootstrap server is polled at most every 2^kMaxHealthMisses heartbeat intervals.
+constexpr int kMaxHealthMisses = 4;
 
 std::string rank_name(const PrefillInstance& inst, uint32_t rank) {
   return "prefill tp " + std::to_string(rank) + " of " + inst.bootstrap_address;
@@ -388,14 +390,18 @@ std::shared_ptr<ReceiverState> DecodeClientImpl::find_room(uint64_t room) const 
   return it == rooms_.end() ? nullptr : it->second;
 }
 
-void DecodeClientImpl::poll_health(const std::shared_ptr<PrefillInstance>& inst) {
-  if (inst->health_polling.exchange(true)) return;
+void DecodeClientImpl::poll_health(const std::shared_ptr<PrefillInstance>& inst,
+                                   Clock::time_point now) {
+  if (inst->health_polling.load(std::memory_order_acquire) || now < inst->next_health_poll) {
+    return;
+  }
+  inst->health_polling.store(true, std::memory_order_relaxed);
   Status posted = bootstrap_pool_->post([this, inst] {
     check_health(inst);
-    inst->health_polling = false;
+    inst->health_polling.store(false, std::memory_order_release);
   });
   if (!posted.ok()) {
-    inst->health_polling = false;
+    inst->health_polling.store(false, std::memory_order_relaxed);
     health_log_.warn("decode: no /health poll of bootstrap server {}: {}", inst->bootstrap_address,
                      posted.message());
   }
@@ -406,7 +412,9 @@ void DecodeClientImpl::poll_health(const std::shared_ptr<PrefillInstance>& inst)
 // instance. Silence is not: the bootstrap server is needed to start a request, not to finish
 // one, and a flood or a restart of it says nothing about the prefill ranks. Their liveness is
 // their control links' (heartbeats and the silence check close a dead link, and
-// on_link_lost fails the instance), so an unreachable bootstrap server fails nothing.
+// on_link_lost fails the instance), so an unreachable bootstrap server fails nothing, and is
+// asked less often the longer it stays silent: each poll of a server that does not answer can
+// hold a bootstrap thread for its timeout, which new instances' connections wait behind.
 void DecodeClientImpl::check_health(const std::shared_ptr<PrefillInstance>& inst) {
   BootstrapClient bootstrap(
       inst->bootstrap_address,
@@ -416,6 +424,9 @@ void DecodeClientImpl::check_health(const std::shared_ptr<PrefillInstance>& inst
   if (metrics_ != nullptr) metrics_->on_bootstrap(health.status());
   const auto now = Clock::now();
   if (!health.ok()) {
+    inst->health_misses = std::min(inst->health_misses + 1, kMaxHealthMisses);
+    inst->next_health_poll =
+        now + options_.timeouts.heartbeat_interval * (1 << inst->health_misses);
     const auto silent_ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(now - inst->last_healthy).count();
     health_log_.warn(
@@ -438,6 +449,8 @@ void DecodeClientImpl::check_health(const std::shared_ptr<PrefillInstance>& inst
     }
   }
   inst->last_healthy = now;
+  inst->health_misses = 0;
+  inst->next_health_poll = {};
 }
 
 void DecodeClientImpl::monitor_loop() {
@@ -492,7 +505,7 @@ void DecodeClientImpl::monitor_loop() {
     // thread for its timeout, never the timeouts above).
     if (now >= next_beat) {
       next_beat = now + t.heartbeat_interval;
-      for (auto& inst : busy) poll_health(inst);
+      for (auto& inst : busy) poll_health(inst, now);
     }
   }
 }

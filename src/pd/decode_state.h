@@ -51,8 +51,13 @@ struct PrefillInstance {
   std::map<uint32_t, std::shared_ptr<PrefillLink>> links;
   // When the bootstrap server last answered for the instance (connected, then its polls).
   Clock::time_point last_healthy = Clock::now();
-  // A /health poll of the instance is queued or running (at most one is).
+  // A /health poll of the instance is queued or running (at most one is): set by the
+  // monitor thread, cleared by the poll once it has written the two fields below.
   std::atomic<bool> health_polling{false};
+  // The bootstrap server's unanswered polls in a row (at most kMaxHealthMisses), and when to
+  // poll it next: each one unanswered doubles the wait, from one heartbeat interval.
+  int health_misses = 0;
+  Clock::time_point next_health_poll{};
 };
 
 struct ReceiverState {
@@ -116,8 +121,9 @@ class DecodeClientImpl {
   std::shared_ptr<ReceiverState> find_room(uint64_t room) const;
   void settle(const std::shared_ptr<ReceiverState>& r);
   void monitor_loop();
-  // Queues a /health poll of `inst` on the bootstrap pool, unless one is still out.
-  void poll_health(const std::shared_ptr<PrefillInstance>& inst);
+  // Queues a /health poll of `inst` on the bootstrap pool, unless one is still out or its
+  // server's silence put the next one off.
+  void poll_health(const std::shared_ptr<PrefillInstance>& inst, Clock::time_point now);
   void check_health(const std::shared_ptr<PrefillInstance>& inst);
   RegisterLayout registration() const;
   bool replicated() const;

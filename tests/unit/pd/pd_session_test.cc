@@ -355,6 +355,28 @@ TEST(PdSession, DecodePollsTheHealthOfAnInstanceOnlyWhileARequestOfItIsInFlight)
   EXPECT_EQ(health_polls(*decode, "failed"), 0);
 }
 
+// A bootstrap server that does not answer fails nothing (the requests go on over their
+// control links), and is polled less and less often: each poll of a silent server can hold a
+// bootstrap thread for its timeout, which new instances' connections would wait behind. While
+// a healthy instance's server is polled nine times, a gone one is polled at most four.
+TEST(PdSession, DecodePollsASilentBootstrapServerLessAndLessOftenAndFailsNothing) {
+  Instance a("prefill-a"), b("prefill-b");
+  TestRank d = testing::make_rank("decode", a.m, 1, 0);
+  auto decode = testing::make_decode(d, testing::fast_timeouts(), /*metrics=*/true);
+  Instance::Request on_a = a.start(*decode, 1);
+  Instance::Request on_b = b.start(*decode, 2);
+  a.bootstrap->stop();
+  const double ok = health_polls(*decode, "ok"), missed = health_polls(*decode, "failed");
+  for (int i = 0; i < 500 && health_polls(*decode, "ok") < ok + 9; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GE(health_polls(*decode, "ok"), ok + 9);
+  EXPECT_GE(health_polls(*decode, "failed"), missed + 1);
+  EXPECT_LE(health_polls(*decode, "failed"), missed + 4);  // every heartbeat: 9
+  EXPECT_EQ(a.finish(on_a, d), 0u);
+  EXPECT_EQ(b.finish(on_b, d), 0u);
+}
+
 // A bootstrap server that reports a prefill rank restarted (another incarnation) or stale
 // (it stopped heartbeating the server) fails the decode requests in flight on its instance,
 // though their control links are still up, naming what the server reported.
