@@ -538,8 +538,11 @@ class TcpLane : public std::enable_shared_from_this<TcpLane> {
   // The sending role's scratch (only its holder touches them). send_turn_: held by a sending
   // turn on the pool (not a posting thread, which waits only for its own frames).
   bool send_turn_ = false;
-  std::vector<std::array<std::byte, kTcpHeaderBytes>> headers_ =
-      std::vector<std::array<std::byte, kTcpHeaderBytes>>(kMaxGather);
+  // Neither this nor input_ below is zeroed: a page is memory only once something is written
+  // there, so a lane that carries a frame or a few at a time holds a page of each, not 24 +
+  // 64 KiB, at every one of thousands of peers (docs/SCALING.md, memory per peer).
+  std::unique_ptr<std::array<std::byte, kTcpHeaderBytes>[]> headers_ =
+      std::make_unique_for_overwrite<std::array<std::byte, kTcpHeaderBytes>[]>(kMaxGather);
   std::vector<iovec> iov_;
   std::vector<SentFrame> frames_;
   std::deque<BatchProgress::CopyGuard> copy_guards_;  // held across one sendmsg
@@ -548,7 +551,8 @@ class TcpLane : public std::enable_shared_from_this<TcpLane> {
   // The reader's scratch: the ranges of a READ payload being received.
   std::vector<iovec> read_window_;
   // The reader's input buffer: [in_pos_, in_end_) is received and not yet consumed.
-  std::unique_ptr<std::byte[]> input_ = std::make_unique<std::byte[]>(kReaderBufferBytes);
+  std::unique_ptr<std::byte[]> input_ =
+      std::make_unique_for_overwrite<std::byte[]>(kReaderBufferBytes);
   size_t in_pos_ = 0;
   size_t in_end_ = 0;
 };

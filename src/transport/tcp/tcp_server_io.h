@@ -158,8 +158,10 @@ struct Conn {
   uint32_t serial = 0;
   uint32_t staging_reads = 0;
   std::shared_ptr<PeerLiveness> alive = std::make_shared<PeerLiveness>("a tcp initiator");
-  // Received but not yet consumed: [in_pos, in_end) of input.
-  std::unique_ptr<std::byte[]> input = std::make_unique<std::byte[]>(kInputBufferBytes);
+  // Received but not yet consumed: [in_pos, in_end) of input. Not zeroed: only the pages
+  // that input reached are memory (headers alone, on a connection of large writes).
+  std::unique_ptr<std::byte[]> input =
+      std::make_unique_for_overwrite<std::byte[]>(kInputBufferBytes);
   size_t in_pos = 0;
   size_t in_end = 0;
 
