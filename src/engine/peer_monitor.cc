@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <utility>
 
 #include "core/logging.h"
 #include "core/named_thread.h"
@@ -32,11 +34,22 @@ PeerMonitor::~PeerMonitor() {
 Status PeerMonitor::watch(const std::shared_ptr<PeerState>& peer) {
   Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, static_cast<pid_t>(peer->pid), 0)));
   if (!pidfd.valid()) {
-    if (errno == ESRCH) {
+    const int err = errno;
+    if (err == ESRCH) {
       return PeerDisconnected("peer " + peer->name + " (pid " + std::to_string(peer->pid) +
                               ") has exited");
     }
-    return ErrnoStatus(StatusCode::kInternal, "pidfd_open for peer " + peer->name, errno);
+    if (err == ENOSYS || err == EPERM) {
+      std::lock_guard lock(mu_);
+      if (!std::exchange(said_unwatched_, true)) {
+        log().warn(
+            "same-host peers' deaths are seen through their connections only: this "
+            "process may not use pidfd_open ({})",
+            std::strerror(err));
+      }
+      return Status::Ok();
+    }
+    return ErrnoStatus(StatusCode::kInternal, "pidfd_open for peer " + peer->name, err);
   }
   std::lock_guard lock(mu_);
   // Peers nobody holds any more (closed, replaced) need no watching: drop their pidfds so
