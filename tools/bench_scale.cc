@@ -6,8 +6,8 @@
 //                (against a plain TCP stream to the same children)
 //   regions      N 4 KiB regions registered and unregistered in one batch, the descriptor a
 //                peer fetches (bytes, handshake time), submit cost of a 64-byte local write
-//   descriptors  one batch of N 64-byte local ops, merged and unmerged: cost per op, and what
-//                the engine adds to the same copies as a plain loop
+//   descriptors  one batch of N 64-byte local ops, merged, unmerged and shuffled: cost per op,
+//                and what the engine adds to the same copies as a plain loop
 //   inflight     N one-op 4 KiB batches submitted before any is waited for: cost per batch
 //   pd           N one-page PD requests in flight through the PD layer: requests/s, and at
 //                N = 1 the overhead over an engine transfer of the same page

@@ -20,8 +20,10 @@
 //               a 64-byte local WRITE (the engine to itself) between the first and the last
 //               region: submit p50 and submit + wait p50, and submit p50 ÷ the first point's.
 //  descriptors  one batch of N 64-byte local ops: merged (destinations in source order, one
-//               run) and unmerged (reverse order with a 64-byte gap, so no two merge);
-//               submit and submit + wait per op (p50 over batches); every op verified.
+//               run), unmerged (reverse order with a 64-byte gap, so no two merge: one
+//               pass of the overlap check) and shuffled (the same destinations in a random
+//               order: the check sorts them); submit and submit + wait per op (p50 over
+//               batches); every op verified.
 //  inflight     N one-op batches of 4 KiB submitted before the first is waited for, then
 //               all waited, over local (the engine to itself: small batches complete inside
 //               submit) and tcp (a serve child): the cost per batch (p50 over rounds).
@@ -29,10 +31,12 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <span>
 #include <string>
 #include <vector>
@@ -317,7 +321,7 @@ Status run_descriptors_axis(const ScaleArgs& args, std::vector<ScalePoint>& out)
   KVF_ASSIGN_OR_RETURN(std::unique_ptr<TransferEngine> engine,
                        make_scale_engine("scale-descriptors"));
   KVF_ASSIGN_OR_RETURN(PeerHandle self, engine->open_peer(engine->endpoint()));
-  enum class Layout : uint8_t { kMerged = 0, kUnmerged };
+  enum class Layout : uint8_t { kMerged = 0, kUnmerged, kShuffled };
   for (const uint64_t n : args.descriptors) {
     // Unmerged destinations are 2 x 64 bytes apart: the gap keeps any two from touching.
     KVF_ASSIGN_OR_RETURN(HostBuffer src, HostBuffer::map("bench scale", n * kSmallOpBytes, false));
@@ -326,13 +330,18 @@ Status run_descriptors_axis(const ScaleArgs& args, std::vector<ScalePoint>& out)
     fill_pattern(bytes_of(src), kScaleSeed + n);
     KVF_RETURN_IF_ERROR(engine->register_memory(src.data(), src.size()));
     KVF_RETURN_IF_ERROR(engine->register_memory(dst.data(), dst.size()));
-    for (const Layout layout : {Layout::kMerged, Layout::kUnmerged}) {
+    for (const Layout layout : {Layout::kMerged, Layout::kUnmerged, Layout::kShuffled}) {
       std::vector<TransferOp> ops(n);
       for (uint64_t i = 0; i < n; ++i) {
         const uint64_t at =
             layout == Layout::kMerged ? i * kSmallOpBytes : (n - 1 - i) * 2 * kSmallOpBytes;
         ops[i] = {OpKind::kWrite, addr_of(src.data()) + i * kSmallOpBytes, addr_of(dst.data()) + at,
                   kSmallOpBytes};
+      }
+      if (layout == Layout::kShuffled) {  // the same destinations in no order
+        std::mt19937_64 rng(kScaleSeed + n);
+        for (uint64_t i = n; i > 1; --i)
+          std::swap(ops[i - 1].remote_addr, ops[rng() % i].remote_addr);
       }
       std::memset(dst.data(), 0, dst.size());
       LatencySampler submit_ns, total_ns;
@@ -362,8 +371,8 @@ Status run_descriptors_axis(const ScaleArgs& args, std::vector<ScalePoint>& out)
       total_ns.finish();
       copy_ns.finish();
       const double ops_n = static_cast<double>(n);
-      ScalePoint point{ScaleAxis::kDescriptors, layout == Layout::kMerged ? "merged" : "unmerged",
-                       n};
+      constexpr std::array<const char*, 3> kSeries = {"merged", "unmerged", "shuffled"};
+      ScalePoint point{ScaleAxis::kDescriptors, kSeries[static_cast<size_t>(layout)], n};
       auto& m = point.metrics;
       m["submit_ns_per_op"] = submit_ns.percentile_us(50) * 1e3 / ops_n;
       m["total_ns_per_op"] = total_ns.percentile_us(50) * 1e3 / ops_n;

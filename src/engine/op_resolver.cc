@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -310,10 +311,29 @@ Status check_disjoint_by_sorting(std::span<const TransferOp> ops, bool one_addre
   return Status::Ok();
 }
 
+// One pass while the destinations descend in each space: the blocks of a list handed out
+// from a free list that took them back last first (vLLM frees a request's blocks in reverse
+// order). nullopt once one does not descend.
+std::optional<Status> check_descending_destinations(std::span<const TransferOp> ops,
+                                                    bool one_address_space) {
+  std::array<uint64_t, 2> start{0, 0};
+  std::array<size_t, 2> last{SIZE_MAX, SIZE_MAX};
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const size_t space = destination_space(ops[i], one_address_space);
+    if (last[space] != SIZE_MAX) {
+      if (destination(ops[i]) >= start[space]) return std::nullopt;
+      if (destination_end(ops[i]) > start[space]) return overlap_error(ops, last[space], i);
+    }
+    start[space] = destination(ops[i]);
+    last[space] = i;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status check_disjoint_destinations(std::span<const TransferOp> ops, bool one_address_space) {
-  // One pass while the destinations ascend in each space.
+  // One pass while the destinations ascend in each space, another while they descend.
   std::array<uint64_t, 2> end{0, 0};
   std::array<size_t, 2> last{SIZE_MAX, SIZE_MAX};
   for (size_t i = 0; i < ops.size(); ++i) {
@@ -321,6 +341,10 @@ Status check_disjoint_destinations(std::span<const TransferOp> ops, bool one_add
     if (last[space] != SIZE_MAX && destination(ops[i]) < end[space]) {
       if (destination(ops[i]) >= destination(ops[last[space]])) {
         return overlap_error(ops, last[space], i);
+      }
+      if (std::optional<Status> descending =
+              check_descending_destinations(ops, one_address_space)) {
+        return *descending;
       }
       return check_disjoint_by_sorting(ops, one_address_space);  // out of order
     }

@@ -104,7 +104,8 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
 // READ's local range): their bytes would land in an order no one chose, concurrently on
 // different threads or lanes. `one_address_space`: the peer is this engine itself, so both
 // kinds land in the same memory. Ops in ascending, disjoint destination order (what the
-// planner emits) cost one pass; otherwise the destinations are sorted, O(n log n).
+// planner emits) cost one pass, and in descending order another; otherwise the destinations
+// are sorted, O(n log n).
 Status check_disjoint_destinations(std::span<const TransferOp> ops, bool one_address_space);
 
 // The outcome with the batch it resolved (tests).

@@ -50,6 +50,7 @@ TEST(BenchScale, EveryAxisYieldsAPointPerXAndVerifiesWhatItMoved) {
   EXPECT_EQ(seen["regions"][""], (Xs{1, 300})) << table;
   EXPECT_EQ(seen["descriptors"]["merged"], (Xs{1000, 3000})) << table;
   EXPECT_EQ(seen["descriptors"]["unmerged"], (Xs{1000, 3000})) << table;
+  EXPECT_EQ(seen["descriptors"]["shuffled"], (Xs{1000, 3000})) << table;
   EXPECT_EQ(seen["inflight"]["local"], (Xs{1, 8})) << table;
   EXPECT_EQ(seen["inflight"]["tcp"], (Xs{1, 8})) << table;
   ASSERT_EQ(seen["pd"].size(), 1u) << table;

@@ -1,7 +1,8 @@
 // check_disjoint_destinations against a brute-force comparison of every pair, on random
-// batches in both orders (ascending: the one-pass path; shuffled: the radix sort), and on
-// batches too large for that against a comparison sort (the radix sort's wide digits), and on
-// starts spread over the whole address space (too many differing bits to pack with an index).
+// batches in three orders (ascending and descending: the one-pass paths; shuffled: the radix
+// sort), and on batches too large for that against a comparison sort (the radix sort's wide
+// digits), and on starts spread over the whole address space (too many differing bits to
+// pack with an index).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -66,6 +67,9 @@ TEST(DestinationOverlap, AgreesWithComparingEveryPair) {
     if (trial % 4 == 1) {
       std::sort(ops.begin(), ops.end(),
                 [](const TransferOp& a, const TransferOp& b) { return dst(a) < dst(b); });
+    } else if (trial % 4 == 3) {
+      std::sort(ops.begin(), ops.end(),
+                [](const TransferOp& a, const TransferOp& b) { return dst(a) > dst(b); });
     }
     bool expected = false;
     for (size_t i = 0; i < n && !expected; ++i) {
