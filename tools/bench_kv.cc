@@ -117,28 +117,33 @@ Result<KvLayout> pool_layout(const KvPreset& p, uint32_t page_size, uint64_t poo
                : KvLayout::mha(mha_shape(p, page_size, pool_pages), base);
 }
 
-// Where a request's pages sit in its pool.
-enum class PageAllocation { kContiguous, kRuns, kRandom };
+// Where a request's pages sit in its pool. kFreedRuns: runs of run_pages in random places,
+// each listed from its last page down, as vLLM's free queue hands out the blocks of requests
+// it freed last first.
+enum class PageAllocation { kContiguous, kRuns, kFreedRuns, kRandom };
 
 struct PagePlacement {
   PageAllocation allocation = PageAllocation::kRandom;
-  uint32_t run_pages = 1;  // kRuns only
+  uint32_t run_pages = 1;  // kRuns, kFreedRuns
 };
 
 Result<PagePlacement> parse_page_placement(std::string_view text) {
   if (text == "contiguous") return PagePlacement{PageAllocation::kContiguous, 1};
   if (text == "random") return PagePlacement{PageAllocation::kRandom, 1};
-  constexpr std::string_view kRunsPrefix = "runs:";
-  if (text.starts_with(kRunsPrefix)) {
-    const std::string count(text.substr(kRunsPrefix.size()));
+  for (const auto& [prefix, allocation] :
+       {std::pair{std::string_view("runs:"), PageAllocation::kRuns},
+        std::pair{std::string_view("freed:"), PageAllocation::kFreedRuns}}) {
+    if (!text.starts_with(prefix)) continue;
+    const std::string count(text.substr(prefix.size()));
     char* end = nullptr;
     const unsigned long n = std::strtoul(count.c_str(), &end, 10);
     if (!count.empty() && *end == '\0' && n > 0 && n <= (1u << 20)) {
-      return PagePlacement{PageAllocation::kRuns, static_cast<uint32_t>(n)};
+      return PagePlacement{allocation, static_cast<uint32_t>(n)};
     }
   }
   return InvalidArgument(fmt::format(
-      "unknown page placement '{}' (valid: contiguous, runs:N with N > 0, random)", text));
+      "unknown page placement '{}' (valid: contiguous, runs:N or freed:N with N > 0, random)",
+      text));
 }
 
 // Pool pages for a request of `pages`: slack for placement, rounded to whole runs.
@@ -160,13 +165,15 @@ std::vector<PageIndex> place_pages(uint64_t pages, uint64_t pool_pages,
       for (uint64_t i = 0; i < pages; ++i) out.push_back(static_cast<PageIndex>(first + i));
       break;
     }
-    case PageAllocation::kRuns: {
+    case PageAllocation::kRuns:
+    case PageAllocation::kFreedRuns: {
       std::vector<PageIndex> runs(pool_pages / placement.run_pages);
       std::iota(runs.begin(), runs.end(), 0);
       std::shuffle(runs.begin(), runs.end(), rng);
+      const bool down = placement.allocation == PageAllocation::kFreedRuns;
       for (size_t r = 0; out.size() < pages; ++r) {
         for (uint32_t k = 0; k < placement.run_pages && out.size() < pages; ++k) {
-          out.push_back(runs[r] * placement.run_pages + k);
+          out.push_back(runs[r] * placement.run_pages + (down ? placement.run_pages - 1 - k : k));
         }
       }
       break;
@@ -828,7 +835,9 @@ void add_bench_kv_command(CLI::App& bench) {
       ->delimiter(',')
       ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 24));
   cmd->add_option("--page-size", args->page_size, "tokens per page");
-  cmd->add_option("--pages", args->pages, "page placement: contiguous, runs:N, random");
+  cmd->add_option("--pages", args->pages,
+                  "page placement: contiguous, runs:N, freed:N (runs listed last page first), "
+                  "random");
   cmd->add_option("--strategy", args->strategies, "all_layers, per_layer, index_sharded")
       ->delimiter(',');
   cmd->add_option("--max-pages-per-call", args->max_pages_per_call,

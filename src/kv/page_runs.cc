@@ -7,15 +7,19 @@ namespace kvferry::kv {
 void append_page_runs(std::span<const PageIndex> src_pages, std::span<const PageIndex> dst_pages,
                       std::vector<PageRun>& out) {
   const size_t n = src_pages.size();
+  // Whether both sides step by `by` from k - 1 to k. Signed 64 bits, so the largest page
+  // index followed by 0 (or 0 by the largest) is a cut, not a step.
+  auto steps = [&](size_t k, int64_t by) {
+    return int64_t{src_pages[k]} == int64_t{src_pages[k - 1]} + by &&
+           int64_t{dst_pages[k]} == int64_t{dst_pages[k - 1]} + by;
+  };
   size_t i = 0;
   while (i < n) {
     size_t j = i + 1;
-    // Compared in 64 bits so the largest page index followed by 0 is a cut, not a step.
-    while (j < n && uint64_t{src_pages[j]} == uint64_t{src_pages[j - 1]} + 1 &&
-           uint64_t{dst_pages[j]} == uint64_t{dst_pages[j - 1]} + 1) {
-      ++j;
-    }
-    out.push_back(PageRun{src_pages[i], dst_pages[i], static_cast<uint32_t>(j - i)});
+    const int64_t by = j < n && steps(j, -1) ? -1 : 1;
+    while (j < n && steps(j, by)) ++j;
+    const size_t lowest = by < 0 ? j - 1 : i;  // a run walked downwards starts at its end
+    out.push_back(PageRun{src_pages[lowest], dst_pages[lowest], static_cast<uint32_t>(j - i)});
     i = j;
   }
 }

@@ -3,6 +3,7 @@
 // do). The README's main job runs there under a seccomp filter that refuses pidfd_open alone:
 // same-host peers still open, and every page arrives and is verified.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -20,8 +21,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace kvferry {
 namespace {
@@ -96,7 +95,8 @@ TEST(NoPidfd, SameHostPeersOpenAndEveryPageArrivesWhereTheKernelRefusesPidfdOpen
       SCOPED_TRACE(std::string(transport) + ", pidfd_open refused with errno " +
                    std::to_string(refusal));
       Finished demo = run_without_pidfd_open(
-          refusal, {KVFERRY_CLI_PATH, "demo", "--json", "--requests", "8", "--transport", transport},
+          refusal,
+          {KVFERRY_CLI_PATH, "demo", "--json", "--requests", "8", "--transport", transport},
           std::chrono::seconds(120));
       ASSERT_EQ(demo.exit_code, 0) << demo.out;
       auto summary = nlohmann::json::parse(demo.out, nullptr, false);

@@ -30,13 +30,24 @@ TEST(PageRunGrouping, ContiguousListsFormOneRun) {
   EXPECT_EQ(runs_of({0, 1, 2, 3, 4}, {10, 11, 12, 13, 14}), (std::vector<PageRun>{{0, 10, 5}}));
 }
 
-TEST(PageRunGrouping, DescendingOrRepeatedPagesAreSeparateRuns) {
+TEST(PageRunGrouping, PagesOneSideWalksDownOrRepeatsAreSeparateRuns) {
   EXPECT_EQ(runs_of({5, 4, 4}, {1, 2, 3}), (std::vector<PageRun>{{5, 1, 1}, {4, 2, 1}, {4, 3, 1}}));
+  EXPECT_EQ(runs_of({1, 2, 3}, {13, 12, 11}),
+            (std::vector<PageRun>{{1, 13, 1}, {2, 12, 1}, {3, 11, 1}}));
 }
 
-TEST(PageRunGrouping, LargestPageFollowedByZeroIsACutNotAStep) {
+// vLLM's free queue hands a request's blocks back out last first: both lists walk down.
+TEST(PageRunGrouping, PagesBothSidesWalkDownFormOneRunFromTheLowest) {
+  EXPECT_EQ(runs_of({9, 8, 7, 6}, {23, 22, 21, 20}), (std::vector<PageRun>{{6, 20, 4}}));
+  // Runs up and down, cut where either side turns or skips.
+  EXPECT_EQ(runs_of({1, 2, 9, 8, 7, 3, 2}, {11, 12, 33, 32, 31, 40, 39}),
+            (std::vector<PageRun>{{1, 11, 2}, {7, 31, 3}, {2, 39, 2}}));
+}
+
+TEST(PageRunGrouping, LargestPageNextToZeroIsACutNotAStep) {
   constexpr PageIndex kMax = std::numeric_limits<PageIndex>::max();
   EXPECT_EQ(runs_of({kMax, 0}, {kMax, 0}), (std::vector<PageRun>{{kMax, kMax, 1}, {0, 0, 1}}));
+  EXPECT_EQ(runs_of({0, kMax}, {0, kMax}), (std::vector<PageRun>{{0, 0, 1}, {kMax, kMax, 1}}));
 }
 
 TEST(PageRunGrouping, EmptyListsGiveNoRuns) { EXPECT_TRUE(runs_of({}, {}).empty()); }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -24,18 +25,34 @@ uint32_t uniform(std::mt19937& rng, uint32_t lo, uint32_t hi) {  // [lo, hi]
   return std::uniform_int_distribution<uint32_t>(lo, hi)(rng);
 }
 
-// Page lists with runs: mostly +1 steps, sometimes jumps. Destination pages are distinct (two
-// source pages landing on one destination page would make the result order-dependent).
+// Page lists with runs: mostly steps of one page, up or down (each side's direction drawn
+// anew at each jump, so runs both sides walk down, and runs they walk opposite ways, come
+// up), sometimes jumps. Destination pages are distinct (two source pages landing on one
+// destination page would make the result order-dependent).
 void random_pages(std::mt19937& rng, uint32_t src_capacity, uint32_t dst_capacity, size_t n,
                   std::vector<PageIndex>& src, std::vector<PageIndex>& dst) {
   std::vector<bool> used(dst_capacity, false);
+  int64_t src_by = 1, dst_by = 1;
+  // The page `by` from `from`, if it is one of `capacity`.
+  auto next = [](PageIndex from, int64_t by, uint32_t capacity) -> std::optional<PageIndex> {
+    const int64_t at = int64_t{from} + by;
+    if (at < 0 || at >= int64_t{capacity}) return std::nullopt;
+    return static_cast<PageIndex>(at);
+  };
   for (size_t i = 0; i < n; ++i) {
     const bool step = i > 0 && uniform(rng, 0, 9) < 7;
-    PageIndex s =
-        step && src.back() + 1 < src_capacity ? src.back() + 1 : uniform(rng, 0, src_capacity - 1);
+    if (!step) {
+      src_by = uniform(rng, 0, 1) == 0 ? 1 : -1;
+      dst_by = uniform(rng, 0, 1) == 0 ? 1 : -1;
+    }
+    const std::optional<PageIndex> src_step =
+        step ? next(src.back(), src_by, src_capacity) : std::nullopt;
+    const std::optional<PageIndex> dst_step =
+        step ? next(dst.back(), dst_by, dst_capacity) : std::nullopt;
+    PageIndex s = src_step ? *src_step : uniform(rng, 0, src_capacity - 1);
     PageIndex d;
-    if (step && dst.back() + 1 < dst_capacity && !used[dst.back() + 1]) {
-      d = dst.back() + 1;
+    if (dst_step && !used[*dst_step]) {
+      d = *dst_step;
     } else {
       do d = uniform(rng, 0, dst_capacity - 1);
       while (used[d]);
