@@ -138,7 +138,8 @@ void TcpServer::IoThread::land_staged(Conn& c) {
   if (c.lander == nullptr || c.staged == 0) return;
   const uint64_t bytes = std::exchange(c.staged, 0);
   Status s;
-  if (c.current.deadline_ns != 0 && monotonic_ns() > c.current.deadline_ns) {
+  if (c.current.deadline_ns != 0 &&
+      monotonic_ns() + kDeviceLandingMarginNs > c.current.deadline_ns) {
     s = Timeout("write request passed its deadline on the receiver");
   } else {
     s = c.lander->land(c.target.ptr + c.landed, bytes);

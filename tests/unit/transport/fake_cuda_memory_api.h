@@ -65,6 +65,8 @@ class FakeCudaMemoryApi final : public CudaMemoryApi {
   }
 
   uint64_t copies_run() const { return copies_run_.load(); }
+  // Every copy enqueued so far has run (its bytes are where they go).
+  bool copies_settled() const { return copies_run_.load() == copies_enqueued_.load(); }
   uint64_t pinned_bytes_allocated() const {
     std::lock_guard lock(mu_);
     return pinned_bytes_;

@@ -260,7 +260,12 @@ TEST_F(TcpDeviceStaging, DeadlineThatPassesWhileChunksAreStagedEndsInTimeoutAndN
   BatchStatus s = write_all(std::chrono::milliseconds(300));
   ASSERT_EQ(s.state, BatchState::kFailed);
   EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
-  // Whatever landed, landed before the end: the destination does not change afterwards.
+  // Whatever landed, landed before the end: once the landing copies begun before it are done,
+  // the destination does not change.
+  for (int i = 0; i < 5000 && !receiver_api_->copies_settled(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(receiver_api_->copies_settled());
   std::vector<std::byte> at_end = dst_;
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(at_end, dst_);
