@@ -71,11 +71,13 @@ TEST(MetricsListenerIdleFlood, NineInTenScrapesSucceedWhileIdleConnectionsAreHel
   server->add_source(one_counter);
   const Endpoint endpoint = must(parse_endpoint(server->address()));
   std::atomic<bool> stop{false};
+  std::atomic<bool> crowd_in{false};
   std::atomic<uint64_t> churned{0};
   // Hundreds of idle connections, reopened before the listener's 2 s deadline closes them.
   std::thread holders([&] {
     while (!stop) {
       HostileCrowd idle(endpoint, kMetricsIdleClients, kMetricsCrowdSources);
+      crowd_in = true;
       for (int i = 0; i < 15 && !stop; ++i) std::this_thread::sleep_for(100ms);
     }
   });
@@ -86,10 +88,12 @@ TEST(MetricsListenerIdleFlood, NineInTenScrapesSucceedWhileIdleConnectionsAreHel
       if (fd.valid()) ++churned;
     }
   });
-  std::this_thread::sleep_for(300ms);  // the crowd is in
+  // The scrapes begin once the idle crowd is connected and the churn under way.
+  for (int i = 0; i < 1000 && !(crowd_in && churned > 0); ++i) std::this_thread::sleep_for(10ms);
+  const bool flooding = crowd_in && churned > 0;
   int succeeded = 0;
   std::chrono::milliseconds slowest{0};
-  for (int i = 0; i < kScrapes; ++i) {
+  for (int i = 0; flooding && i < kScrapes; ++i) {
     const auto started = Clock::now();
     if (scrape(endpoint, 1s)) ++succeeded;
     slowest = std::max(
@@ -104,6 +108,7 @@ TEST(MetricsListenerIdleFlood, NineInTenScrapesSucceedWhileIdleConnectionsAreHel
       "and %llu churned connects\n",
       succeeded, kScrapes, static_cast<long long>(slowest.count()), kMetricsIdleClients,
       static_cast<unsigned long long>(churned.load()));
+  ASSERT_TRUE(flooding) << "the idle crowd or the churn did not start";
   EXPECT_GE(succeeded, static_cast<int>(kScrapes * kMinScrapeSuccess))
       << succeeded << " of " << kScrapes << " scrapes succeeded";
   EXPECT_GT(churned.load(), 0u);
