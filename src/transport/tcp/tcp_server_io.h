@@ -64,8 +64,8 @@ inline constexpr size_t kMaxReceiveEntries = 64;
 // while any connection is under way (a frame, replies or a hello not done); an idle one is
 // looked at when its idle timeout is due, and with none of either the thread sleeps.
 inline constexpr int64_t kLimitCheckNs = 20'000'000;
-// A copy into device memory is begun only this long before the request's deadline at the
-// latest: it waits its turn on the device's stream, and one begun closer could still be
+// A copy into device memory is begun no later than this long before the request's
+// deadline: it waits its turn on the device's stream, and one begun closer could still be
 // landing when the initiator reports the batch timed out.
 inline constexpr int64_t kDeviceLandingMarginNs = 2'000'000;
 inline constexpr int64_t kNoLimitCheck = std::numeric_limits<int64_t>::max();
