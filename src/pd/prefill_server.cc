@@ -63,7 +63,19 @@ Status PrefillServerImpl::start() {
   // restart on the same port).
   KVF_RETURN_IF_ERROR(acceptor_->start(
       [this](Fd fd, ConnectionSlot slot) { on_accepted(std::move(fd), std::move(slot)); }));
-  if (!options_.bootstrap_address.empty()) KVF_RETURN_IF_ERROR(register_at_start());
+  if (!options_.bootstrap_address.empty()) {
+    KVF_RETURN_IF_ERROR(register_at_start());
+    KVF_ASSIGN_OR_RETURN(registration_, PeriodicTask::start(
+                                            options_.timeouts.heartbeat_interval,
+                                            [this] {
+                                              Status s = register_with_bootstrap();
+                                              if (!s.ok()) {
+                                                log().debug("prefill: bootstrap heartbeat: {}",
+                                                            s.to_string());
+                                              }
+                                            },
+                                            "kvf-pd-register"));
+  }
   KVF_ASSIGN_OR_RETURN(monitor_thread_,
                        start_named_thread("kvf-pd-prefill", [this] { monitor_loop(); }));
   return Status::Ok();
@@ -71,6 +83,7 @@ Status PrefillServerImpl::start() {
 
 PrefillServerImpl::~PrefillServerImpl() {
   stopping_ = true;
+  registration_.reset();  // waits for a registration under way
   if (acceptor_) acceptor_->stop();
   if (monitor_thread_.joinable()) monitor_thread_.join();
   // The acceptor has stopped, so no channel is added now. Closing joins each reader, also
@@ -455,7 +468,6 @@ void PrefillServerImpl::send_status(const std::shared_ptr<DecodePeer>& peer,
 
 void PrefillServerImpl::monitor_loop() {
   const PdTimeouts& t = options_.timeouts;
-  Clock::time_point next_beat = Clock::now();
   while (!stopping_) {
     std::this_thread::sleep_for(t.tick());
     const auto now = Clock::now();
@@ -508,14 +520,6 @@ void PrefillServerImpl::monitor_loop() {
       unregistered_closed_ = 0;
       last_trim_ = now;
       give_freed_memory_back();
-    }
-    // Heartbeats on the control connections are each channel's own (ControlChannel); what
-    // beats here is the registration with the bootstrap server.
-    const bool beat = now >= next_beat;
-    if (beat) next_beat = now + t.heartbeat_interval;
-    if (beat && !options_.bootstrap_address.empty()) {
-      Status s = register_with_bootstrap();
-      if (!s.ok()) log().debug("prefill: bootstrap heartbeat: {}", s.to_string());
     }
   }
 }

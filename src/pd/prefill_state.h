@@ -18,6 +18,7 @@
 #include "core/fd.h"
 #include "core/log_throttle.h"
 #include "core/net.h"
+#include "core/periodic_task.h"
 #include "core/thread_pool.h"
 #include "kvferry/kv/transfer_plan.h"
 #include "kvferry/pd/control_message.h"
@@ -157,6 +158,9 @@ class PrefillServerImpl {
   // Answers `peer` with RequestStatus Failed for `room`, leaving the room alone.
   void refuse_request(const std::shared_ptr<DecodePeer>& peer, uint64_t room, const Status& why);
   void on_abort(const std::shared_ptr<DecodePeer>& peer, const AbortMessage& abort);
+  // One registration with the bootstrap server: the first (register_at_start), then one per
+  // heartbeat interval on its own thread (registration_), so a bootstrap server that does not
+  // answer holds that thread for the call's timeout, never the monitor's timeouts.
   Status register_with_bootstrap();
   // The first registration, retried while what stops it can pass (see the definition).
   Status register_at_start();
@@ -184,6 +188,7 @@ class PrefillServerImpl {
   Clock::time_point last_trim_;
   std::atomic<bool> stopping_{false};
   std::thread monitor_thread_;
+  std::unique_ptr<PeriodicTask> registration_;  // with a bootstrap address only
   std::vector<std::unique_ptr<ThreadPool>> shards_;
   // Every control channel's reading turns and heartbeats (declared before the channels: it
   // outlives them).

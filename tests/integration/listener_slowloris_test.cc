@@ -5,8 +5,14 @@
 // a listener that serves connections one after another fails the call. Afterwards the
 // descriptors and memory this process holds return to where they were.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
 
+#include <array>
+#include <atomic>
 #include <cstring>
+#include <span>
+#include <thread>
 
 #include "hostile_clients.h"
 #include "kvferry/pd/bootstrap.h"
@@ -250,6 +256,125 @@ TEST(ControlListener, AConnectionThatNeverRegistersIsClosed) {
     std::this_thread::sleep_for(50ms);
   }
   EXPECT_TRUE(closed) << "a connection that only sends heartbeats is still open after 3 s";
+}
+
+// A bootstrap server that answers a rank's first registration and then falls silent: it
+// reads each later request and holds its connection, unanswered, until the rank gives up on
+// it (closes it) or the stand-in stops.
+class BootstrapSilentAfterFirst {
+ public:
+  BootstrapSilentAfterFirst() {
+    listener_ = must(listen_tcp(Endpoint{"127.0.0.1", 0}, &bound_));
+    thread_ = std::thread([this] { run(); });
+  }
+  ~BootstrapSilentAfterFirst() { stop(); }
+  // Closes the connections it holds: a registration still waiting on one ends at once.
+  void stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  std::string address() const { return bound_.to_string(); }
+  // Registrations received and left unanswered; of those, the ones their client gave up on.
+  int held() const { return held_.load(); }
+  int given_up() const { return given_up_.load(); }
+
+ private:
+  void run() {
+    std::vector<Fd> held;
+    std::vector<bool> open;
+    while (!stop_) {
+      std::vector<pollfd> fds{{listener_.get(), POLLIN, 0}};
+      for (const Fd& fd : held) fds.push_back({fd.get(), POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), 10) <= 0) continue;
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (fds[i].revents == 0 || !open[i - 1]) continue;
+        std::array<char, 4096> drain{};
+        const ssize_t n = ::recv(held[i - 1].get(), drain.data(), drain.size(), MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+          open[i - 1] = false;
+          given_up_.fetch_add(1);
+        }
+      }
+      if ((fds[0].revents & POLLIN) == 0) continue;
+      Fd client(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!client.valid()) continue;
+      if (answered_) {
+        held.push_back(std::move(client));
+        open.push_back(true);
+        held_.fetch_add(1);
+        continue;
+      }
+      answered_ = answer(client.get());
+    }
+  }
+  // Reads one request whole (head, then Content-Length bytes) and answers 200 with "{}".
+  static bool answer(int fd) {
+    const auto deadline = Clock::now() + 5s;
+    std::string request;
+    size_t head_end = std::string::npos;
+    size_t body_bytes = 0;
+    while (Clock::now() < deadline) {
+      std::array<char, 4096> chunk{};
+      const ssize_t n = ::recv(fd, chunk.data(), chunk.size(), 0);
+      if (n <= 0) return false;
+      request.append(chunk.data(), static_cast<size_t>(n));
+      if (head_end == std::string::npos) {
+        head_end = request.find("\r\n\r\n");
+        if (head_end == std::string::npos) continue;
+        const size_t at = request.find("Content-Length: ");
+        if (at != std::string::npos && at < head_end)
+          body_bytes = std::stoul(request.substr(at + 16));
+      }
+      if (request.size() >= head_end + 4 + body_bytes) break;
+    }
+    constexpr std::string_view kReply =
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+        "Connection: close\r\n\r\n{}";
+    return send_all(fd, std::as_bytes(std::span(kReply)), deadline).ok();
+  }
+
+  Fd listener_;
+  Endpoint bound_;
+  bool answered_ = false;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> held_{0};
+  std::atomic<int> given_up_{0};
+  std::thread thread_;
+};
+
+// A connection that never registers is closed at its deadline while the rank's registration
+// with a silent bootstrap server is under way: that call waits out its own timeout (here the
+// heartbeat interval, 3 s) on a thread of its own, not on the thread that keeps the deadlines.
+TEST(ControlListener, AConnectionThatNeverRegistersIsClosedWhileTheBootstrapServerIsSilent) {
+  BootstrapSilentAfterFirst bootstrap;
+  pd::testing::ModelShape shape;
+  pd::testing::TestRank rank = pd::testing::make_rank("control-silent-bootstrap", shape, 1, 0);
+  pd::PrefillServerOptions o;
+  o.engine = rank.engine.get();
+  o.buffers = rank.buffers;
+  o.tp = rank.tp;
+  o.bootstrap_address = bootstrap.address();
+  o.timeouts.heartbeat_interval = 3s;
+  o.control_limits.hello_timeout = 200ms;
+  auto prefill = must(pd::PrefillServer::create(std::move(o)));
+  // The heartbeat's registration, unanswered.
+  ASSERT_TRUE(eventually([&] { return bootstrap.held() == 1; }, 10s));
+  const Endpoint endpoint = must(parse_endpoint(prefill->control_endpoint()));
+  Fd fd = connect_from("127.0.0.2", endpoint);
+  bool closed = false;
+  eventually(
+      [&] {
+        std::array<std::byte, 256> drain{};
+        ssize_t n = ::recv(fd.get(), drain.data(), drain.size(), MSG_DONTWAIT);
+        while (n > 0) n = ::recv(fd.get(), drain.data(), drain.size(), MSG_DONTWAIT);
+        closed = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+        return closed || bootstrap.given_up() > 0;
+      },
+      10s);
+  EXPECT_TRUE(closed) << "a connection that never registered is still open after 10 s";
+  EXPECT_EQ(bootstrap.given_up(), 0)
+      << "the connection was closed only after the registration under way timed out";
+  bootstrap.stop();
 }
 
 }  // namespace
