@@ -11,7 +11,8 @@
 //    so nothing lands after cancel() returns), taken *before* it asks stop_reason();
 //  * holds a WireGuard while a request of the batch is in the peer's hands (on the wire, or
 //    enqueued on a device): stop() waits for those until the batch deadline, after which
-//    the receiver lands nothing more of it (see docs/TRANSPORTS.md);
+//    the receiver lands nothing more of it: it begins to land a write's bytes no later than
+//    kLandingMarginNs before the deadline (see docs/TRANSPORTS.md, "Deadlines");
 //  * calls mark_posted() once its part is posted, and may register a BatchHelper that a
 //    thread about to wait for the batch runs instead of sleeping.
 //
@@ -35,6 +36,14 @@
 #include "transport/region_index.h"
 
 namespace kvferry {
+
+// A receiver begins to land a write's bytes (a receive straight into memory, a copy from a
+// buffer, a copy into device memory) no later than this long before the request's deadline
+// on its clock: the initiator reports the batch timed out at that deadline (its clock, never
+// earlier than the one converted for the receiver), and a landing begun closer (a 1 MiB
+// receive, an 8 MiB copy, a device copy waiting its turn on the stream) could still be under
+// way then.
+inline constexpr int64_t kLandingMarginNs = 2'000'000;
 
 // Work a waiting thread may do for a batch (the memcpy executor's unstarted slices, a tcp
 // lane's answers): it returns by `until` (the wait's end), or soon after.

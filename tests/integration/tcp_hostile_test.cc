@@ -18,6 +18,7 @@
 #include "core/pattern.h"
 #include "raw_tcp_client.h"
 #include "test_support.h"
+#include "transport/tcp/tcp_server_io.h"
 
 namespace kvferry {
 namespace {
@@ -408,6 +409,39 @@ TEST_F(HostileFrames, VectorWriteWithOneEntryOutsideIsRefusedWholeAndNothingLand
   EXPECT_EQ(memory_checksum(), before);
   // The connection still carries a valid write.
   expect_valid_write_lands(c, ++id);
+  EXPECT_EQ(memory_checksum(), before);
+}
+
+// A write whose deadline is nearer than the receiver's landing margin when it arrives could
+// still be landing when its initiator reports Timeout: refused with Timeout, nothing lands,
+// whether it would go through the input buffer (4 KiB) or straight into the region
+// (256 KiB). The same writes with seconds to spare land. (This host's clock is the receiver's.)
+TEST_F(HostileFrames, AWriteArrivingWithinTheLandingMarginOfItsDeadlineIsRefusedAndNothingLands) {
+  const uint64_t before = memory_checksum();
+  RawTcpClient c = ready_connection();
+  uint64_t id = 30;
+  for (const uint64_t bytes : {kProbeBytes, kRegionBytes / 4}) {
+    SCOPED_TRACE(bytes);
+    TcpHeader near = write_header(++id, region(), bytes);
+    near.deadline_ns = steady_ns(Clock::now()) + kLandingMarginNs / 2;
+    c.send(near, hostile_payload(bytes));
+    RawFrame ack = must(c.read_frame());
+    EXPECT_EQ(ack.header.request_id, id);
+    EXPECT_EQ(ack.header.status, static_cast<uint32_t>(StatusCode::kTimeout));
+    EXPECT_EQ(memory_checksum(), before) << "a write within the landing margin landed";
+
+    TcpHeader ample = write_header(++id, region(), bytes);
+    ample.deadline_ns = steady_ns(Clock::now() + std::chrono::seconds(10));
+    std::vector<std::byte> payload(bytes);
+    fill_pattern(payload, id);
+    c.send(ample, payload);
+    ack = must(c.read_frame());
+    EXPECT_EQ(ack.header.request_id, id);
+    EXPECT_EQ(ack.header.status, static_cast<uint32_t>(StatusCode::kOk));
+    std::span<std::byte> landed(buffer_.data() + kGuardBytes, bytes);
+    EXPECT_FALSE(find_pattern_mismatch(landed, id)) << "a write with time to spare did not land";
+    fill_pattern(landed, kPatternSeed, kGuardBytes);
+  }
   EXPECT_EQ(memory_checksum(), before);
 }
 

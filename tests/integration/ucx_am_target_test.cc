@@ -2,7 +2,8 @@
 // initiator's checks (a buggy or stale peer): two UCX workers in this process over UCX's
 // tcp transport on loopback, a channel posting jobs straight to the target's worker. Ranges
 // outside the target's registered region are refused by the target (NotRegistered) and not
-// one byte outside it changes; ranges inside it arrive intact. Without UCX in the build
+// one byte outside it changes; ranges inside it arrive intact; writes too close to their
+// deadline are refused (Timeout). Without UCX in the build
 // these tests are not compiled.
 #ifdef KVFERRY_WITH_UCX
 #include <gtest/gtest.h>
@@ -63,8 +64,9 @@ class UcxAmTarget : public ::testing::Test {
   uint64_t target_addr() const { return reinterpret_cast<uint64_t>(target_memory_.data()); }
 
   // Runs one op through the channel, as UcxLink::post would without its region check.
-  BatchStatus run(OpKind kind, std::vector<std::byte>& local, uint64_t remote, uint64_t length) {
-    auto batch = std::make_shared<TestBatch>(liveness_, std::chrono::seconds(10));
+  BatchStatus run(OpKind kind, std::vector<std::byte>& local, uint64_t remote, uint64_t length,
+                  std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    auto batch = std::make_shared<TestBatch>(liveness_, timeout);
     auto job = std::make_shared<UcxJob>();
     job->batch = batch;
     job->ops.push_back(
@@ -126,6 +128,24 @@ TEST_F(UcxAmTarget, ReadsOutsideTheRegionAreRefusedByTheTargetAndLandNothing) {
     EXPECT_TRUE(
         std::equal(dst.begin(), dst.begin() + static_cast<ptrdiff_t>(length), expected.begin()))
         << length;
+  }
+}
+
+// A write that reaches the target less than the landing margin before its deadline could
+// still be copying when the initiator reports Timeout: the target refuses it, eager and
+// rendezvous sizes alike, and not one byte changes.
+TEST_F(UcxAmTarget, WritesArrivingWithinTheLandingMarginOfTheirDeadlineAreRefusedAndWriteNothing) {
+  std::vector<std::byte> src(kRegionBytes);
+  fill_pattern(src, 9);
+  // The first write (with time to spare) measures the clock offset to the target.
+  BatchStatus first = run(OpKind::kWrite, src, target_addr(), 4096);
+  ASSERT_EQ(first.state, BatchState::kCompleted) << first.status.to_string();
+  fill_pattern(target_memory_, 5);
+  for (uint64_t length : {uint64_t{4096}, kRegionBytes}) {
+    BatchStatus s = run(OpKind::kWrite, src, target_addr(), length, std::chrono::milliseconds(1));
+    ASSERT_EQ(s.state, BatchState::kFailed) << length;
+    EXPECT_EQ(s.status.code(), StatusCode::kTimeout) << s.status.to_string();
+    EXPECT_FALSE(find_pattern_mismatch(target_memory_, 5)) << "the target's memory changed";
   }
 }
 

@@ -131,8 +131,8 @@ int64_t TcpServer::IoThread::enforce_limits(int64_t now) {
       }
       continue;
     }
-    if ((c.in == InState::kPayload || c.in == InState::kVecPayload) && c.current.deadline_ns != 0 &&
-        now > c.current.deadline_ns) {
+    if ((c.in == InState::kPayload || c.in == InState::kVecPayload) &&
+        past_landing_deadline(c, now)) {
       expire(c);
     }
     const bool established = c.hello_done && (!options_.secret || c.authenticated);

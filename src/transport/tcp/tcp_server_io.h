@@ -32,6 +32,7 @@
 #include "core/auth.h"
 #include "core/log_throttle.h"
 #include "core/spin_gate.h"
+#include "transport/batch_progress.h"
 #include "transport/peer_liveness.h"
 #include "transport/tcp/tcp_device_lander.h"
 #include "transport/tcp/tcp_device_reader.h"
@@ -64,10 +65,6 @@ inline constexpr size_t kMaxReceiveEntries = 64;
 // while any connection is under way (a frame, replies or a hello not done); an idle one is
 // looked at when its idle timeout is due, and with none of either the thread sleeps.
 inline constexpr int64_t kLimitCheckNs = 20'000'000;
-// A copy into device memory is begun no later than this long before the request's
-// deadline: it waits its turn on the device's stream, and one begun closer could still be
-// landing when the initiator reports the batch timed out.
-inline constexpr int64_t kDeviceLandingMarginNs = 2'000'000;
 inline constexpr int64_t kNoLimitCheck = std::numeric_limits<int64_t>::max();
 
 // epoll_wait's timeout for a wake-up at steady-clock `at_ns` (-1: none), from `now_ns`.
@@ -252,8 +249,13 @@ struct TcpServer::IoThread {
     queue(c, h);
   }
 
-  // The current write passed its deadline: no byte of it may land any more; the rest of its
-  // payload is drained and it is acknowledged with Timeout.
+  // Whether the current request's deadline is less than kLandingMarginNs away: no byte of
+  // it may begin to land any more.
+  static bool past_landing_deadline(const Conn& c, int64_t now = monotonic_ns()) {
+    return c.current.deadline_ns != 0 && now + kLandingMarginNs > c.current.deadline_ns;
+  }
+  // The current write is past its landing deadline: no byte of it may land any more; the rest
+  // of its payload is drained and it is acknowledged with Timeout.
   static void expire(Conn& c) {
     c.target.release();
     release_all(c.pins);

@@ -138,8 +138,7 @@ void TcpServer::IoThread::land_staged(Conn& c) {
   if (c.lander == nullptr || c.staged == 0) return;
   const uint64_t bytes = std::exchange(c.staged, 0);
   Status s;
-  if (c.current.deadline_ns != 0 &&
-      monotonic_ns() + kDeviceLandingMarginNs > c.current.deadline_ns) {
+  if (past_landing_deadline(c)) {
     s = Timeout("write request passed its deadline on the receiver");
   } else {
     s = c.lander->land(c.target.ptr + c.landed, bytes);
@@ -182,8 +181,8 @@ bool TcpServer::IoThread::on_readable(Conn& c) {
         want = kTcpHeaderBytes - c.header_have;
         break;
       case InState::kPayload:
-        if (monotonic_ns() > c.current.deadline_ns && c.current.deadline_ns != 0) {
-          expire(c);  // past its deadline: no byte of it may land any more
+        if (past_landing_deadline(c)) {
+          expire(c);
           continue;
         }
         into = c.target.ptr + (c.current.length - c.remaining);
@@ -207,7 +206,7 @@ bool TcpServer::IoThread::on_readable(Conn& c) {
         want = c.table.size() - c.table_have;
         break;
       case InState::kVecPayload:
-        if (monotonic_ns() > c.current.deadline_ns && c.current.deadline_ns != 0) {
+        if (past_landing_deadline(c)) {
           expire(c);
           continue;
         }
@@ -259,7 +258,7 @@ bool TcpServer::IoThread::on_readable(Conn& c) {
         std::min(want, c.remaining) >= kDirectReceiveBytes) {
       int queued = 0;
       landable = ::ioctl(c.fd.get(), FIONREAD, &queued) == 0 ? static_cast<uint64_t>(queued) : 0;
-      if (monotonic_ns() > c.current.deadline_ns) {
+      if (past_landing_deadline(c)) {
         expire(c);
         continue;
       }

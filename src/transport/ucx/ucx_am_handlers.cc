@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "core/logging.h"
+#include "transport/batch_progress.h"
 #include "transport/ucx/ucx_worker.h"
 
 namespace kvferry::detail {
@@ -150,7 +151,8 @@ ucs_status_t UcxWorker::serve_write(const UcxAmHeader& h, void* data, size_t len
     return refuse(ProtocolError(fmt::format("write of {} bytes: one request carries at most {}",
                                             length, kUcxMaxAmWriteBytes)));
   }
-  Result<UcxAmPin> pin = check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now_ns());
+  Result<UcxAmPin> pin =
+      check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now_ns(), kLandingMarginNs);
   if (!pin.ok()) return refuse(pin.status());
   if (!rndv) {
     if (length != 0) std::memcpy(pin->ptr, data, length);
@@ -206,7 +208,8 @@ void UcxWorker::finish_write(const AmReceive& receive, ucs_status_t status) {
     write_dropped_log_.warn("ucx: dropped a rendezvous write of {} bytes to [{:#x}, +{}): {}",
                             receive.length, h.addr, h.length, verdict.message());
   } else {
-    Result<UcxAmPin> pin = check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now);
+    Result<UcxAmPin> pin =
+        check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now, kLandingMarginNs);
     if (pin.ok()) {
       if (receive.length != 0) std::memcpy(pin->ptr, receive.buffer.data(), receive.length);
     } else {
@@ -222,7 +225,8 @@ void UcxWorker::serve_read(const UcxAmHeader& h, ucp_ep_h reply_ep) {
   reply.request_id = h.request_id;
   reply.addr = h.addr;
   reply.length = h.length;
-  Result<UcxAmPin> pin = check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now_ns());
+  Result<UcxAmPin> pin = check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now_ns(),
+                                             /*margin_ns=*/0);
   if (!pin.ok()) {
     reply.status = wire_code(pin.status());
     reply.length = 0;

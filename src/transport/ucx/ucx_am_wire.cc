@@ -106,10 +106,16 @@ void UcxAmPin::release() {
 
 Result<UcxAmPin> check_ucx_am_target(const std::shared_ptr<const RegionIndex>& regions,
                                      uint64_t addr, uint64_t length, int64_t deadline_ns,
-                                     int64_t now_ns) {
+                                     int64_t now_ns, int64_t margin_ns) {
   if (now_ns > deadline_ns) {
     return Timeout(fmt::format("request for [{:#x}, +{}) arrived {} us past its deadline", addr,
                                length, (now_ns - deadline_ns) / 1000));
+  }
+  if (now_ns + margin_ns > deadline_ns) {
+    return Timeout(
+        fmt::format("write to [{:#x}, +{}) arrived {} us before its deadline; it lands "
+                    "only {} us or more before",
+                    addr, length, (deadline_ns - now_ns) / 1000, margin_ns / 1000));
   }
   size_t hint = 0;
   const RegionEntry* r = regions != nullptr ? regions->find(addr, length, hint) : nullptr;

@@ -109,10 +109,11 @@ struct UcxAmPin {
 };
 
 // The target's check of a kWrite or kRead: [addr, +length) inside one registered host
-// region, not being unregistered, and `now_ns` (the target's clock) not past `deadline_ns`.
-// NotRegistered or NotSupported naming the range, or Timeout.
+// region, not being unregistered, and `now_ns` (the target's clock) at least `margin_ns`
+// before `deadline_ns` (a write's: kLandingMarginNs, batch_progress.h; a read's: 0, its bytes
+// land on the initiator). NotRegistered or NotSupported naming the range, or Timeout.
 Result<UcxAmPin> check_ucx_am_target(const std::shared_ptr<const RegionIndex>& regions,
                                      uint64_t addr, uint64_t length, int64_t deadline_ns,
-                                     int64_t now_ns);
+                                     int64_t now_ns, int64_t margin_ns);
 
 }  // namespace kvferry::detail

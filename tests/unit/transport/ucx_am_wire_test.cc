@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "transport/batch_progress.h"
+
 namespace kvferry::detail {
 namespace {
 
@@ -100,7 +102,7 @@ class UcxAmTargetCheck : public ::testing::Test {
 };
 
 TEST_F(UcxAmTargetCheck, RangeInsideARegionIsPinnedUntilReleased) {
-  Result<UcxAmPin> pin = check_ucx_am_target(regions_, kHostAddr + 100, 200, kNow + 1, kNow);
+  Result<UcxAmPin> pin = check_ucx_am_target(regions_, kHostAddr + 100, 200, kNow + 1, kNow, 0);
   ASSERT_TRUE(pin.ok()) << pin.status().to_string();
   EXPECT_EQ(pin->ptr, reinterpret_cast<char*>(host_.data()) + 100);
   EXPECT_EQ(host_use_->in_flight.load(), 1);
@@ -109,7 +111,7 @@ TEST_F(UcxAmTargetCheck, RangeInsideARegionIsPinnedUntilReleased) {
   moved.release();
   EXPECT_EQ(host_use_->in_flight.load(), 0);
   // The whole region, and a deadline exactly now, still pass.
-  EXPECT_TRUE(check_ucx_am_target(regions_, kHostAddr, kBytes, kNow, kNow).ok());
+  EXPECT_TRUE(check_ucx_am_target(regions_, kHostAddr, kBytes, kNow, kNow, 0).ok());
   EXPECT_EQ(host_use_->in_flight.load(), 0);
 }
 
@@ -120,29 +122,44 @@ TEST_F(UcxAmTargetCheck, RangesOutsideOrStraddlingARegionAreNotRegisteredNamingT
   for (Case c :
        {Case{kHostAddr + kBytes, 1}, Case{kHostAddr + kBytes - 8, 16}, Case{kHostAddr - 1, 2},
         Case{0, 16}, Case{kHostAddr, std::numeric_limits<uint64_t>::max()}}) {
-    Result<UcxAmPin> pin = check_ucx_am_target(regions_, c.addr, c.length, kNow + 1, kNow);
+    Result<UcxAmPin> pin = check_ucx_am_target(regions_, c.addr, c.length, kNow + 1, kNow, 0);
     ASSERT_FALSE(pin.ok()) << c.addr;
     EXPECT_EQ(pin.status().code(), StatusCode::kNotRegistered);
     EXPECT_NE(pin.status().message().find(fmt::format("{:#x}", c.addr)), std::string::npos)
         << pin.status().message();
   }
   EXPECT_EQ(host_use_->in_flight.load(), 0);
-  EXPECT_EQ(check_ucx_am_target(nullptr, kHostAddr, 1, kNow + 1, kNow).status().code(),
+  EXPECT_EQ(check_ucx_am_target(nullptr, kHostAddr, 1, kNow + 1, kNow, 0).status().code(),
             StatusCode::kNotRegistered);
 }
 
 TEST_F(UcxAmTargetCheck, PastTheDeadlineOnTheTargetsClockIsATimeoutAndPinsNothing) {
-  Result<UcxAmPin> pin = check_ucx_am_target(regions_, kHostAddr, 16, kNow - 1, kNow);
+  Result<UcxAmPin> pin = check_ucx_am_target(regions_, kHostAddr, 16, kNow - 1, kNow, 0);
   ASSERT_FALSE(pin.ok());
   EXPECT_EQ(pin.status().code(), StatusCode::kTimeout);
   EXPECT_EQ(host_use_->in_flight.load(), 0);
 }
 
+TEST_F(UcxAmTargetCheck, AWriteWithinTheLandingMarginOfItsDeadlineIsATimeoutAndPinsNothing) {
+  Result<UcxAmPin> pin = check_ucx_am_target(regions_, kHostAddr, 16, kNow + kLandingMarginNs - 1,
+                                             kNow, kLandingMarginNs);
+  ASSERT_FALSE(pin.ok());
+  EXPECT_EQ(pin.status().code(), StatusCode::kTimeout);
+  EXPECT_NE(pin.status().message().find("before its deadline"), std::string::npos)
+      << pin.status().message();
+  EXPECT_EQ(host_use_->in_flight.load(), 0);
+  // The margin exactly: it may land.
+  EXPECT_TRUE(
+      check_ucx_am_target(regions_, kHostAddr, 16, kNow + kLandingMarginNs, kNow, kLandingMarginNs)
+          .ok());
+  EXPECT_EQ(host_use_->in_flight.load(), 0);
+}
+
 TEST_F(UcxAmTargetCheck, DeviceMemoryAndARegionBeingUnregisteredAreRefused) {
-  EXPECT_EQ(check_ucx_am_target(regions_, kDeviceAddr, 16, kNow + 1, kNow).status().code(),
+  EXPECT_EQ(check_ucx_am_target(regions_, kDeviceAddr, 16, kNow + 1, kNow, 0).status().code(),
             StatusCode::kNotSupported);
   host_use_->removed.store(true);
-  EXPECT_EQ(check_ucx_am_target(regions_, kHostAddr, 16, kNow + 1, kNow).status().code(),
+  EXPECT_EQ(check_ucx_am_target(regions_, kHostAddr, 16, kNow + 1, kNow, 0).status().code(),
             StatusCode::kNotRegistered);
   EXPECT_EQ(host_use_->in_flight.load(), 0);
 }
