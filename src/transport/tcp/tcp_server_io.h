@@ -9,6 +9,7 @@
 // on the I/O thread.
 #pragma once
 
+#include <fmt/format.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -249,6 +250,12 @@ struct TcpServer::IoThread {
     queue(c, h);
   }
 
+  static Status past_landing_deadline_status() {
+    return Timeout(fmt::format(
+        "write request within {} ms of its deadline on the receiver, or past it: no more of it "
+        "lands",
+        kLandingMarginNs / 1'000'000));
+  }
   // Whether the current request's deadline is less than kLandingMarginNs away: no byte of
   // it may begin to land any more.
   static bool past_landing_deadline(const Conn& c, int64_t now = monotonic_ns()) {
@@ -260,7 +267,7 @@ struct TcpServer::IoThread {
     c.target.release();
     release_all(c.pins);
     c.lander = nullptr;
-    c.verdict = Timeout("write request passed its deadline on the receiver");
+    c.verdict = past_landing_deadline_status();
     c.in = InState::kDrain;
   }
 

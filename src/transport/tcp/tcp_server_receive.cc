@@ -139,7 +139,7 @@ void TcpServer::IoThread::land_staged(Conn& c) {
   const uint64_t bytes = std::exchange(c.staged, 0);
   Status s;
   if (past_landing_deadline(c)) {
-    s = Timeout("write request passed its deadline on the receiver");
+    s = past_landing_deadline_status();
   } else {
     s = c.lander->land(c.target.ptr + c.landed, bytes);
   }
