@@ -1,5 +1,6 @@
 // Slow, idle and greedy clients against the listeners that serve one request per
-// connection (the p2p handshake, the bootstrap HTTP server) and the PD control listener.
+// connection (the p2p handshake, the bootstrap HTTP server) and the PD control listener,
+// whose deadlines also hold while the bootstrap server it registers with falls silent.
 // The crowd comes from other loopback addresses (127.0.0.2 and up); the legitimate client
 // from 127.0.0.1 is served while it waits — each of its calls has its own short timeout, so
 // a listener that serves connections one after another fails the call. Afterwards the
@@ -280,18 +281,17 @@ class BootstrapSilentAfterFirst {
 
  private:
   void run() {
-    std::vector<Fd> held;
-    std::vector<bool> open;
+    std::vector<Fd> held;  // closed (invalid) once their client gave up
     while (!stop_) {
       std::vector<pollfd> fds{{listener_.get(), POLLIN, 0}};
-      for (const Fd& fd : held) fds.push_back({fd.get(), POLLIN, 0});
+      for (const Fd& fd : held) fds.push_back({fd.valid() ? fd.get() : -1, POLLIN, 0});
       if (::poll(fds.data(), fds.size(), 10) <= 0) continue;
       for (size_t i = 1; i < fds.size(); ++i) {
-        if (fds[i].revents == 0 || !open[i - 1]) continue;
+        if (fds[i].revents == 0) continue;
         std::array<char, 4096> drain{};
         const ssize_t n = ::recv(held[i - 1].get(), drain.data(), drain.size(), MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
-          open[i - 1] = false;
+          held[i - 1].reset();
           given_up_.fetch_add(1);
         }
       }
@@ -300,7 +300,6 @@ class BootstrapSilentAfterFirst {
       if (!client.valid()) continue;
       if (answered_) {
         held.push_back(std::move(client));
-        open.push_back(true);
         held_.fetch_add(1);
         continue;
       }
