@@ -184,10 +184,7 @@ std::vector<std::byte> greedy_control_frame() {
 TEST(ControlListener, LengthClaimsCostNothingAndConnectionsAreBounded) {
   pd::testing::ModelShape shape;
   pd::testing::TestRank rank = pd::testing::make_rank("control-target", shape, 1, 0);
-  pd::PrefillServerOptions o;
-  o.engine = rank.engine.get();
-  o.buffers = rank.buffers;
-  o.tp = rank.tp;
+  pd::PrefillServerOptions o = pd::testing::prefill_options(rank, "", pd::PdTimeouts{});
   o.control_limits.max_connections = 48;
   o.control_limits.max_connections_per_source = 8;  // the crowd gets 40 places, others 8
   o.control_limits.hello_timeout = 1s;
@@ -234,10 +231,7 @@ TEST(ControlListener, LengthClaimsCostNothingAndConnectionsAreBounded) {
 TEST(ControlListener, AConnectionThatNeverRegistersIsClosed) {
   pd::testing::ModelShape shape;
   pd::testing::TestRank rank = pd::testing::make_rank("control-unregistered", shape, 1, 0);
-  pd::PrefillServerOptions o;
-  o.engine = rank.engine.get();
-  o.buffers = rank.buffers;
-  o.tp = rank.tp;
+  pd::PrefillServerOptions o = pd::testing::prefill_options(rank, "", pd::PdTimeouts{});
   o.timeouts.heartbeat_interval = 200ms;
   o.control_limits.hello_timeout = 500ms;
   auto prefill = must(pd::PrefillServer::create(std::move(o)));
@@ -348,12 +342,9 @@ TEST(ControlListener, AConnectionThatNeverRegistersIsClosedWhileTheBootstrapServ
   BootstrapSilentAfterFirst bootstrap;
   pd::testing::ModelShape shape;
   pd::testing::TestRank rank = pd::testing::make_rank("control-silent-bootstrap", shape, 1, 0);
-  pd::PrefillServerOptions o;
-  o.engine = rank.engine.get();
-  o.buffers = rank.buffers;
-  o.tp = rank.tp;
-  o.bootstrap_address = bootstrap.address();
-  o.timeouts.heartbeat_interval = 3s;
+  pd::PdTimeouts timeouts;
+  timeouts.heartbeat_interval = 3s;
+  pd::PrefillServerOptions o = pd::testing::prefill_options(rank, bootstrap.address(), timeouts);
   o.control_limits.hello_timeout = 200ms;
   auto prefill = must(pd::PrefillServer::create(std::move(o)));
   // The heartbeat's registration, unanswered.
