@@ -250,6 +250,7 @@ struct TcpServer::IoThread {
     queue(c, h);
   }
 
+  // The verdict of a write refused by past_landing_deadline.
   static Status past_landing_deadline_status() {
     return Timeout(fmt::format(
         "write request within {} ms of its deadline on the receiver, or past it: no more of it "
