@@ -78,6 +78,32 @@ Status repeat_for(int min_time_ms, F&& once, size_t min_samples = kMinSamples) {
   return Status::Ok();
 }
 
+// Unmeasured turns until the turns stop getting faster: the best of the last kSteadyWindow
+// turns is within kSteadyGain of the best of the window before (at most kMaxWarmTurns).
+// Data out of the caches warms over many turns, not one: on the 2-core Xeon VM of
+// docs/PERFORMANCE.md a plain loop of a million 64-byte copies between freshly written
+// buffers (64 MB in, 128 MB out) took 16-21 ns a copy in its first turn and settled near
+// 9-10 ns after 10-18 turns, so a point measured after one warm-up turn measured that
+// transient, and whichever contestant went first measured more of it. `once` returns the
+// time of one turn in nanoseconds (or why it failed).
+inline constexpr size_t kSteadyWindow = 3;
+inline constexpr double kSteadyGain = 0.05;
+inline constexpr size_t kMaxWarmTurns = 60;
+template <typename F>
+Status warm_until_steady(F&& once) {
+  std::vector<double> turns;
+  while (turns.size() < kMaxWarmTurns) {
+    KVF_ASSIGN_OR_RETURN(double ns, once());
+    turns.push_back(ns);
+    if (turns.size() < 2 * kSteadyWindow) continue;
+    const auto last = turns.end() - kSteadyWindow;
+    const double recent = *std::min_element(last, turns.end());
+    const double before = *std::min_element(last - kSteadyWindow, last);
+    if (recent >= before * (1 - kSteadyGain)) break;
+  }
+  return Status::Ok();
+}
+
 // An engine with default options and this name (the axes' engines differ only by name).
 inline Result<std::unique_ptr<TransferEngine>> make_scale_engine(const std::string& name) {
   EngineOptions options;
