@@ -107,7 +107,7 @@ struct PeerInfo {
 struct BatchPart {
   const std::shared_ptr<BatchProgress>& batch;  // copy it to keep the batch beyond post()
   std::span<ResolvedOp> spans;                  // the transport may fill in ResolvedOp::remote
-  uint64_t bytes = 0;
+  uint64_t bytes = 0;                           // the sum of the spans' lengths
   const RegionIndex* local = nullptr;   // this engine's regions the batch was checked against
   const RegionIndex* remote = nullptr;  // the peer's (this engine's own for the self peer)
   uint64_t peer_incarnation = 0;

@@ -1,5 +1,6 @@
-// How the copy executor cuts a part that does not run inline (copy_slice_count), a split
-// whose slice boundaries fall inside ops of odd sizes (every byte arrives, none beyond), and
+// How the copy executor cuts a part that does not run inline (copy_slice_count), splits
+// whose slice boundaries fall inside ops of odd sizes or across many spans of mixed lengths
+// (every byte arrives, none beyond), and
 // how many threads copy one part at once (the workers and a waiter, at most max_copiers).
 #include "transport/local/copy_executor.h"
 
@@ -7,6 +8,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <thread>
@@ -67,6 +69,48 @@ TEST(CopyExecutorSplit, SliceBoundariesInsideOddSizedOpsMoveExactlyTheBytes) {
     const std::byte* got = dst.data() + i * (kOp + kGap);
     ASSERT_EQ(std::memcmp(got, src.data() + i * kOp, kOp), 0) << "op " << i;
     for (size_t g = 0; g < kGap; ++g) ASSERT_EQ(got[kOp + g], std::byte{0}) << "op " << i;
+  }
+}
+
+// Thousands of spans of mixed lengths, a part split into slices whose boundaries fall at
+// span ends and inside spans alike (cut as the slices are claimed): every byte of every span
+// arrives, and the gap after each destination stays untouched.
+TEST(CopyExecutorSplit, SlicesCutAcrossManySpansOfMixedLengthsMoveExactlyTheBytes) {
+  constexpr std::array<size_t, 5> kLengths = {1, 4095, 65'539, 7, 300'001};
+  constexpr size_t kSpans = 400;  // 80 rounds of the lengths: about 29 MiB
+  constexpr size_t kGap = 64;
+  size_t total = 0;
+  for (size_t i = 0; i < kSpans; ++i) total += kLengths[i % kLengths.size()];
+  std::vector<std::byte> src(total);
+  fill_pattern(src, 23);
+  std::vector<std::byte> dst(total + kSpans * kGap, std::byte{0});
+  std::vector<ResolvedOp> spans;
+  size_t from = 0, to = 0;
+  for (size_t i = 0; i < kSpans; ++i) {
+    ResolvedOp op;
+    op.length = kLengths[i % kLengths.size()];
+    op.local = reinterpret_cast<char*>(src.data() + from);
+    op.remote = reinterpret_cast<char*>(dst.data() + to);
+    spans.push_back(op);
+    from += op.length;
+    to += op.length + kGap;
+  }
+  ThreadPool pool(2);
+  CopyExecutor executor(pool, /*inline_bytes=*/0);
+  auto batch =
+      std::make_shared<TestBatch>(std::make_shared<PeerLiveness>("self"), std::chrono::seconds(10));
+  std::shared_ptr<BatchProgress> progress = batch;
+  ASSERT_EQ(copy_slice_count(total, pool.size()), 8u) << "the part must split";
+  executor.run(BatchPart{progress, spans, total});
+  batch->help_now();
+  BatchStatus s = batch->wait_for_end(std::chrono::seconds(10));
+  ASSERT_EQ(s.state, BatchState::kCompleted) << s.status.to_string();
+  for (size_t i = 0; i < kSpans; ++i) {
+    const ResolvedOp& op = spans[i];
+    ASSERT_EQ(std::memcmp(op.remote, op.local, op.length), 0) << "span " << i;
+    for (size_t g = 0; g < kGap; ++g) {
+      ASSERT_EQ(static_cast<std::byte>(op.remote[op.length + g]), std::byte{0}) << "span " << i;
+    }
   }
 }
 
