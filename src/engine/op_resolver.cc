@@ -141,10 +141,7 @@ ResolveOutcome resolve_ops(std::span<const TransferOp> ops, const RegionIndex& l
     ResolvedOp resolved{op.kind, l->host_ptr + (op.local_addr - l->addr), op.remote_addr,
                         r->host_ptr == nullptr ? nullptr : r->host_ptr + (op.remote_addr - r->addr),
                         op.length};
-    if (r->shm_guard != nullptr) {
-      resolved.remote_guard = r->shm_guard;
-      resolved.remote_generation = r->shm->generation;
-    }
+    if (r->shm_guard != nullptr) resolved.remote_shm = r;
     batch.bytes += op.length;
     part.bytes += op.length;
     if (merge && l == cursor.last_local && r == cursor.last_remote) {

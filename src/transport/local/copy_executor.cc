@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 
+#include "transport/region_index.h"
 #include "transport/shm_mapping.h"
 
 namespace kvferry {
@@ -52,18 +53,15 @@ struct PluggedStep {
 // copy (shm_guard_held_after_copy), means the bytes were in place while the region was
 // registered.
 Status check_remote_guards(std::span<const ResolvedOp> spans) {
-  const uint64_t* checked = nullptr;
-  uint64_t checked_generation = 0;
+  const RegionEntry* checked = nullptr;
   for (const ResolvedOp& op : spans) {
-    if (op.remote_guard == nullptr) continue;
-    if (op.remote_guard == checked && op.remote_generation == checked_generation) continue;
-    if (!shm_guard_held_after_copy(op.remote_guard, op.remote_generation)) {
+    if (op.remote_shm == nullptr || op.remote_shm == checked) continue;
+    if (!shm_guard_held_after_copy(op.remote_shm->shm_guard, op.remote_shm->shm->generation)) {
       return NotRegistered(
           fmt::format("the peer unregistered the shared region holding {:#x} while the batch ran",
                       op.remote_addr));
     }
-    checked = op.remote_guard;
-    checked_generation = op.remote_generation;
+    checked = op.remote_shm;
   }
   return Status::Ok();
 }
