@@ -1,15 +1,16 @@
 // CopyExecutor: runs a part of a batch with memcpy — the data path of the local and shm
 // transports. Parts of at most EngineOptions::inline_batch_bytes (4 MiB by default) run on
 // the submitting thread; larger ones are cut into byte-balanced slices of at least 1 MiB,
-// about four per worker (copy_slice_count), claimed in order by whoever is free (the workers,
-// and a thread that waits for the batch: BatchHelper) and cut as they are claimed, so a
-// worker that wakes late finds only what the others left. At most `max_copiers` threads copy one part at once (by
-// default the CPUs this process may use): one that comes when that many already copy leaves
-// the rest to them. Without the cap the default two workers and the waiter are three
-// copiers on a 2-CPU machine, and the batch waits for whichever one the scheduler set aside
-// (the likely cost, not measured apart). 64 KiB x 1024 on 2 threads went from 0.85-1.00x
-// memcpy to 0.92-1.09x; where the CPUs outnumber the workers the cap never binds
-// (docs/PERFORMANCE.md, "Engine: local and shm against memcpy").
+// about four per worker (copy_slice_count), claimed in order by whoever is free (the
+// workers, and a thread that waits for the batch: BatchHelper) and cut as they are claimed,
+// so a worker that wakes late finds only what the others left. At most `max_copiers`
+// threads copy one part at once (by default the CPUs this process may use): one that comes
+// when that many already copy leaves the rest to them. Without the cap the default two
+// workers and the waiter are three copiers on a 2-CPU machine, and the batch waits for
+// whichever one the scheduler set aside (the likely cost, not measured apart). 64 KiB x
+// 1024 on 2 threads went from 0.85-1.00x memcpy to 0.92-1.09x; where the CPUs outnumber the
+// workers the cap never binds (docs/PERFORMANCE.md, "Engine: local and shm against
+// memcpy").
 //
 // Why a fixed 4 MiB threshold and not a probe at engine start, nor a lower threshold: on a
 // 2-core AMD EPYC VM one thread copies a cache-resident 4 MiB at ~60 GB/s, and a second
