@@ -22,8 +22,10 @@
 //  descriptors  one batch of N 64-byte local ops: merged (destinations in source order, one
 //               run), unmerged (reverse order with a 64-byte gap, so no two merge: one
 //               pass of the overlap check) and shuffled (the same destinations in a random
-//               order: the check sorts them); submit and submit + wait per op (p50 over
-//               batches); every op verified.
+//               order: the check sorts them). Each turn runs the batch and then the same
+//               copies as a plain loop; turns are measured once they stop getting faster
+//               (warm_until_steady): submit, submit + wait and the loop per op (p50 over
+//               turns). Every op of one more batch into cleared destinations is verified.
 //  inflight     N one-op batches of 4 KiB submitted before the first is waited for, then
 //               all waited, over local (the engine to itself: small batches complete inside
 //               submit) and tcp (a serve child): the cost per batch (p50 over rounds).
