@@ -111,7 +111,7 @@ Status copy_slice(const ChunkCopier* copier, BatchProgress& b, std::span<const R
 // The spans cut into `count` slices of `per_slice` bytes each (the last one the rest), cut
 // as they are claimed: whoever claims slice i walks the spans' lengths from where slice i - 1
 // ended. A pass over every span before the first copy cost as much as a third of the copies
-// (a million 64-byte spans: 56 MB of span records read once more, about 3 ns a span, by the
+// (a million 64-byte spans: every span record read once more, about 3 ns a span, by the
 // submitting thread while the workers waited); claimed in turn, one copier's walk overlaps
 // the others' copies, and the records it reads are the ones it copies next.
 class SliceCutter {

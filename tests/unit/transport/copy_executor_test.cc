@@ -1,7 +1,7 @@
 // How the copy executor cuts a part that does not run inline (copy_slice_count), splits
 // whose slice boundaries fall inside ops of odd sizes or across many spans of mixed lengths
-// (every byte arrives, none beyond), and
-// how many threads copy one part at once (the workers and a waiter, at most max_copiers).
+// (every byte arrives, none beyond), and how many threads copy one part at once (the
+// workers and a waiter, at most max_copiers).
 #include "transport/local/copy_executor.h"
 
 #include <gtest/gtest.h>
