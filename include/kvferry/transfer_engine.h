@@ -324,6 +324,13 @@ class TransferEngine {
   // copied. The batch ends in Cancelled unless it had already ended.
   void cancel(const BatchHandle& batch);
 
+  // As a target: returns once every write of a peer that this process's receivers had begun
+  // to land when it was called has landed or been refused (bounded by one receive or copy,
+  // never a wait for a peer). A receiver begins a write no later than 2 ms before its
+  // deadline; call this after learning that a request failed and before reusing its memory,
+  // so that a receiving thread descheduled mid-copy cannot land a byte of it afterwards.
+  void wait_for_landings() const;
+
   // Convenience: submit then wait up to the batch timeout; returns the final status.
   Status transfer_sync(const PeerHandle& peer, std::span<const TransferOp> ops,
                        const SubmitOptions& options = {});

@@ -2,6 +2,7 @@
 #include "kvferry/transfer_engine.h"
 
 #include "engine/engine_impl.h"
+#include "transport/landing_fence.h"
 
 namespace kvferry {
 
@@ -53,6 +54,8 @@ Result<PeerHandle> TransferEngine::open_peer(std::string_view name, const PeerOp
 }
 
 void TransferEngine::close_peer(const PeerHandle& peer) { impl_->close_peer(peer); }
+
+void TransferEngine::wait_for_landings() const { kvferry::wait_for_landings(); }
 
 Status TransferEngine::probe_peer(std::string_view name, std::chrono::milliseconds timeout) {
   return impl_->probe_peer(name, timeout);

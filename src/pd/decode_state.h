@@ -101,6 +101,7 @@ class DecodeClientImpl {
               uint64_t aux_row, uint64_t state_slot);
   void abort(const std::shared_ptr<ReceiverState>& r, const Status& reason);
   void fail(const std::shared_ptr<ReceiverState>& r, const Status& reason);
+  const TransferEngine& engine() const { return engine_; }
 
  private:
   void connect_instance(const std::shared_ptr<PrefillInstance>& inst);

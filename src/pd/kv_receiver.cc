@@ -158,6 +158,7 @@ Status KvReceiver::wait_abort_acked(std::chrono::milliseconds timeout) const {
   }
   // The link to a prefill rank was lost: its writes on the way may still land until then.
   const Clock::time_point fence = state_->fenced_until;
+  lock.unlock();
   if (Clock::now() < fence) {
     if (deadline < fence) {
       return Timeout(
@@ -167,9 +168,11 @@ Status KvReceiver::wait_abort_acked(std::chrono::milliseconds timeout) const {
               std::chrono::duration_cast<std::chrono::milliseconds>(fence - Clock::now()).count()) +
           " ms from now (its transfer timeout)");
     }
-    lock.unlock();
     std::this_thread::sleep_until(fence);
   }
+  // Prefill is done with the request; a receiving thread of ours may still be inside a copy
+  // of it that it began before the deadline.
+  state_->client->engine().wait_for_landings();
   return Status::Ok();
 }
 

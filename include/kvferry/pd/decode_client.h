@@ -83,7 +83,10 @@ class KvReceiver {
   // Timeout otherwise. A rank whose link was lost (killed, hung, partitioned) cannot
   // acknowledge, and writes of it already on the way may still land when it resumes or
   // the link heals: then this is OK only once its engine calls have timed out
-  // (PdTimeouts::transfer_call_timeout, plus a heartbeat timeout, from the loss).
+  // (PdTimeouts::transfer_call_timeout, plus a heartbeat timeout, from the loss). Before it
+  // returns OK, the engine's receivers have finished any copy of a write they had begun
+  // (TransferEngine::wait_for_landings). So a failed request's pages are reused once this is
+  // OK, whether decode aborted it or prefill reported it failed.
   Status wait_abort_acked(std::chrono::milliseconds timeout) const;
   // From the TransferRequest being sent to Success (zero before).
   std::chrono::nanoseconds transfer_time() const;

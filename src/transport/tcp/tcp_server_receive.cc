@@ -18,6 +18,7 @@
 #include "core/byte_codec.h"
 #include "core/logging.h"
 #include "core/own_memory.h"
+#include "transport/landing_fence.h"
 #include "transport/tcp/tcp_server_io.h"
 
 namespace kvferry {
@@ -161,6 +162,8 @@ bool TcpServer::IoThread::on_readable(Conn& c) {
   std::array<std::byte, kTcpScratchBytes> scratch;
   bool drained = false;
   for (;;) {
+    // A turn may check a write's deadline and land its bytes: it does both in one window.
+    LandingWindow window;
     // Once refused, nothing that follows is acted on (not even another kAuth): the
     // refusal is flushed and the connection closed.
     if (c.close_after_flush) return c.drain_until_ns != 0 ? discard_input(c) : flush(c);

@@ -8,6 +8,7 @@
 
 #include "core/logging.h"
 #include "transport/batch_progress.h"
+#include "transport/landing_fence.h"
 #include "transport/ucx/ucx_worker.h"
 
 namespace kvferry::detail {
@@ -151,11 +152,15 @@ ucs_status_t UcxWorker::serve_write(const UcxAmHeader& h, void* data, size_t len
     return refuse(ProtocolError(fmt::format("write of {} bytes: one request carries at most {}",
                                             length, kUcxMaxAmWriteBytes)));
   }
-  Result<UcxAmPin> pin =
-      check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now_ns(), kLandingMarginNs);
+  Result<UcxAmPin> pin = UcxAmPin();
+  {
+    LandingWindow window;  // the deadline check and the copy it admits
+    pin = check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now_ns(),
+                              kLandingMarginNs);
+    if (pin.ok() && !rndv && length != 0) std::memcpy(pin->ptr, data, length);
+  }
   if (!pin.ok()) return refuse(pin.status());
   if (!rndv) {
-    if (length != 0) std::memcpy(pin->ptr, data, length);
     send_am(reply_ep, UcxAmId::kWriteAck, ack, UcxAmPin(), 0);
     return UCS_OK;
   }
@@ -208,8 +213,9 @@ void UcxWorker::finish_write(const AmReceive& receive, ucs_status_t status) {
     write_dropped_log_.warn("ucx: dropped a rendezvous write of {} bytes to [{:#x}, +{}): {}",
                             receive.length, h.addr, h.length, verdict.message());
   } else {
-    Result<UcxAmPin> pin =
-        check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns, now, kLandingMarginNs);
+    LandingWindow window;  // the deadline check (its clock read inside) and the copy
+    Result<UcxAmPin> pin = check_ucx_am_target(regions_(), h.addr, h.length, h.deadline_ns,
+                                               now_ns(), kLandingMarginNs);
     if (pin.ok()) {
       if (receive.length != 0) std::memcpy(pin->ptr, receive.buffer.data(), receive.length);
     } else {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/pattern.h"
+#include "stalled_landing.h"
 #include "test_support.h"
 
 namespace kvferry {
@@ -501,6 +502,19 @@ TEST(TcpTransfer, AReadOfMemoryTheTargetMadeInaccessibleIsAnErrorNotACrash) {
   op.remote_addr = addr_of(kept.data());
   ASSERT_TRUE(prefill->transfer_sync(peer, {&op, 1}).ok());
   EXPECT_FALSE(find_pattern_mismatch(local, 22));
+}
+
+// The tcp receiver's landing stalled mid-receive (straight into the target): a wait for
+// landings begun meanwhile returns only after it landed (stalled_landing.h).
+TEST(TcpTransfer, AWaitForLandingsBegunWhileAReceiveIsStalledReturnsOnlyAfterItLanded) {
+  std::vector<std::byte> src(1u << 20);  // one piece, received straight into the target
+  testing::UntouchedPages dst(2 * src.size());
+  auto prefill = engine_with("prefill");
+  auto decode = engine_with("decode");
+  ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
+  ASSERT_TRUE(decode->register_memory(dst.data(), dst.size()).ok());
+  PeerHandle peer = open_tcp(*prefill, *decode);
+  testing::expect_wait_for_landings_outlasts_a_stalled_write(*prefill, peer, src, dst);
 }
 
 TEST(TcpAuthentication, MatchingSecretsMoveBytes) {

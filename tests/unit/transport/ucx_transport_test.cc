@@ -15,6 +15,7 @@
 #include "core/thread_pool.h"
 #include "engine/route_choice.h"
 #include "kvferry/transfer_engine.h"
+#include "stalled_landing.h"
 #include "test_support.h"
 #include "transport/tcp/tcp_transport.h"
 #include "transport/ucx/ucx_sealed_address.h"
@@ -236,6 +237,21 @@ TEST_F(UcxTransportTest, TwoEnginesInOneProcessMoveBytesBothWays) {
   std::fill(expected.begin() + kBytes / 2, expected.begin() + kBytes / 2 + 4096, std::byte{0});
   EXPECT_EQ(checksum(dst), checksum(expected));
   EXPECT_EQ(checksum(back), checksum(expected));
+}
+
+// The ucx target's copy of a rendezvous write from its landing buffer stalled mid-copy: a
+// wait for landings begun meanwhile returns only after it landed (stalled_landing.h).
+TEST_F(UcxTransportTest, AWaitForLandingsBegunWhileACopyIsStalledReturnsOnlyAfterItLanded) {
+  std::vector<std::byte> src(1u << 20);  // rendezvous: lands through the target's buffer
+  testing::UntouchedPages dst(2 * src.size());
+  auto target = must(TransferEngine::create(emulated_ucx_options("target", std::nullopt)));
+  auto initiator = must(TransferEngine::create(emulated_ucx_options("initiator", std::nullopt)));
+  ASSERT_TRUE(initiator->register_memory(src.data(), src.size()).ok());
+  ASSERT_TRUE(target->register_memory(dst.data(), dst.size()).ok());
+  PeerOptions po;
+  po.transport = TransportKind::kUcx;
+  PeerHandle peer = must(initiator->open_peer(target->endpoint(), po));
+  testing::expect_wait_for_landings_outlasts_a_stalled_write(*initiator, peer, src, dst);
 }
 
 // Small batches are waited for hot: one waiter at a time polls its batch's state, the others
