@@ -34,7 +34,9 @@ class UntouchedPages {
   explicit UntouchedPages(size_t bytes)
       : bytes_(bytes),
         base_(static_cast<std::byte*>(
-            ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))) {}
+            ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))) {
+    ::madvise(base_, bytes_, MADV_NOHUGEPAGE);  // one touch must not fill 2 MiB
+  }
   ~UntouchedPages() { ::munmap(base_, bytes_); }
   UntouchedPages(const UntouchedPages&) = delete;
   UntouchedPages& operator=(const UntouchedPages&) = delete;

@@ -19,7 +19,8 @@ constexpr auto kLimit = std::chrono::seconds(10);
 // goes on until they closed, and the destructor waits for it.
 class Waiter {
  public:
-  Waiter() : thread_([this] { wait_for_landings([this](size_t open) { found_.set_value(open); }); }) {}
+  Waiter()
+      : thread_([this] { wait_for_landings([this](size_t open) { found_.set_value(open); }); }) {}
   ~Waiter() { thread_.join(); }
   Waiter(const Waiter&) = delete;
   Waiter& operator=(const Waiter&) = delete;
