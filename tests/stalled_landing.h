@@ -8,7 +8,6 @@
 #include <linux/userfaultfd.h>
 #include <poll.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -24,29 +23,10 @@
 #include "core/fd.h"
 #include "core/pattern.h"
 #include "kvferry/transfer_engine.h"
+#include "mapped_pages.h"
 #include "transport/landing_fence.h"
 
 namespace kvferry::testing {
-
-// Anonymous memory no one has touched: each page is missing until first used.
-class UntouchedPages {
- public:
-  explicit UntouchedPages(size_t bytes)
-      : bytes_(bytes),
-        base_(static_cast<std::byte*>(
-            ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))) {
-    ::madvise(base_, bytes_, MADV_NOHUGEPAGE);  // one touch must not fill 2 MiB
-  }
-  ~UntouchedPages() { ::munmap(base_, bytes_); }
-  UntouchedPages(const UntouchedPages&) = delete;
-  UntouchedPages& operator=(const UntouchedPages&) = delete;
-  std::byte* data() const { return base_; }
-  size_t size() const { return bytes_; }
-
- private:
-  size_t bytes_;
-  std::byte* base_;
-};
 
 // Writes `src` (filled here) over `peer` into the start of `dst`, which the target engine
 // registered and nothing touched yet, and stalls the target's landing on its first page.
@@ -55,7 +35,7 @@ class UntouchedPages {
 inline void expect_wait_for_landings_outlasts_a_stalled_write(TransferEngine& initiator,
                                                               const PeerHandle& peer,
                                                               std::span<std::byte> src,
-                                                              const UntouchedPages& dst) {
+                                                              const AnonymousPages& dst) {
   ASSERT_LE(src.size(), dst.size());
   fill_pattern(src, 23);
   const int uffd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));

@@ -2,7 +2,6 @@
 // otherwise be chosen. Cross-process and failure cases are in tests/integration.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -14,6 +13,7 @@
 #include <vector>
 
 #include "core/pattern.h"
+#include "mapped_pages.h"
 #include "stalled_landing.h"
 #include "test_support.h"
 
@@ -396,36 +396,6 @@ TEST(TcpTransfer, AReadPastItsDeadlineIsDoneWithItsTargetWhenWaitReturns) {
   reuse_memory_as_each_batch_ends(OpKind::kRead, EarlyEnd::kDeadline);
 }
 
-// Anonymous memory whose tail a test takes away while it is registered, as an application
-// that frees memory without unregistering it does. The tail is not unmapped but replaced by
-// an inaccessible mapping in one step: the kernel refuses a write there exactly as it does
-// into a hole (EFAULT, SIGSEGV), while a hole could be taken by any mapping another thread
-// makes meanwhile (a sanitizer's allocator does that often), and the peer's bytes would then
-// land in it: the hazard freeing registered memory invites, not the case under test.
-class Mapping {
- public:
-  explicit Mapping(size_t bytes)
-      : bytes_(bytes),
-        base_(static_cast<std::byte*>(
-            ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))) {}
-  ~Mapping() { ::munmap(base_, bytes_); }
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-
-  std::byte* data() const { return base_; }
-  size_t size() const { return bytes_; }
-  // Makes [offset, size()) inaccessible; offset is a multiple of the page size.
-  void take_away_from(size_t offset) {
-    ASSERT_NE(::mmap(base_ + offset, bytes_ - offset, PROT_NONE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0),
-              MAP_FAILED);
-  }
-
- private:
-  size_t bytes_;
-  std::byte* base_;
-};
-
 // A peer's tcp WRITE into registered memory the target made inaccessible without unregistering
 // it: the write fails with NotRegistered, the target does not crash, and it keeps serving:
 // the same ops into memory still mapped then arrive, every byte checked. `ops` ops of
@@ -437,7 +407,7 @@ void write_into_inaccessible_memory_then_into_mapped(size_t op_bytes, size_t ops
   const size_t span = (2 * op_bytes * ops + page - 1) / page * page;
   std::vector<std::byte> src(op_bytes * ops), kept(span, std::byte{0});
   fill_pattern(src, 21);
-  Mapping gone(span);
+  testing::AnonymousPages gone(span);
   auto prefill = engine_with("prefill");
   auto decode = engine_with("decode");
   ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());
@@ -484,7 +454,7 @@ TEST(TcpTransfer, AVectorWriteIntoMemoryTheTargetMadeInaccessibleIsAnErrorNotACr
 TEST(TcpTransfer, AReadOfMemoryTheTargetMadeInaccessibleIsAnErrorNotACrash) {
   std::vector<std::byte> local(8192, std::byte{0}), kept(8192);
   fill_pattern(kept, 22);
-  Mapping gone(8192);
+  testing::AnonymousPages gone(8192);
   auto prefill = engine_with("prefill");
   auto decode = engine_with("decode");
   ASSERT_TRUE(prefill->register_memory(local.data(), local.size()).ok());
@@ -508,7 +478,7 @@ TEST(TcpTransfer, AReadOfMemoryTheTargetMadeInaccessibleIsAnErrorNotACrash) {
 // landings begun meanwhile returns only after it landed (stalled_landing.h).
 TEST(TcpTransfer, AWaitForLandingsBegunWhileAReceiveIsStalledReturnsOnlyAfterItLanded) {
   std::vector<std::byte> src(1u << 20);  // one piece, received straight into the target
-  testing::UntouchedPages dst(2 * src.size());
+  testing::AnonymousPages dst(2 * src.size());
   auto prefill = engine_with("prefill");
   auto decode = engine_with("decode");
   ASSERT_TRUE(prefill->register_memory(src.data(), src.size()).ok());

@@ -15,6 +15,7 @@
 #include "core/thread_pool.h"
 #include "engine/route_choice.h"
 #include "kvferry/transfer_engine.h"
+#include "mapped_pages.h"
 #include "stalled_landing.h"
 #include "test_support.h"
 #include "transport/tcp/tcp_transport.h"
@@ -243,7 +244,7 @@ TEST_F(UcxTransportTest, TwoEnginesInOneProcessMoveBytesBothWays) {
 // wait for landings begun meanwhile returns only after it landed (stalled_landing.h).
 TEST_F(UcxTransportTest, AWaitForLandingsBegunWhileACopyIsStalledReturnsOnlyAfterItLanded) {
   std::vector<std::byte> src(1u << 20);  // rendezvous: lands through the target's buffer
-  testing::UntouchedPages dst(2 * src.size());
+  testing::AnonymousPages dst(2 * src.size());
   auto target = must(TransferEngine::create(emulated_ucx_options("target", std::nullopt)));
   auto initiator = must(TransferEngine::create(emulated_ucx_options("initiator", std::nullopt)));
   ASSERT_TRUE(initiator->register_memory(src.data(), src.size()).ok());
