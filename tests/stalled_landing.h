@@ -29,7 +29,8 @@
 namespace kvferry::testing {
 
 // Writes `src` (filled here) over `peer` into the start of `dst`, which the target engine
-// registered and nothing touched yet, and stalls the target's landing on its first page.
+// registered and nothing touched yet, and stalls the target's landing on the first page it
+// finds missing.
 // Skips the test where the kernel refuses a userfaultfd that sees its own copies' faults
 // (that needs privilege).
 inline void expect_wait_for_landings_outlasts_a_stalled_write(TransferEngine& initiator,
