@@ -25,8 +25,9 @@ constexpr std::string_view kAllowHint =
     "trusted hosts";
 
 // A small part's answer comes sooner than a sleeping waiter wakes: the thread that waits for
-// its batch polls the batch's state for up to kHotWait first, while polling pays (SpinGate),
-// rather than sleep until the progress thread's completion wakes it.
+// its batch polls for up to kHotWait first, while polling pays (SpinGate), rather than sleep
+// until the progress thread's completion wakes it. It polls by running the worker's turns
+// itself (UcxWorker::Driver), so the progress thread does not poll beside it.
 constexpr uint64_t kHotWaitBytes = uint64_t{256} << 10;
 constexpr std::chrono::microseconds kHotWait{100};
 
@@ -38,21 +39,30 @@ struct UcxWaitRole {
 
 class UcxHotWait final : public BatchHelper {
  public:
-  UcxHotWait(std::shared_ptr<UcxWaitRole> role, const BatchProgress* batch)
-      : role_(std::move(role)), batch_(batch) {}
+  // Weak: a batch may outlive the engine's transports, and must not keep the worker (whose
+  // last owner joins its thread) alive on the progress thread.
+  UcxHotWait(std::shared_ptr<UcxWaitRole> role, std::weak_ptr<UcxWorker> worker,
+             const BatchProgress* batch)
+      : role_(std::move(role)), worker_(std::move(worker)), batch_(batch) {}
   void help(Clock::time_point until) override {
     std::unique_lock lock(role_->mu, std::try_to_lock);
     if (!lock.owns_lock()) return;
     SpinGate& gate = role_->gate;
     Clock::time_point now = Clock::now();
     gate.open(now, kHotWait);
+    if (!gate.spinning()) return;
+    const std::shared_ptr<UcxWorker> worker = worker_.lock();
+    if (!worker) return;
+    UcxWorker::Driver driver(*worker);
     while (gate.spinning()) {
+      Clock::time_point began = now;
+      // A turn that moved something did work, not lose the core: the gate times the rest.
+      if (driver.turn()) began = Clock::now();
       if (batch_->is_final()) {
         gate.settle();
         gate.stop();
         return;
       }
-      const Clock::time_point began = now;
       now = Clock::now();
       if (now >= until) {
         gate.stop();
@@ -61,9 +71,13 @@ class UcxHotWait final : public BatchHelper {
       gate.keep_polling(began, now);
     }
   }
+  void collect() override {
+    if (const std::shared_ptr<UcxWorker> worker = worker_.lock()) worker->poll_here();
+  }
 
  private:
   std::shared_ptr<UcxWaitRole> role_;
+  std::weak_ptr<UcxWorker> worker_;
   const BatchProgress* batch_;
 };
 
@@ -102,12 +116,16 @@ class UcxLink final : public TransportLink {
           UcxOp{op.kind, op.local, op.remote_addr, op.length, region->addr, &region->ucx_rkey});
     }
     part.batch->add_tasks(1);
-    if (part.bytes <= kHotWaitBytes) {
-      part.batch->add_helper(std::make_shared<UcxHotWait>(wait_role_, part.batch.get()));
-    }
-    worker_->post([channel = channel_, job = std::shared_ptr<UcxJob>(std::move(job))]() mutable {
+    auto enqueue = [channel = channel_, job = std::shared_ptr<UcxJob>(std::move(job))]() mutable {
       channel->enqueue(std::make_unique<UcxJob>(std::move(*job)));
-    });
+    };
+    if (part.bytes > kHotWaitBytes) {
+      worker_->post(std::move(enqueue));
+      return Status::Ok();
+    }
+    // A small part is sent from here, and its waiter polls for the answer (UcxHotWait).
+    part.batch->add_helper(std::make_shared<UcxHotWait>(wait_role_, worker_, part.batch.get()));
+    worker_->post_here(std::move(enqueue));
     return Status::Ok();
   }
 

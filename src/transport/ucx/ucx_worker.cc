@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/eventfd.h>
+#include <sys/timerfd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -30,6 +31,12 @@ constexpr std::chrono::milliseconds kMaxActiveSleep{100};
 // and not while polling does not pay (SpinGate: a contended core, or spells that found
 // nothing).
 constexpr std::chrono::microseconds kHotTime{100};
+// How long the progress thread stays parked after the last Driver left, for the next one: a
+// sequence of small ops has a Driver each, and waking the thread between them (to watch the
+// worker's event fd, which the next op's answer then fires) would put a third thread on the
+// cores the two polling ends need. Work posted meanwhile unparks it at once; an event for this
+// worker as a target waits at most this long.
+constexpr std::chrono::milliseconds kDriverLinger{1};
 // How long the destructor lets channels finish closing their endpoints.
 constexpr std::chrono::seconds kCloseGrace{2};
 
@@ -101,7 +108,7 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_n
   w->resources_ = resources_of(w->context_);
   ucp_worker_params_t params{};
   params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-  params.thread_mode = UCS_THREAD_MODE_SINGLE;  // only the progress thread touches it
+  params.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // one turn at a time, on any thread
   ucs_status_t s = ucp_worker_create(w->context_, &params, &w->worker_);
   if (s != UCS_OK) return Internal("ucx: ucp_worker_create failed: " + ucx_status_text(s));
   ucp_address_t* address = nullptr;
@@ -116,6 +123,9 @@ Result<std::unique_ptr<UcxWorker>> UcxWorker::create(const std::string& engine_n
   int wake = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake < 0) return Internal(fmt::format("ucx: eventfd: {}", std::strerror(errno)));
   w->wake_fd_ = Fd(wake);
+  int timer = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (timer < 0) return Internal(fmt::format("ucx: timerfd_create: {}", std::strerror(errno)));
+  w->timer_fd_ = Fd(timer);
   KVF_ASSIGN_OR_RETURN(w->thread_, start_named_thread("kvf-ucx", [raw = w.get()] { raw->run(); }));
   return w;
 }
@@ -127,6 +137,7 @@ UcxWorker::~UcxWorker() {
       stopping_ = true;
     }
     wake();
+    unparked_.notify_one();
     thread_.join();
   }
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
@@ -140,12 +151,33 @@ void UcxWorker::wake() {
 
 void UcxWorker::post(std::function<void()> fn) {
   bool asleep = false;
+  bool unpark = false;
   {
     std::lock_guard lock(mu_);
     tasks_.push_back(std::move(fn));
     asleep = asleep_;
+    // A Driver takes it in its next turn; without one, a parked thread does.
+    unpark = parked_ && drivers_ == 0;
+    unpark_now_ = unpark_now_ || unpark;
   }
   if (asleep) wake();  // a polling thread takes it in its next round
+  if (unpark) unparked_.notify_one();
+}
+
+void UcxWorker::poll_here() {
+  Clock::time_point wake_at;
+  if (try_turn(wake_at)) after_turn_elsewhere(wake_at);
+}
+
+void UcxWorker::post_here(std::function<void()> fn) {
+  {
+    std::lock_guard lock(mu_);
+    tasks_.push_back(std::move(fn));
+  }
+  Clock::time_point wake_at;
+  // Not run here: the thread in a turn takes it in its next one, or (the progress thread)
+  // sees it before it sleeps; a Driver that leaves first hands it on (~Driver).
+  if (try_turn(wake_at)) after_turn_elsewhere(wake_at);
 }
 
 Status UcxWorker::call(const std::function<Status()>& fn) {
@@ -159,6 +191,7 @@ void UcxWorker::activate(std::shared_ptr<UcxPumped> p) {
   if (std::find(active_.begin(), active_.end(), p) == active_.end()) {
     active_.push_back(std::move(p));
   }
+  has_active_.store(true);
 }
 
 uint64_t UcxWorker::expect_am_reply(UcxAmClient* client) {
@@ -169,37 +202,156 @@ uint64_t UcxWorker::expect_am_reply(UcxAmClient* client) {
 
 void UcxWorker::forget_am_request(uint64_t request_id) { am_waiters_.erase(request_id); }
 
+UcxWorker::Driver::Driver(UcxWorker& worker) : worker_(worker) {
+  std::lock_guard lock(worker_.mu_);
+  ++worker_.drivers_;
+}
+
+UcxWorker::Driver::~Driver() {
+  bool unpark = false;
+  bool last = false;
+  {
+    std::lock_guard lock(worker_.mu_);
+    if (--worker_.drivers_ == 0) {
+      last = true;
+      worker_.driver_left_ = Clock::now();
+      // Parked, the progress thread lingers for the next Driver, unless there is work now.
+      unpark = worker_.parked_ && (!worker_.tasks_.empty() || worker_.has_active_.load());
+      worker_.unpark_now_ = worker_.unpark_now_ || unpark;
+    }
+  }
+  if (unpark) worker_.unparked_.notify_one();
+  if (last) worker_.after_turn_elsewhere(wake_at_);
+}
+
+bool UcxWorker::Driver::turn() {
+  bool progressed = false;
+  worker_.try_turn(wake_at_, &progressed);
+  return progressed;
+}
+
+namespace {
+// The worker whose turn this thread is running, if any (its turn_mu_ is held).
+thread_local const UcxWorker* t_turning = nullptr;
+}  // namespace
+
+bool UcxWorker::try_turn(Clock::time_point& wake_at, bool* progressed) {
+  if (t_turning == this) return false;
+  std::unique_lock lock(turn_mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  t_turning = this;
+  Clock::time_point now;
+  const bool moved = turn(now, wake_at);
+  t_turning = nullptr;
+  if (progressed != nullptr) *progressed = moved;
+  return true;
+}
+
+void UcxWorker::after_turn_elsewhere(Clock::time_point wake_at) {
+  bool wake_now = false;
+  bool unpark = false;
+  Clock::time_point timer_at = Clock::time_point::max();
+  {
+    std::lock_guard lock(mu_);
+    if (parked_) {
+      if (drivers_ == 0 && !tasks_.empty()) {
+        unpark = unpark_now_ = true;
+      } else {
+        // Lingering: it stays parked for the answer's waiter (the next Driver), and no
+        // longer than kDriverLinger from here if none comes.
+        driver_left_ = std::max(driver_left_, Clock::now());
+      }
+    } else if (asleep_) {
+      if (!tasks_.empty()) {
+        wake_now = true;
+      } else if (has_active_.load()) {
+        // Its sleep was timed before the turns here set channels working.
+        timer_at = std::min(wake_at, Clock::now() + kMaxActiveSleep);
+        if (timer_at < sleep_until_) {
+          sleep_until_ = timer_at;
+        } else {
+          timer_at = Clock::time_point::max();
+        }
+      }
+    }
+  }
+  if (unpark) unparked_.notify_one();
+  if (wake_now) {
+    wake();
+  } else if (timer_at != Clock::time_point::max()) {
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(timer_at.time_since_epoch()).count();
+    itimerspec when{};
+    when.it_value.tv_sec = static_cast<time_t>(ns / 1000000000);
+    when.it_value.tv_nsec = static_cast<long>(ns % 1000000000);
+    ::timerfd_settime(timer_fd_.get(), TFD_TIMER_ABSTIME, &when, nullptr);
+  }
+}
+
+bool UcxWorker::turn(Clock::time_point& now, Clock::time_point& wake_at) {
+  wake_at = Clock::time_point::max();
+  std::vector<std::function<void()>> tasks;
+  bool stopping = false;
+  {
+    std::lock_guard lock(mu_);
+    tasks.swap(tasks_);
+    stopping = stopping_;
+  }
+  for (auto& task : tasks) task();
+  if (stopping && !abandoned_) {
+    abandoned_ = true;
+    for (const auto& p : active_) p->abandon();
+  }
+  bool progressed = !tasks.empty();
+  while (ucp_worker_progress(worker_) != 0) progressed = true;
+  now = Clock::now();
+  wake_at = landing_.release_if_idle(now);
+  for (size_t i = 0; i < active_.size();) {
+    UcxPumped::Outcome o = active_[i]->pump(now, wake_at);
+    progressed = progressed || o.progressed;
+    if (o.active) {
+      ++i;
+    } else {
+      active_.erase(active_.begin() + static_cast<ptrdiff_t>(i));
+    }
+  }
+  has_active_.store(!active_.empty());
+  return progressed;
+}
+
+void UcxWorker::park_while_driven() {
+  std::unique_lock lock(mu_);
+  if (drivers_ == 0) return;
+  parked_ = true;
+  for (;;) {
+    if (stopping_ || unpark_now_) break;
+    const Clock::time_point now = Clock::now();
+    if (drivers_ == 0 && now >= driver_left_ + kDriverLinger) break;
+    unparked_.wait_until(lock, (drivers_ > 0 ? now : driver_left_) + kDriverLinger);
+  }
+  parked_ = false;
+  unpark_now_ = false;
+}
+
 void UcxWorker::run() {
   ::pthread_setname_np(::pthread_self(), "kvf-ucx");
   std::optional<Clock::time_point> stop_by;
   SpinGate spin;  // polls only while polling pays (core/spin_gate.h)
   for (;;) {
-    const Clock::time_point began = Clock::now();
-    std::vector<std::function<void()>> tasks;
-    bool stopping = false;
     {
       std::lock_guard lock(mu_);
-      tasks.swap(tasks_);
-      stopping = stopping_;
+      // A Driver polls for the answer: polling too would only take a core it needs.
+      if (drivers_ > 0) spin.stop();
     }
-    for (auto& task : tasks) task();
-    if (stopping && !stop_by) {
-      stop_by = Clock::now() + kCloseGrace;
-      for (const auto& p : active_) p->abandon();
-    }
-    bool progressed = !tasks.empty();
-    while (ucp_worker_progress(worker_) != 0) progressed = true;
-    const Clock::time_point now = Clock::now();
-    Clock::time_point wake_at = landing_.release_if_idle(now);
-    for (size_t i = 0; i < active_.size();) {
-      UcxPumped::Outcome o = active_[i]->pump(now, wake_at);
-      progressed = progressed || o.progressed;
-      if (o.active) {
-        ++i;
-      } else {
-        active_.erase(active_.begin() + static_cast<ptrdiff_t>(i));
-      }
-    }
+    park_while_driven();
+    std::unique_lock turn_lock(turn_mu_);
+    const Clock::time_point began = Clock::now();
+    Clock::time_point now;
+    Clock::time_point wake_at;
+    t_turning = this;
+    const bool progressed = turn(now, wake_at);
+    t_turning = nullptr;
+    if (abandoned_ && !stop_by) stop_by = now + kCloseGrace;
     if (stop_by && (active_.empty() || now > *stop_by)) {
       if (!active_.empty()) {
         log().warn("ucx: {} peer channel(s) still closing at shutdown", active_.size());
@@ -212,27 +364,36 @@ void UcxWorker::run() {
       spin.open(now, kHotTime);
       continue;
     }
-    if (spin.spinning() && spin.keep_polling(began, now)) continue;
+    if (spin.spinning()) {
+      turn_lock.unlock();  // a Driver may take the next turn meanwhile
+      if (spin.keep_polling(began, now)) continue;
+      turn_lock.lock();
+    }
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    if (!active_.empty()) wake_at = std::min(wake_at, now + kMaxActiveSleep);
     {
       std::lock_guard lock(mu_);
-      if (!tasks_.empty()) continue;
+      if (!tasks_.empty() || drivers_ > 0) continue;
       asleep_ = true;  // from here on, post() wakes the thread
+      sleep_until_ = wake_at;
     }
-    if (!active_.empty()) wake_at = std::min(wake_at, now + kMaxActiveSleep);
+    turn_lock.unlock();
     int timeout_ms = -1;
     if (wake_at != Clock::time_point::max()) {
       auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count();
       timeout_ms = static_cast<int>(std::clamp<int64_t>(ms, 0, kMaxActiveSleep.count()));
     }
-    pollfd fds[2] = {{event_fd_, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}};
-    ::poll(fds, 2, timeout_ms);
-    if (fds[1].revents & POLLIN) {
+    pollfd fds[3] = {
+        {event_fd_, POLLIN, 0}, {wake_fd_.get(), POLLIN, 0}, {timer_fd_.get(), POLLIN, 0}};
+    ::poll(fds, 3, timeout_ms);
+    for (int i = 1; i < 3; ++i) {
+      if ((fds[i].revents & POLLIN) == 0) continue;
       uint64_t n = 0;
-      [[maybe_unused]] ssize_t r = ::read(wake_fd_.get(), &n, sizeof(n));
+      [[maybe_unused]] ssize_t r = ::read(fds[i].fd, &n, sizeof(n));
     }
     std::lock_guard lock(mu_);
     asleep_ = false;
+    sleep_until_ = Clock::time_point::max();
   }
 }
 

@@ -1,9 +1,11 @@
-// UcxWorker: one engine's UCX context and worker, and the one progress thread that owns
+// UcxWorker: one engine's UCX context and worker, and the one progress thread that runs
 // the worker. Every UCX call on the worker (endpoints, put/get, flush, close, memory
-// registration) runs on that thread; other threads hand it work (post, call). The thread
-// sleeps on the worker's event fd (ucp_worker_arm) and an eventfd of its own, which post
-// writes only once the thread has decided to sleep, so an idle engine does not spin; it also
-// runs on the passive side, where UCX's emulated put/get are served by the target's worker.
+// registration) runs in a turn of the worker; other threads hand it work (post, call). Turns
+// are run by the progress thread, or lent for a while to a thread polling for the answer to a
+// small part (Driver), never two at once. The progress thread sleeps on the worker's event fd
+// (ucp_worker_arm) and an eventfd of its own, which post writes only once the thread has
+// decided to sleep, so an idle engine does not spin; it also runs on the passive side, where
+// UCX's emulated put/get are served by the target's worker.
 //
 // Channels with work (UcxPumped) are pumped after every progress round until they report
 // idle; the thread wakes for the earliest deadline any of them reports.
@@ -19,12 +21,14 @@
 // Ownership: the transport owns the worker; channels are kept alive by the active set while
 // they have work. The destructor stops the thread after letting channels close (bounded).
 //
-// Thread-safety: post and call from any thread except the progress thread (call would wait
-// for itself); context() and the read-only accessors from any thread.
+// Thread-safety: post and call from any thread except one running a turn (call would wait
+// for itself); context() and the read-only accessors from any thread. "In a turn" below:
+// only code running in a turn of the worker (tasks, UCX callbacks, pumps) touches it.
 #pragma once
 
 #include <ucp/api/ucp.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -45,7 +49,7 @@
 
 namespace kvferry::detail {
 
-// Something with work on the progress thread (a peer's channel).
+// Something with work in the worker's turns (a peer's channel).
 class UcxPumped {
  public:
   virtual ~UcxPumped() = default;
@@ -53,13 +57,13 @@ class UcxPumped {
     bool active = false;      // still has work: pump again
     bool progressed = false;  // posted or finished something: do not sleep yet
   };
-  // Runs on the progress thread. May lower wake_at to the time it must be pumped again.
+  // Runs in a turn. May lower wake_at to the time it must be pumped again.
   virtual Outcome pump(Clock::time_point now, Clock::time_point& wake_at) = 0;
   // The worker is stopping: drop everything (force-close endpoints); pump finishes it.
   virtual void abandon() = 0;
 };
 
-// Waits for replies to active-message requests (progress thread only).
+// Waits for replies to active-message requests (in a turn).
 class UcxAmClient {
  public:
   virtual ~UcxAmClient() = default;
@@ -93,15 +97,44 @@ class UcxWorker {
   const UcxResources& resources() const { return resources_; }
   const std::string& address() const { return address_; }  // ucp worker address bytes
 
-  // Runs fn on the progress thread (after what was posted before it).
+  // Runs fn in a turn (after what was posted before it).
   void post(std::function<void()> fn);
-  // Runs fn on the progress thread and returns its status.
+  // Posts fn and, unless a turn is running, runs one on the calling thread at once (fn in it),
+  // so a small part's request leaves without waiting for the progress thread. A sleeping
+  // progress thread is left asleep: the worker's event fd wakes it for the answer if nobody
+  // polls for it, and its timer is set for the earliest time a channel must be pumped.
+  void post_here(std::function<void()> fn);
+  // Runs one turn on the calling thread unless one is running: for a thread that asks a
+  // batch's state without waiting (takes in an answer that came).
+  void poll_here();
+  // Runs fn in a turn and returns its status.
   Status call(const std::function<Status()>& fn);
-  // Pumps `p` after every progress round until it reports idle (progress thread only).
+  // Pumps `p` after every progress round until it reports idle (in a turn).
   void activate(std::shared_ptr<UcxPumped> p);
 
-  // Active messages (progress thread only): a fresh request id whose reply goes to
-  // `client`, until the reply arrives or forget_am_request.
+  // Lends the worker's turns to the constructing thread, which polls for the answer to a
+  // small part: it runs turns itself (turn()) instead of waiting for the progress thread to
+  // run them and then wake it. While any Driver exists the progress thread parks instead of
+  // polling too, so one small op keeps two threads busy (this one and the target's), not
+  // three on what may be two cores; it takes over again when the last Driver goes, and is
+  // woken then if a channel still has work. A Driver lives for one polling spell (bounded).
+  class Driver {
+   public:
+    explicit Driver(UcxWorker& worker);
+    ~Driver();
+    Driver(const Driver&) = delete;
+    Driver& operator=(const Driver&) = delete;
+    // Runs one turn on this thread unless another thread is running one. Whether it ran one
+    // that progressed (a task, a UCX event, a channel's step).
+    bool turn();
+
+   private:
+    UcxWorker& worker_;
+    Clock::time_point wake_at_ = Clock::time_point::max();  // as its last turn reported
+  };
+
+  // Active messages (in a turn): a fresh request id whose reply goes to `client`, until the
+  // reply arrives or forget_am_request.
   uint64_t expect_am_reply(UcxAmClient* client);
   void forget_am_request(uint64_t request_id);
 
@@ -111,6 +144,19 @@ class UcxWorker {
   UcxWorker() = default;
   void run();
   void wake();
+  // One turn: posted tasks, UCX progress, the channels' pumps (the caller holds turn_mu_).
+  // Sets `now` to after the progress and `wake_at` to when a channel must be pumped next
+  // (time_point::max(): none). Whether anything progressed.
+  bool turn(Clock::time_point& now, Clock::time_point& wake_at);
+  // Runs a turn on the calling thread unless one is running (or this thread is in one).
+  // Whether it ran; `wake_at` as turn() sets it.
+  bool try_turn(Clock::time_point& wake_at, bool* progressed = nullptr);
+  // After a turn on another thread: a sleeping progress thread is woken for posted tasks, or
+  // has its timer set for `wake_at` while a channel has work.
+  void after_turn_elsewhere(Clock::time_point wake_at);
+  // The progress thread: while Drivers run the turns, and for kDriverLinger after the last
+  // one left, waits (unless work is posted or left active).
+  void park_while_driven();
   Status set_am_handlers();
   template <UcxAmId kId>
   static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data,
@@ -136,18 +182,29 @@ class UcxWorker {
   std::string address_;
   int event_fd_ = -1;  // ucp_worker_get_efd: owned by the worker
   Fd wake_fd_;         // eventfd: post() writes it
+  Fd timer_fd_;        // timerfd: wakes the sleeping thread for a time others set
 
   std::mutex mu_;
   std::vector<std::function<void()>> tasks_;  // guarded by mu_
   bool stopping_ = false;                     // guarded by mu_
   bool asleep_ = false;  // the thread is past its last look at tasks_; guarded by mu_
-  std::vector<std::shared_ptr<UcxPumped>> active_;  // progress thread only
+  int drivers_ = 0;      // Drivers that exist; guarded by mu_
+  bool parked_ = false;  // the progress thread defers to Drivers (park_while_driven); mu_
+  bool unpark_now_ = false;                // work came for the parked thread; guarded by mu_
+  Clock::time_point driver_left_{};        // when drivers_ last fell to 0; guarded by mu_
+  // While asleep_: the earliest time the thread wakes by (its timeout, or timer_fd_).
+  Clock::time_point sleep_until_ = Clock::time_point::max();  // guarded by mu_
+  std::condition_variable unparked_;
+  std::atomic<bool> has_active_{false};    // active_ is not empty (as of the last turn)
+  std::mutex turn_mu_;  // held for a turn, by the progress thread or a Driver
+  bool abandoned_ = false;                          // in a turn
+  std::vector<std::shared_ptr<UcxPumped>> active_;  // in a turn
   UcxRegionSource regions_;
   std::chrono::milliseconds frame_rest_timeout_ = kDefaultFrameRestTimeout;
   LogThrottle write_dropped_log_;  // rendezvous writes that failed or took too long
-  uint64_t next_am_request_ = 1;   // progress thread only
-  std::unordered_map<uint64_t, UcxAmClient*> am_waiters_;  // progress thread only
-  UcxLandingBuffers landing_{kUcxLandingCacheBytes};       // progress thread only
+  uint64_t next_am_request_ = 1;   // in a turn
+  std::unordered_map<uint64_t, UcxAmClient*> am_waiters_;  // in a turn
+  UcxLandingBuffers landing_{kUcxLandingCacheBytes};       // in a turn
   std::thread thread_;
 };
 
