@@ -50,9 +50,12 @@ class UcxHotWait final : public BatchHelper {
     SpinGate& gate = role_->gate;
     Clock::time_point now = Clock::now();
     gate.open(now, kHotWait);
-    if (!gate.spinning()) return;
     const std::shared_ptr<UcxWorker> worker = worker_.lock();
     if (!worker) return;
+    if (!gate.spinning()) {
+      worker->will_not_poll();
+      return;
+    }
     UcxWorker::Driver driver(*worker);
     while (gate.spinning()) {
       Clock::time_point began = now;

@@ -164,6 +164,16 @@ void UcxWorker::post(std::function<void()> fn) {
   if (unpark) unparked_.notify_one();
 }
 
+void UcxWorker::will_not_poll() {
+  bool unpark = false;
+  {
+    std::lock_guard lock(mu_);
+    unpark = parked_ && drivers_ == 0 && !unpark_now_;
+    unpark_now_ = unpark_now_ || unpark;
+  }
+  if (unpark) unparked_.notify_one();
+}
+
 void UcxWorker::poll_here() {
   Clock::time_point wake_at;
   if (try_turn(wake_at)) after_turn_elsewhere(wake_at);

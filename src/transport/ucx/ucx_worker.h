@@ -107,6 +107,9 @@ class UcxWorker {
   // Runs one turn on the calling thread unless one is running: for a thread that asks a
   // batch's state without waiting (takes in an answer that came).
   void poll_here();
+  // The waiter of a part sent with post_here sleeps instead of polling (its SpinGate is
+  // closed): a progress thread parked for it takes over now.
+  void will_not_poll();
   // Runs fn in a turn and returns its status.
   Status call(const std::function<Status()>& fn);
   // Pumps `p` after every progress round until it reports idle (in a turn).
@@ -187,17 +190,17 @@ class UcxWorker {
   std::mutex mu_;
   std::vector<std::function<void()>> tasks_;  // guarded by mu_
   bool stopping_ = false;                     // guarded by mu_
-  bool asleep_ = false;  // the thread is past its last look at tasks_; guarded by mu_
-  int drivers_ = 0;      // Drivers that exist; guarded by mu_
-  bool parked_ = false;  // the progress thread defers to Drivers (park_while_driven); mu_
-  bool unpark_now_ = false;                // work came for the parked thread; guarded by mu_
-  Clock::time_point driver_left_{};        // when drivers_ last fell to 0; guarded by mu_
+  bool asleep_ = false;      // the thread is past its last look at tasks_; guarded by mu_
+  int drivers_ = 0;          // Drivers that exist; guarded by mu_
+  bool parked_ = false;      // the progress thread defers to Drivers (park_while_driven); mu_
+  bool unpark_now_ = false;  // work came for the parked thread; guarded by mu_
+  Clock::time_point driver_left_{};  // when drivers_ last fell to 0; guarded by mu_
   // While asleep_: the earliest time the thread wakes by (its timeout, or timer_fd_).
   Clock::time_point sleep_until_ = Clock::time_point::max();  // guarded by mu_
   std::condition_variable unparked_;
-  std::atomic<bool> has_active_{false};    // active_ is not empty (as of the last turn)
-  std::mutex turn_mu_;  // held for a turn, by the progress thread or a Driver
-  bool abandoned_ = false;                          // in a turn
+  std::atomic<bool> has_active_{false};  // active_ is not empty (as of the last turn)
+  std::mutex turn_mu_;                   // held for a turn, by the progress thread or a Driver
+  bool abandoned_ = false;               // in a turn
   std::vector<std::shared_ptr<UcxPumped>> active_;  // in a turn
   UcxRegionSource regions_;
   std::chrono::milliseconds frame_rest_timeout_ = kDefaultFrameRestTimeout;

@@ -290,6 +290,74 @@ TEST_F(UcxTransportTest, SmallBatchesWaitedForFromSeveralThreadsAtOnceArriveInta
   for (std::thread& th : threads) th.join();
 }
 
+// A small part leaves from the thread that submits it, and its waiter takes in the answer by
+// running the worker's turns itself while the progress thread stays parked for the next one.
+// A batch whose submitter never waits (a caller that waits on something else) must still end:
+// the progress thread takes over, parked or asleep. Each round first waits for a batch (so the
+// thread is parked for the next waiter), then submits a WRITE and a READ that nobody waits
+// for or polls (wait with no time to wait neither helps nor takes in answers) until they end,
+// then one polled through status() alone; every byte of each is checked.
+TEST_F(UcxTransportTest, SmallBatchesEndWhetherWaitedForPolledOrNeither) {
+  constexpr size_t kBytes = 4096, kRounds = 20;
+  std::vector<std::byte> local(3 * kBytes), remote(3 * kBytes);
+  auto target = must(TransferEngine::create(emulated_ucx_options("target", std::nullopt)));
+  auto initiator = must(TransferEngine::create(emulated_ucx_options("initiator", std::nullopt)));
+  ASSERT_TRUE(initiator->register_memory(local.data(), local.size()).ok());
+  ASSERT_TRUE(target->register_memory(remote.data(), remote.size()).ok());
+  PeerOptions po;
+  po.transport = TransportKind::kUcx;
+  PeerHandle peer = must(initiator->open_peer(target->endpoint(), po));
+  auto op = [&](OpKind kind, size_t slot) {
+    return TransferOp{kind, reinterpret_cast<uint64_t>(local.data() + slot * kBytes),
+                      reinterpret_cast<uint64_t>(remote.data() + slot * kBytes), kBytes};
+  };
+  auto mine = [&](size_t slot) {
+    return std::span<std::byte>(local.data() + slot * kBytes, kBytes);
+  };
+  auto theirs = [&](size_t slot) {
+    return std::span<std::byte>(remote.data() + slot * kBytes, kBytes);
+  };
+  // Until the batch ends or its own timeout has long passed (a hang fails here, not in CI's
+  // limit); `poll` asks status(), which takes in answers, instead of the bare state.
+  auto ended = [&](const BatchHandle& h, bool poll) {
+    const auto give_up = Clock::now() + std::chrono::seconds(30);
+    BatchStatus s;
+    do {
+      s = poll ? initiator->status(h) : initiator->wait(h, std::chrono::milliseconds(0));
+      if (s.state != BatchState::kPending) return s;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    } while (Clock::now() < give_up);
+    return s;
+  };
+  for (size_t round = 0; round < kRounds; ++round) {
+    const uint64_t seed = 10 * round;
+    fill_pattern(mine(0), seed);
+    TransferOp waited = op(OpKind::kWrite, 0);
+    ASSERT_TRUE(initiator->transfer_sync(peer, {&waited, 1}).ok()) << "round " << round;
+    fill_pattern(mine(1), seed + 1);
+    fill_pattern(theirs(2), seed + 2);
+    TransferOp write = op(OpKind::kWrite, 1);
+    TransferOp read = op(OpKind::kRead, 2);
+    BatchHandle w = must(initiator->submit(peer, {&write, 1}));
+    BatchHandle r = must(initiator->submit(peer, {&read, 1}));
+    BatchStatus ws = ended(w, false);
+    BatchStatus rs = ended(r, false);
+    ASSERT_EQ(ws.state, BatchState::kCompleted)
+        << "round " << round << ": " << ws.status.to_string();
+    ASSERT_EQ(rs.state, BatchState::kCompleted)
+        << "round " << round << ": " << rs.status.to_string();
+    EXPECT_FALSE(find_pattern_mismatch(theirs(0), seed)) << "round " << round;
+    EXPECT_FALSE(find_pattern_mismatch(theirs(1), seed + 1)) << "round " << round;
+    EXPECT_FALSE(find_pattern_mismatch(mine(2), seed + 2)) << "round " << round;
+    fill_pattern(mine(1), seed + 3);
+    BatchHandle polled = must(initiator->submit(peer, {&write, 1}));
+    BatchStatus ps = ended(polled, true);
+    ASSERT_EQ(ps.state, BatchState::kCompleted)
+        << "round " << round << ": " << ps.status.to_string();
+    EXPECT_FALSE(find_pattern_mismatch(theirs(1), seed + 3)) << "round " << round;
+  }
+}
+
 TEST_F(UcxTransportTest, ForcingUcxWithoutPermissionFailsOpenPeerNamingTheSwitch) {
   EngineOptions o;
   o.name = "target";
