@@ -1,6 +1,6 @@
 // UcxWorker's active-message handlers (ucx_am_wire.h): the target's checks before a byte
 // moves, and the routing of replies to the channel waiting for them. Everything here runs
-// on the progress thread, inside ucp_worker_progress.
+// in a turn of the worker, inside ucp_worker_progress.
 #include <fmt/format.h>
 
 #include <cstring>

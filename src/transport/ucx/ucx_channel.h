@@ -32,7 +32,7 @@
 // of the target's first, and dropped if it took longer than the target's frame-rest timeout;
 // docs/TRANSPORTS.md, "ucx").
 //
-// Thread-safety: everything but the constructor runs on the progress thread.
+// Thread-safety: everything but the constructor runs in a turn of the worker (ucx_worker.h).
 #pragma once
 
 #include <ucp/api/ucp.h>

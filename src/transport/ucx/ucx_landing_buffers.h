@@ -7,7 +7,7 @@
 // they are in use: once nothing was acquired for kIdleRelease, every idle buffer is freed
 // (the worker calls release_if_idle), so an engine that stopped moving data gives it back.
 //
-// Thread-safety: none; the worker's progress thread owns it. A Lease must be released
+// Thread-safety: none; used in the worker's turns only (one at a time). A Lease must be released
 // (destroyed) before the pool is.
 #pragma once
 

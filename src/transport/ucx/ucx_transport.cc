@@ -316,7 +316,7 @@ class UcxTransport final : public Transport {
   std::shared_ptr<UcxWorker> worker_;  // null: inert (inert_reason_ says why)
   detail::UcxResources resources_;
   std::string inert_reason_;
-  std::map<uint64_t, ucp_mem_h> memory_;  // by region address; progress thread only
+  std::map<uint64_t, ucp_mem_h> memory_;  // by region address; in the worker's turns
 };
 
 }  // namespace

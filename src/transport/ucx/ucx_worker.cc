@@ -258,6 +258,7 @@ bool UcxWorker::try_turn(Clock::time_point& wake_at, bool* progressed) {
 }
 
 void UcxWorker::after_turn_elsewhere(Clock::time_point wake_at) {
+  bool asleep = false;
   bool wake_now = false;
   bool unpark = false;
   Clock::time_point timer_at = Clock::time_point::max();
@@ -272,6 +273,7 @@ void UcxWorker::after_turn_elsewhere(Clock::time_point wake_at) {
         driver_left_ = std::max(driver_left_, Clock::now());
       }
     } else if (asleep_) {
+      asleep = true;
       if (!tasks_.empty()) {
         wake_now = true;
       } else if (has_active_.load()) {
@@ -286,6 +288,13 @@ void UcxWorker::after_turn_elsewhere(Clock::time_point wake_at) {
     }
   }
   if (unpark) unparked_.notify_one();
+  if (asleep && !wake_now) {
+    // The sleeping thread counts on the worker being armed, and a turn here may have used
+    // that up (an armed interface signals its next event once): armed again, or, with events
+    // pending, the thread is woken for them. Someone else in a turn re-arms after it.
+    std::unique_lock turn(turn_mu_, std::try_to_lock);
+    if (turn.owns_lock()) wake_now = ucp_worker_arm(worker_) == UCS_ERR_BUSY;
+  }
   if (wake_now) {
     wake();
   } else if (timer_at != Clock::time_point::max()) {
@@ -329,9 +338,9 @@ bool UcxWorker::turn(Clock::time_point& now, Clock::time_point& wake_at) {
   return progressed;
 }
 
-void UcxWorker::park_while_driven() {
+bool UcxWorker::park_while_driven() {
   std::unique_lock lock(mu_);
-  if (drivers_ == 0) return;
+  if (drivers_ == 0) return false;
   parked_ = true;
   for (;;) {
     if (stopping_ || unpark_now_) break;
@@ -341,6 +350,7 @@ void UcxWorker::park_while_driven() {
   }
   parked_ = false;
   unpark_now_ = false;
+  return true;
 }
 
 void UcxWorker::run() {
@@ -348,12 +358,8 @@ void UcxWorker::run() {
   std::optional<Clock::time_point> stop_by;
   SpinGate spin;  // polls only while polling pays (core/spin_gate.h)
   for (;;) {
-    {
-      std::lock_guard lock(mu_);
-      // A Driver polls for the answer: polling too would only take a core it needs.
-      if (drivers_ > 0) spin.stop();
-    }
-    park_while_driven();
+    // A Driver polls for the answer: polling too would only take a core it needs.
+    if (park_while_driven()) spin.stop();
     std::unique_lock turn_lock(turn_mu_);
     const Clock::time_point began = Clock::now();
     Clock::time_point now;

@@ -1,11 +1,13 @@
 // UcxWorker: one engine's UCX context and worker, and the one progress thread that runs
 // the worker. Every UCX call on the worker (endpoints, put/get, flush, close, memory
 // registration) runs in a turn of the worker; other threads hand it work (post, call). Turns
-// are run by the progress thread, or lent for a while to a thread polling for the answer to a
-// small part (Driver), never two at once. The progress thread sleeps on the worker's event fd
-// (ucp_worker_arm) and an eventfd of its own, which post writes only once the thread has
-// decided to sleep, so an idle engine does not spin; it also runs on the passive side, where
-// UCX's emulated put/get are served by the target's worker.
+// are run by the progress thread, and for a small part by the threads that want it: the one
+// that posts it sends it (post_here), the one that waits for it takes in its answer (Driver),
+// one asking its state takes in what came (poll_here); never two turns at once. The progress
+// thread sleeps on the worker's event fd (ucp_worker_arm), an eventfd of its own, which post
+// writes only once the thread has decided to sleep, and a timerfd others set for a channel's
+// deadline, so an idle engine does not spin; it also runs on the passive side, where UCX's
+// emulated put/get are served by the target's worker.
 //
 // Channels with work (UcxPumped) are pumped after every progress round until they report
 // idle; the thread wakes for the earliest deadline any of them reports.
@@ -158,8 +160,8 @@ class UcxWorker {
   // has its timer set for `wake_at` while a channel has work.
   void after_turn_elsewhere(Clock::time_point wake_at);
   // The progress thread: while Drivers run the turns, and for kDriverLinger after the last
-  // one left, waits (unless work is posted or left active).
-  void park_while_driven();
+  // one left, waits (unless work is posted or left active). Whether it waited.
+  bool park_while_driven();
   Status set_am_handlers();
   template <UcxAmId kId>
   static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data,
@@ -198,9 +200,9 @@ class UcxWorker {
   // While asleep_: the earliest time the thread wakes by (its timeout, or timer_fd_).
   Clock::time_point sleep_until_ = Clock::time_point::max();  // guarded by mu_
   std::condition_variable unparked_;
-  std::atomic<bool> has_active_{false};  // active_ is not empty (as of the last turn)
-  std::mutex turn_mu_;                   // held for a turn, by the progress thread or a Driver
-  bool abandoned_ = false;               // in a turn
+  std::atomic<bool> has_active_{false};             // active_ is not empty (as of the last turn)
+  std::mutex turn_mu_;                              // held for a turn, by whichever thread runs it
+  bool abandoned_ = false;                          // in a turn
   std::vector<std::shared_ptr<UcxPumped>> active_;  // in a turn
   UcxRegionSource regions_;
   std::chrono::milliseconds frame_rest_timeout_ = kDefaultFrameRestTimeout;
