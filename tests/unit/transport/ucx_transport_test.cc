@@ -174,6 +174,26 @@ EngineOptions emulated_ucx_options(std::string name, std::optional<std::string> 
   return o;
 }
 
+// Two engines over emulated ucx: `local` registered with the initiator, `remote` with the
+// target, and the initiator's peer for the target. The caller declares the memory first, so
+// the engines that registered it go before it does.
+struct UcxPair {
+  std::unique_ptr<TransferEngine> target;
+  std::unique_ptr<TransferEngine> initiator;
+  PeerHandle peer;
+};
+UcxPair connected_pair(std::span<std::byte> local, std::span<std::byte> remote) {
+  UcxPair p;
+  p.target = must(TransferEngine::create(emulated_ucx_options("target", std::nullopt)));
+  p.initiator = must(TransferEngine::create(emulated_ucx_options("initiator", std::nullopt)));
+  EXPECT_TRUE(p.initiator->register_memory(local.data(), local.size()).ok());
+  EXPECT_TRUE(p.target->register_memory(remote.data(), remote.size()).ok());
+  PeerOptions po;
+  po.transport = TransportKind::kUcx;
+  p.peer = must(p.initiator->open_peer(p.target->endpoint(), po));
+  return p;
+}
+
 TEST_F(UcxTransportTest, EnginesSharingASecretMoveBytesAndOneWithoutItIsRefused) {
   EngineOptions o = emulated_ucx_options("target", "s3cret");
   auto target = must(TransferEngine::create(o));
@@ -245,30 +265,19 @@ TEST_F(UcxTransportTest, TwoEnginesInOneProcessMoveBytesBothWays) {
 TEST_F(UcxTransportTest, AWaitForLandingsBegunWhileACopyIsStalledReturnsOnlyAfterItLanded) {
   std::vector<std::byte> src(1u << 20);  // rendezvous: lands through the target's buffer
   testing::AnonymousPages dst(2 * src.size());
-  auto target = must(TransferEngine::create(emulated_ucx_options("target", std::nullopt)));
-  auto initiator = must(TransferEngine::create(emulated_ucx_options("initiator", std::nullopt)));
-  ASSERT_TRUE(initiator->register_memory(src.data(), src.size()).ok());
-  ASSERT_TRUE(target->register_memory(dst.data(), dst.size()).ok());
-  PeerOptions po;
-  po.transport = TransportKind::kUcx;
-  PeerHandle peer = must(initiator->open_peer(target->endpoint(), po));
-  testing::expect_wait_for_landings_outlasts_a_stalled_write(*initiator, peer, src, dst);
+  UcxPair ucx = connected_pair(src, {dst.data(), dst.size()});
+  testing::expect_wait_for_landings_outlasts_a_stalled_write(*ucx.initiator, ucx.peer, src, dst);
 }
 
-// Small batches are waited for hot: one waiter at a time polls its batch's state, the others
-// sleep on theirs. Three threads submit single 4 KiB ops at once, WRITEs and READs in turn,
-// and every byte of every op is checked; each batch completes whichever way it was waited for.
+// Small batches are waited for hot: one waiter at a time polls, running the worker's turns,
+// the others sleep on their batches. Three threads submit single 4 KiB ops at once, WRITEs and
+// READs in turn, and every byte of every op is checked; each batch completes whichever way it was
+// waited for.
 TEST_F(UcxTransportTest, SmallBatchesWaitedForFromSeveralThreadsAtOnceArriveIntact) {
   constexpr size_t kThreads = 3, kRounds = 60, kBytes = 4096;
   // Declared first: the engines that registered them go before the memory does.
   std::vector<std::byte> local(kThreads * kBytes), remote(kThreads * kBytes);
-  auto target = must(TransferEngine::create(emulated_ucx_options("target", std::nullopt)));
-  auto initiator = must(TransferEngine::create(emulated_ucx_options("initiator", std::nullopt)));
-  ASSERT_TRUE(initiator->register_memory(local.data(), local.size()).ok());
-  ASSERT_TRUE(target->register_memory(remote.data(), remote.size()).ok());
-  PeerOptions po;
-  po.transport = TransportKind::kUcx;
-  PeerHandle peer = must(initiator->open_peer(target->endpoint(), po));
+  UcxPair ucx = connected_pair(local, remote);
   std::vector<std::thread> threads;
   for (size_t t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -280,7 +289,7 @@ TEST_F(UcxTransportTest, SmallBatchesWaitedForFromSeveralThreadsAtOnceArriveInta
         fill_pattern(kind == OpKind::kWrite ? mine : theirs, seed);
         TransferOp op{kind, reinterpret_cast<uint64_t>(mine.data()),
                       reinterpret_cast<uint64_t>(theirs.data()), kBytes};
-        Status s = initiator->transfer_sync(peer, {&op, 1});
+        Status s = ucx.initiator->transfer_sync(ucx.peer, {&op, 1});
         ASSERT_TRUE(s.ok()) << "thread " << t << " round " << round << ": " << s.to_string();
         EXPECT_FALSE(find_pattern_mismatch(kind == OpKind::kWrite ? theirs : mine, seed))
             << "thread " << t << " round " << round;
@@ -300,13 +309,9 @@ TEST_F(UcxTransportTest, SmallBatchesWaitedForFromSeveralThreadsAtOnceArriveInta
 TEST_F(UcxTransportTest, SmallBatchesEndWhetherWaitedForPolledOrNeither) {
   constexpr size_t kBytes = 4096, kRounds = 20;
   std::vector<std::byte> local(3 * kBytes), remote(3 * kBytes);
-  auto target = must(TransferEngine::create(emulated_ucx_options("target", std::nullopt)));
-  auto initiator = must(TransferEngine::create(emulated_ucx_options("initiator", std::nullopt)));
-  ASSERT_TRUE(initiator->register_memory(local.data(), local.size()).ok());
-  ASSERT_TRUE(target->register_memory(remote.data(), remote.size()).ok());
-  PeerOptions po;
-  po.transport = TransportKind::kUcx;
-  PeerHandle peer = must(initiator->open_peer(target->endpoint(), po));
+  UcxPair ucx = connected_pair(local, remote);
+  TransferEngine& initiator = *ucx.initiator;
+  const PeerHandle& peer = ucx.peer;
   auto op = [&](OpKind kind, size_t slot) {
     return TransferOp{kind, reinterpret_cast<uint64_t>(local.data() + slot * kBytes),
                       reinterpret_cast<uint64_t>(remote.data() + slot * kBytes), kBytes};
@@ -323,7 +328,7 @@ TEST_F(UcxTransportTest, SmallBatchesEndWhetherWaitedForPolledOrNeither) {
     const auto give_up = Clock::now() + std::chrono::seconds(30);
     BatchStatus s;
     do {
-      s = poll ? initiator->status(h) : initiator->wait(h, std::chrono::milliseconds(0));
+      s = poll ? initiator.status(h) : initiator.wait(h, std::chrono::milliseconds(0));
       if (s.state != BatchState::kPending) return s;
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     } while (Clock::now() < give_up);
@@ -333,13 +338,13 @@ TEST_F(UcxTransportTest, SmallBatchesEndWhetherWaitedForPolledOrNeither) {
     const uint64_t seed = 10 * round;
     fill_pattern(mine(0), seed);
     TransferOp waited = op(OpKind::kWrite, 0);
-    ASSERT_TRUE(initiator->transfer_sync(peer, {&waited, 1}).ok()) << "round " << round;
+    ASSERT_TRUE(initiator.transfer_sync(peer, {&waited, 1}).ok()) << "round " << round;
     fill_pattern(mine(1), seed + 1);
     fill_pattern(theirs(2), seed + 2);
     TransferOp write = op(OpKind::kWrite, 1);
     TransferOp read = op(OpKind::kRead, 2);
-    BatchHandle w = must(initiator->submit(peer, {&write, 1}));
-    BatchHandle r = must(initiator->submit(peer, {&read, 1}));
+    BatchHandle w = must(initiator.submit(peer, {&write, 1}));
+    BatchHandle r = must(initiator.submit(peer, {&read, 1}));
     BatchStatus ws = ended(w, false);
     BatchStatus rs = ended(r, false);
     ASSERT_EQ(ws.state, BatchState::kCompleted)
@@ -350,7 +355,7 @@ TEST_F(UcxTransportTest, SmallBatchesEndWhetherWaitedForPolledOrNeither) {
     EXPECT_FALSE(find_pattern_mismatch(theirs(1), seed + 1)) << "round " << round;
     EXPECT_FALSE(find_pattern_mismatch(mine(2), seed + 2)) << "round " << round;
     fill_pattern(mine(1), seed + 3);
-    BatchHandle polled = must(initiator->submit(peer, {&write, 1}));
+    BatchHandle polled = must(initiator.submit(peer, {&write, 1}));
     BatchStatus ps = ended(polled, true);
     ASSERT_EQ(ps.state, BatchState::kCompleted)
         << "round " << round << ": " << ps.status.to_string();
