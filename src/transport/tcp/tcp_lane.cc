@@ -163,20 +163,25 @@ Clock::time_point TcpLane::tend(Clock::time_point now) {
 
 bool TcpLane::stale() {
   Clock::time_point last_use;
+  bool reading = false;
   {
     std::lock_guard lock(mu_);
     if (broken_) return true;
-    if (sending_ || reading_ || !queue_.empty() || !in_flight_.empty()) return false;
+    if (sending_ || !queue_.empty() || !in_flight_.empty()) return false;
+    reading = reading_;
     last_use = std::max(last_registered_, connected_at_);
   }
   const Clock::time_point now = Clock::now();
+  // Retired even while a reading turn runs: on an idle lane one starts when the pool's watch
+  // sees the receiver's close come in, and until that turn has read the close, the lane would
+  // look usable and take a request the close then loses.
   if (retire_after_ != Clock::duration::zero() && now >= last_use + retire_after_) {
     fail_all(PeerDisconnected(fmt::format(
         "connection to {} retired: idle for half its receiver's idle timeout of {} ms", peer_,
         std::chrono::duration_cast<std::chrono::milliseconds>(retire_after_ * 2).count())));
     return true;
   }
-  if (now < last_use + kReaderIdleSleep) return false;
+  if (reading || now < last_use + kReaderIdleSleep) return false;  // a reader sees a close itself
   std::byte probe{};
   const ssize_t n = ::recv(fd_.get(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
   if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))) {

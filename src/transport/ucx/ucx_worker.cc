@@ -156,9 +156,8 @@ void UcxWorker::post(std::function<void()> fn) {
     std::lock_guard lock(mu_);
     tasks_.push_back(std::move(fn));
     asleep = asleep_;
-    // A Driver takes it in its next turn; without one, a parked thread does.
-    unpark = parked_ && drivers_ == 0;
-    unpark_now_ = unpark_now_ || unpark;
+    // A Driver takes it in its next turn; without one, the parked thread does.
+    unpark = unpark_locked();
   }
   if (asleep) wake();  // a polling thread takes it in its next round
   if (unpark) unparked_.notify_one();
@@ -168,8 +167,7 @@ void UcxWorker::will_not_poll() {
   bool unpark = false;
   {
     std::lock_guard lock(mu_);
-    unpark = parked_ && drivers_ == 0 && !unpark_now_;
-    unpark_now_ = unpark_now_ || unpark;
+    unpark = unpark_locked();
   }
   if (unpark) unparked_.notify_one();
 }
@@ -226,8 +224,7 @@ UcxWorker::Driver::~Driver() {
       last = true;
       worker_.driver_left_ = Clock::now();
       // Parked, the progress thread lingers for the next Driver, unless there is work now.
-      unpark = worker_.parked_ && (!worker_.tasks_.empty() || worker_.has_active_.load());
-      worker_.unpark_now_ = worker_.unpark_now_ || unpark;
+      unpark = (!worker_.tasks_.empty() || worker_.has_active_.load()) && worker_.unpark_locked();
     }
   }
   if (unpark) worker_.unparked_.notify_one();
@@ -265,13 +262,10 @@ void UcxWorker::after_turn_elsewhere(Clock::time_point wake_at) {
   {
     std::lock_guard lock(mu_);
     if (parked_) {
-      if (drivers_ == 0 && !tasks_.empty()) {
-        unpark = unpark_now_ = true;
-      } else {
-        // Lingering: it stays parked for the answer's waiter (the next Driver), and no
-        // longer than kDriverLinger from here if none comes.
-        driver_left_ = std::max(driver_left_, Clock::now());
-      }
+      unpark = !tasks_.empty() && unpark_locked();
+      // Lingering: it stays parked for the answer's waiter (the next Driver), and no longer
+      // than kDriverLinger from here if none comes.
+      if (!unpark) driver_left_ = std::max(driver_left_, Clock::now());
     } else if (asleep_) {
       asleep = true;
       if (!tasks_.empty()) {
@@ -336,6 +330,12 @@ bool UcxWorker::turn(Clock::time_point& now, Clock::time_point& wake_at) {
   }
   has_active_.store(!active_.empty());
   return progressed;
+}
+
+bool UcxWorker::unpark_locked() {
+  if (!parked_ || drivers_ > 0 || unpark_now_) return false;
+  unpark_now_ = true;
+  return true;
 }
 
 bool UcxWorker::park_while_driven() {

@@ -162,6 +162,9 @@ class UcxWorker {
   // The progress thread: while Drivers run the turns, and for kDriverLinger after the last
   // one left, waits (unless work is posted or left active). Whether it waited.
   bool park_while_driven();
+  // With mu_ held: a parked progress thread that no Driver holds parked takes over now.
+  // Whether it must be notified (unparked_).
+  bool unpark_locked();
   Status set_am_handlers();
   template <UcxAmId kId>
   static ucs_status_t on_am(void* arg, const void* header, size_t header_length, void* data,
