@@ -116,7 +116,11 @@ bool MemoryMap::readable(uint64_t addr, uint64_t length) const {
 }
 
 Status copy_to_own_memory(std::span<const iovec> targets, const void* source, size_t bytes) {
-  const pid_t self = ::getpid();
+  return copy_to_own_memory(::getpid(), targets, source, bytes);
+}
+
+Status copy_to_own_memory(pid_t self, std::span<const iovec> targets, const void* source,
+                          size_t bytes) {
   const auto* from = static_cast<const char*>(source);
   size_t done = 0;
   size_t first = 0;  // the target being filled, and how much of it is

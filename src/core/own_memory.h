@@ -17,6 +17,7 @@
 // Thread-safety: the functions are stateless; a MemoryMap is an immutable value.
 #pragma once
 
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include <cstddef>
@@ -55,6 +56,11 @@ class MemoryMap {
 // unmapped or read-only target byte ends the copy with InvalidArgument naming its address;
 // the bytes before it may have landed.
 Status copy_to_own_memory(std::span<const iovec> targets, const void* source, size_t bytes);
+// The same, given this process's id (`self`, what ::getpid() returns), for a thread that copies
+// often: it reads the id once, since a thread never changes process, and saves the getpid
+// system call per copy (glibc does not cache the id).
+Status copy_to_own_memory(pid_t self, std::span<const iovec> targets, const void* source,
+                          size_t bytes);
 
 // Copies [source, source + bytes) into `destination` (memory this process knows is mapped and
 // writable). An unmapped source byte is InvalidArgument naming its address.

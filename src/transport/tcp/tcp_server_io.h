@@ -302,7 +302,7 @@ struct TcpServer::IoThread {
   // frame's next entries too) in one system call; returns how many bytes it consumed. A
   // target that faults refuses the request (refuse_unmapped_target): the bytes count as
   // drained.
-  static size_t land_buffered(Conn& c, size_t buffered);
+  size_t land_buffered(Conn& c, size_t buffered) const;
 
   // This thread's lander for `device`, created on first need.
   Result<TcpDeviceLander*> lander_for(int device);
@@ -341,6 +341,9 @@ struct TcpServer::IoThread {
   static bool flush(Conn& c);
 
   const TcpServerOptions& options_;
+  // This process, where the thread lands bytes (copy_to_own_memory): read once, since the
+  // thread never changes process (a fork copies only the thread that forks).
+  const pid_t pid_ = ::getpid();
   RegionSource regions_;
   std::shared_ptr<TcpDeviceReadService> reads_;  // answers READs of device memory
   Fd epoll_;

@@ -106,7 +106,7 @@ void TcpServer::IoThread::refuse_unmapped_target(Conn& c, const Status& fault) {
   c.in = InState::kDrain;
 }
 
-size_t TcpServer::IoThread::land_buffered(Conn& c, size_t buffered) {
+size_t TcpServer::IoThread::land_buffered(Conn& c, size_t buffered) const {
   // Filled up to the count passed: not zeroed per copy.
   // NOLINTNEXTLINE(cppcoreguidelines-pro-type-member-init)
   std::array<iovec, kMaxReceiveEntries> targets;
@@ -118,7 +118,8 @@ size_t TcpServer::IoThread::land_buffered(Conn& c, size_t buffered) {
   } else {
     bytes = gather_vec_targets(c, std::min<uint64_t>(buffered, c.remaining), targets.data(), count);
   }
-  Status landed = copy_to_own_memory({targets.data(), count}, c.input.get() + c.in_pos, bytes);
+  Status landed =
+      copy_to_own_memory(pid_, {targets.data(), count}, c.input.get() + c.in_pos, bytes);
   if (!landed.ok()) refuse_unmapped_target(c, landed);
   return bytes;
 }
