@@ -182,10 +182,9 @@ void UcxWorker::post_here(std::function<void()> fn) {
     std::lock_guard lock(mu_);
     tasks_.push_back(std::move(fn));
   }
-  Clock::time_point wake_at;
   // Not run here: the thread in a turn takes it in its next one, or (the progress thread)
   // sees it before it sleeps; a Driver that leaves first hands it on (~Driver).
-  if (try_turn(wake_at)) after_turn_elsewhere(wake_at);
+  poll_here();
 }
 
 Status UcxWorker::call(const std::function<Status()>& fn) {
