@@ -19,6 +19,7 @@
 #include "core/pattern.h"
 #include "serve_client.h"
 #include "test_support.h"
+#include "transport/ucx/ucx_am_wire.h"
 
 namespace kvferry {
 namespace {
@@ -128,6 +129,62 @@ TEST_F(UcxTwoProcess, TenThousandSmallOpsWriteAndReadArriveIntact) {
     const auto at = static_cast<ptrdiff_t>(i * kStride);
     ASSERT_TRUE(std::equal(dst.begin() + at, dst.begin() + at + kOpBytes, expected.begin() + at))
         << "slot " << i;
+  }
+}
+
+// Payloads up to kUcxAmEagerMaxBytes are sent eager (UCX assembles their fragments), larger
+// ones by rendezvous (into the worker's landing buffers): ops of sizes on both sides of the
+// limit, and odd ones, land whole and in their own places, written and read back.
+TEST_F(UcxTwoProcess, OpsOnBothSidesOfTheEagerLimitArriveIntactBothWays) {
+  constexpr uint64_t kLimit = detail::kUcxAmEagerMaxBytes;
+  const std::vector<uint64_t> sizes = {1,      4093,       (64 << 10) + 3, kLimit - 1,
+                                       kLimit, kLimit + 1, 2 * kLimit + 7};
+  constexpr uint64_t kStride = 4 * detail::kUcxAmEagerMaxBytes;  // no two ops merge
+  const uint64_t bytes = sizes.size() * kStride;
+  ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, bytes));
+  auto engine = initiator();
+  PeerHandle handle = open_ucx(*engine, peer.endpoint);
+  std::vector<std::byte> src(bytes);
+  fill_pattern(src, 61);
+  ASSERT_TRUE(engine->register_memory(src.data(), bytes).ok());
+  ASSERT_EQ(ask(peer, fmt::format("fill 62 0 {}", bytes)), "ok");
+  std::vector<TransferOp> ops;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ops.push_back({OpKind::kWrite, reinterpret_cast<uint64_t>(src.data()) + i * kStride,
+                   peer.addr + i * kStride, sizes[i]});
+  }
+  ASSERT_TRUE(engine->transfer_sync(handle, ops).ok());
+  // The peer's whole region, read back in one op: the written ranges hold the source's
+  // bytes, the rest the peer's own.
+  std::vector<std::byte> back(bytes);
+  ASSERT_TRUE(engine->register_memory(back.data(), bytes).ok());
+  TransferOp whole{OpKind::kRead, reinterpret_cast<uint64_t>(back.data()), peer.addr, bytes};
+  ASSERT_TRUE(engine->transfer_sync(handle, {&whole, 1}).ok());
+  std::vector<std::byte> expected(bytes);
+  fill_pattern(expected, 62);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto at = static_cast<ptrdiff_t>(i * kStride);
+    std::copy_n(src.begin() + at, sizes[i], expected.begin() + at);
+  }
+  ASSERT_EQ(checksum(back), checksum(expected));
+  // READs of the same sizes (each reply eager or by rendezvous as its size says) into a
+  // zeroed buffer: each lands whole, and nothing around it is touched.
+  std::vector<std::byte> dst(bytes, std::byte{0});
+  ASSERT_TRUE(engine->register_memory(dst.data(), bytes).ok());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ops[i] = {OpKind::kRead, reinterpret_cast<uint64_t>(dst.data()) + i * kStride,
+              peer.addr + i * kStride, sizes[i]};
+  }
+  ASSERT_TRUE(engine->transfer_sync(handle, ops).ok());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const auto at = static_cast<ptrdiff_t>(i * kStride);
+    EXPECT_TRUE(std::equal(dst.begin() + at, dst.begin() + at + static_cast<ptrdiff_t>(sizes[i]),
+                           expected.begin() + at))
+        << "op of " << sizes[i] << " bytes";
+    EXPECT_TRUE(std::all_of(dst.begin() + at + static_cast<ptrdiff_t>(sizes[i]),
+                            dst.begin() + at + static_cast<ptrdiff_t>(kStride),
+                            [](std::byte b) { return b == std::byte{0}; }))
+        << "bytes past the op of " << sizes[i] << " bytes";
   }
 }
 

@@ -112,7 +112,9 @@ void UcxWorker::send_am(ucp_ep_h ep, UcxAmId id, const UcxAmHeader& h, UcxAmPin 
   send->header = encode_ucx_am_header(h);
   send->pin = std::move(pin);
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  param.flags = ucx_am_payload_flags(bytes);
   param.cb.send = &UcxWorker::on_am_sent;
   param.user_data = send.get();
   const void* payload = bytes != 0 ? send->pin.ptr : nullptr;

@@ -344,7 +344,7 @@ bool UcxChannel::post_am_chunks(UcxJob& job) {
         UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
     param.cb.send = &UcxChannel::on_am_chunk_sent;
     param.user_data = &chunk;
-    param.flags = UCP_AM_SEND_FLAG_REPLY;
+    param.flags = UCP_AM_SEND_FLAG_REPLY | ucx_am_payload_flags(write ? bytes : 0);
     ucs_status_ptr_t request = ucp_am_send_nbx(
         ep_, static_cast<unsigned>(write ? UcxAmId::kWrite : UcxAmId::kRead), chunk.header.data(),
         chunk.header.size(), write ? chunk.local : nullptr, write ? bytes : 0, &param);
