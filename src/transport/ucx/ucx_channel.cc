@@ -72,6 +72,10 @@ Status UcxChannel::ensure_endpoint() {
   params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
   params.address = reinterpret_cast<const ucp_address_t*>(peer_address_.data());
+  // Peer-failure handling: a dead peer fails its requests. Over tcp it costs rendezvous its
+  // zero-copy lanes (UCX selects none whose memory cannot be invalidated), which is why
+  // payloads up to kUcxAmEagerMaxBytes go eager; without it, a sender killed mid-rendezvous
+  // left the target's receive and landing buffer pending for good.
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &UcxChannel::on_endpoint_error;
   params.err_handler.arg = this;
