@@ -63,9 +63,6 @@ inline constexpr uint64_t kUcxMaxAmWriteBytes = 8ull << 20;
 // eager payload is assembled in a buffer UCX allocates for it, where a rendezvous one lands
 // in the worker's reused landing buffers.
 inline constexpr uint64_t kUcxAmEagerMaxBytes = 1ull << 20;
-constexpr bool ucx_am_payload_goes_eager(uint64_t payload_bytes) {
-  return payload_bytes != 0 && payload_bytes <= kUcxAmEagerMaxBytes;
-}
 
 struct UcxAmHeader {
   uint64_t request_id = 0;

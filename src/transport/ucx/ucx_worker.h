@@ -221,7 +221,7 @@ std::string ucx_status_text(ucs_status_t status);
 
 // The send flags for `payload_bytes` of active-message data: eager up to kUcxAmEagerMaxBytes.
 inline uint32_t ucx_am_payload_flags(uint64_t payload_bytes) {
-  return ucx_am_payload_goes_eager(payload_bytes) ? UCP_AM_SEND_FLAG_EAGER : 0;
+  return payload_bytes != 0 && payload_bytes <= kUcxAmEagerMaxBytes ? UCP_AM_SEND_FLAG_EAGER : 0;
 }
 
 }  // namespace kvferry::detail
