@@ -141,13 +141,15 @@ inline bool wait_for_any_address_port(std::chrono::milliseconds limit = std::chr
 
 // What sits in the kernel's queues of `pid`'s TCP connections (listeners left out), from
 // /proc/<pid>/net/tcp and tcp6, matched to the process's own sockets by inode; only those
-// bound to `local_port` unless it is 0. `unread`: received, not yet read by the process;
-// `unsent`: written by it, not yet taken by the other side.
+// bound to `local_port` unless it is 0, and with `local_ipv4` (network order; IPv4 only) to
+// that address too: a client bound to another address may get the same port number.
+// `unread`: received, not yet read by the process; `unsent`: written by it, not yet taken by
+// the other side.
 struct TcpQueues {
   uint64_t unread = 0;
   uint64_t unsent = 0;
 };
-inline TcpQueues tcp_queues(pid_t pid, uint16_t local_port = 0) {
+inline TcpQueues tcp_queues(pid_t pid, uint16_t local_port = 0, in_addr_t local_ipv4 = INADDR_ANY) {
   const std::string proc = "/proc/" + std::to_string(pid);
   std::vector<uint64_t> inodes;
   std::error_code ec;
@@ -174,8 +176,13 @@ inline TcpQueues tcp_queues(pid_t pid, uint16_t local_port = 0) {
           !std::binary_search(inodes.begin(), inodes.end(), inode)) {
         continue;  // not this process's, or a listener (whose queue counts connections)
       }
-      const auto port = std::stoul(local.substr(local.rfind(':') + 1), nullptr, 16);
+      const size_t port_at = local.rfind(':');
+      const auto port = std::stoul(local.substr(port_at + 1), nullptr, 16);
       if (local_port != 0 && port != local_port) continue;
+      if (local_ipv4 != INADDR_ANY &&
+          (port_at != 8 || std::stoul(local.substr(0, port_at), nullptr, 16) != local_ipv4)) {
+        continue;  // another address, or an IPv6 one
+      }
       out.unsent += std::stoull(queues.substr(0, colon), nullptr, 16);
       out.unread += std::stoull(queues.substr(colon + 1), nullptr, 16);
     }
