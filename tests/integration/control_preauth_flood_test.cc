@@ -289,12 +289,11 @@ TEST(ControlPortPreAuthFlood, FramesOfExactlyTheCapHeldOpenCostAtMostTheCapEach)
   greedy.pump(payload, Clock::now() + kFloodDeadline);
   EXPECT_EQ(greedy.refused(), 0u);  // each is within the cap: held, not refused
   EXPECT_EQ(greedy.most_sent(), payload.size());
-  // Until the prefill has read what it was sent: nothing unread on its control port, nothing
-  // of the clients' unacknowledged. (Not every socket of this process: the prefill's
-  // heartbeats to the clients, which never read, wait for delayed acknowledgements, so some
-  // are always in flight once the connections are a few seconds old.)
-  // The prefill's side only: a client (bound to 127.0.0.2 and up) may have drawn the control
-  // port's number as its own, and holds the challenge and heartbeats it never reads.
+  // Until the prefill has read what it was sent: nothing unread on its side of the control
+  // port, nothing of the clients' unacknowledged. Not every socket of this process: the
+  // prefill's heartbeats to the clients, which never read, wait for delayed acknowledgements
+  // (some are always in flight once the connections are a few seconds old), and a client,
+  // bound to 127.0.0.2 and up, may have drawn the control port's number as its own.
   in_addr_t control_address = INADDR_ANY;
   ASSERT_EQ(::inet_pton(AF_INET, endpoint.host.c_str(), &control_address), 1) << endpoint.host;
   uint64_t unread = 0;

@@ -139,7 +139,7 @@ TEST_F(UcxTwoProcess, OpsOnBothSidesOfTheEagerLimitArriveIntactBothWays) {
   constexpr uint64_t kLimit = detail::kUcxAmEagerMaxBytes;
   const std::vector<uint64_t> sizes = {1,      4093,       (64 << 10) + 3, kLimit - 1,
                                        kLimit, kLimit + 1, 2 * kLimit + 7};
-  constexpr uint64_t kStride = 4 * detail::kUcxAmEagerMaxBytes;  // no two ops merge
+  constexpr uint64_t kStride = 4 * kLimit;  // no two ops merge
   const uint64_t bytes = sizes.size() * kStride;
   ServePeer peer = must(start_serve_peer(KVFERRY_CLI_PATH, bytes));
   auto engine = initiator();
