@@ -162,13 +162,15 @@ ucs_status_t UcxWorker::serve_write(const UcxAmHeader& h, void* data, size_t len
     if (pin.ok() && !rndv && length != 0) std::memcpy(pin->ptr, data, length);
   }
   if (!pin.ok()) return refuse(pin.status());
+  // Let go of the region before the ack: once it is in, the initiator's caller may have the
+  // region unregistered, which a pin still held here would refuse.
+  pin->release();
   if (!rndv) {
     send_am(reply_ep, UcxAmId::kWriteAck, ack, UcxAmPin(), 0);
     return UCS_OK;
   }
   // Checked now so a refused write costs no transfer; checked again, and pinned only for the
   // copy, once every byte is in (finish_write).
-  pin->release();
   auto receive = std::make_unique<AmReceive>();
   receive->worker = this;
   receive->id = UcxAmId::kWrite;
