@@ -94,6 +94,18 @@ for b in blocks:
 json.dump(rows, open(f"{out}/engine-tcp.json", "w"), indent=1)
 PY
 
+# Mooncake Transfer Engine, when its benchmark is at hand (MOONCAKE_BENCH=path of its
+# transfer_engine_bench, built from Mooncake's source: docs/PERFORMANCE.md, "Mooncake"): one
+# thread, single ops and batches of 128, tcp with the connection pool on, in the same turns as
+# kvferry, the plain socket and iperf3.
+if [ -n "${MOONCAKE_BENCH:-}" ]; then
+  echo "== engine: tcp against Mooncake Transfer Engine's tcp in the same turns"
+  build/kvferry bench engine --transports tcp --op write,read --threads 1 \
+    --block-bytes 4096,65536,1048576 --ops 1,128 --min-time-ms 1500 \
+    --iperf3 "$(command -v iperf3)" --iperf3-port "$iperf_port" --mooncake "$MOONCAKE_BENCH" \
+    --json "$out/engine-tcp-mooncake.json" | tee "$out/engine-tcp-mooncake.txt"
+fi
+
 # Single small ops, one thread: the latency distribution (p50, p99, p99.9) against the plain
 # round trip of the same run, quiet and with 1 and 2 busy processes beside the contestants.
 echo "== engine: single small ops over tcp, quiet and under load"

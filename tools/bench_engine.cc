@@ -17,7 +17,9 @@
 // and voluntary context switches (wake-ups) per batch, of both processes together, for both
 // contestants. With --iperf3, tcp and ucx cells (the socket-referenced ones) also race iperf3
 // (single stream on loopback, its default 128 KiB writes and -l 1M) in the same turns, its figures
-// from its own reports (iperf3_reference.h): the external reference of the same window.
+// from its own reports (iperf3_reference.h): the external reference of the same window. With
+// --mooncake, tcp cells also race Mooncake Transfer Engine's own benchmark over its tcp transport
+// (connection pool on), its figures from its own reports (mooncake_reference.h).
 //
 // Method: the engine and its references (memcpy on 1 thread and on `threads` threads, the
 // bare call likewise; or the plain stream) take turns in one window, not one after another:
@@ -67,6 +69,7 @@
 #include "host_buffer.h"
 #include "iperf3_reference.h"
 #include "kvferry/transfer_engine.h"
+#include "mooncake_reference.h"
 #include "progress.h"
 #include "serve_client.h"
 #include "socket_stream.h"
@@ -134,6 +137,7 @@ struct EngineBenchArgs {
   int rounds = 5;
   std::string iperf3;  // the iperf3 binary: races it in tcp and ucx cells ("" = not)
   unsigned iperf3_port = 9160;
+  std::string mooncake;     // Mooncake's transfer_engine_bench: races it in tcp cells ("" = not)
   int load = 0;             // busy processes beside the contestants (CpuLoad)
   double mark_slow_us = 0;  // SlowOpMarker's threshold (0: off)
 };
@@ -265,6 +269,9 @@ struct Row {
   // tcp and ucx with --iperf3 (0 elsewhere): iperf3 in the same turns, its default 128 KiB writes
   // and -l 1M: GB/s and CPU-s/GB from its own reports.
   double iperf3_gbps = 0, iperf3_cpu_s_per_gb = 0, iperf3_1m_gbps = 0, iperf3_1m_cpu_s_per_gb = 0;
+  // tcp with --mooncake (0 elsewhere): Mooncake's benchmark in the same turns, from its own
+  // reports: GB/s, and its mean time per batch (it reports no distribution).
+  double mooncake_gbps = 0, mooncake_mean_us = 0;
 };
 
 // One contiguous piece of a copy: n bytes from src to dst.
@@ -627,6 +634,16 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
                 });
               }
             }
+            // Mooncake in the same turns (--mooncake, tcp cells): one target for the cell.
+            std::unique_ptr<MooncakeContestant> mooncake;
+            if (stream && transport == TransportKind::kTcp && !args.mooncake.empty()) {
+              KVF_ASSIGN_OR_RETURN(
+                  mooncake, MooncakeContestant::start(args.mooncake, {op_name, block, n, threads}));
+              contestants.push_back([&failure, &measuring, c = mooncake.get()] {
+                failure = c->run(measuring);
+                return failure.ok();
+              });
+            }
             if (transport == TransportKind::kCma) {
               bare.emplace(pool, serve->process.pid(), ops, threads);
               bare_one = contestants.size();
@@ -704,6 +721,10 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
               row.iperf3_1m_gbps = iperf3_runs[1]->tally().gbps();
               row.iperf3_1m_cpu_s_per_gb = iperf3_runs[1]->tally().cpu_s_per_gb();
             }
+            if (mooncake) {
+              row.mooncake_gbps = mooncake->gbps();
+              row.mooncake_mean_us = mooncake->mean_us();
+            }
             if (bare) {
               const LatencySampler& bare_lat = samples[faster(samples, bare_one, bare_all)];
               row.bare_gbps = bytes / bare_lat.mean_ns();
@@ -739,6 +760,11 @@ Status run_grid(const EngineBenchArgs& args, std::vector<Row>& rows) {
                   "{:.2f} cpu {:.2f} s/GB",
                   row.iperf3_gbps, row.gbps / row.iperf3_gbps, row.iperf3_cpu_s_per_gb,
                   row.iperf3_1m_gbps, row.gbps / row.iperf3_1m_gbps, row.iperf3_1m_cpu_s_per_gb);
+            }
+            if (row.mooncake_gbps > 0) {
+              line += fmt::format("  mooncake {:.2f} GB/s ratio {:.2f} mean {:.1f} us",
+                                  row.mooncake_gbps, row.gbps / row.mooncake_gbps,
+                                  row.mooncake_mean_us);
             }
             if (bare) {
               line += fmt::format("  bare call {:8.2f} GB/s p50 {:9.1f} us  ratio/bare {:5.2f}",
@@ -796,6 +822,10 @@ void add_bench_engine_command(CLI::App& bench) {
       "loopback, default writes and -l 1M; figures from its own reports)");
   cmd->add_option("--iperf3-port", args->iperf3_port, "port of the iperf3 server (--iperf3)")
       ->check(CLI::Range(1u, 65535u));
+  cmd->add_option("--mooncake", args->mooncake,
+                  "path of Mooncake's transfer_engine_bench (built from Mooncake's source): tcp "
+                  "cells also race it in the same turns (tcp transport, connection pool on, one "
+                  "initiator run of 1 s per turn; figures from its own reports)");
   cmd->add_option("--mark-slow-us", args->mark_slow_us,
                   "write a line to the kernel's trace_marker for each engine op slower than "
                   "this, with its start (CLOCK_MONOTONIC), to read beside a scheduler trace "
@@ -852,6 +882,8 @@ void add_bench_engine_command(CLI::App& bench) {
                        {"iperf3_gbps", r.iperf3_gbps},
                        {"iperf3_cpu_s_per_gb", r.iperf3_cpu_s_per_gb},
                        {"iperf3_1m_gbps", r.iperf3_1m_gbps},
+                       {"mooncake_gbps", r.mooncake_gbps},
+                       {"mooncake_mean_us", r.mooncake_mean_us},
                        {"iperf3_1m_cpu_s_per_gb", r.iperf3_1m_cpu_s_per_gb}});
       }
       write_json(args->json_path, out);
