@@ -102,20 +102,13 @@ class Iperf3Server {
         binary_, "-c", "127.0.0.1", "-p", std::to_string(port_), "-n", std::to_string(bytes), "-J"};
     if (length != 0) argv.insert(argv.end(), {"-l", std::to_string(length)});
     KVF_ASSIGN_OR_RETURN(ChildProcess client, ChildProcess::spawn(argv));
-    std::string text;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    for (;;) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      auto line = client.read_line(std::max(left, std::chrono::milliseconds(1)));
-      if (line.ok()) {
-        text += *line + "\n";
-        continue;
-      }
-      if (line.status().code() == StatusCode::kPeerDisconnected) break;  // it has finished
+    auto lines = client.read_to_end(std::chrono::seconds(60));
+    if (!lines.ok()) {
       client.kill_now();
       return Internal("bench engine: iperf3 client did not finish in 60 s");
     }
+    std::string text;
+    for (const std::string& line : *lines) text += line + "\n";
     KVF_ASSIGN_OR_RETURN(int exit_code, client.finish(std::chrono::seconds(5)));
     KVF_ASSIGN_OR_RETURN(Iperf3Window w, parse_iperf3_report(text));
     if (exit_code != 0) return Internal(fmt::format("iperf3 client exited with {}", exit_code));

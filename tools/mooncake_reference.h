@@ -106,32 +106,25 @@ class MooncakeContestant {
   // One initiator run; counted once `measuring` is set (after the interleaved warm-up).
   Status run(bool measuring) {
     std::vector<std::string> argv = common_argv(binary_, cell_);
-    argv.insert(argv.end(),
-                {"--mode=initiator", "--segment_id=127.0.0.1:" + std::to_string(port_),
-                 "--operation=" + cell_.op, fmt::format("--block_size={}", cell_.block),
-                 fmt::format("--batch_size={}", cell_.ops),
-                 fmt::format("--threads={}", cell_.threads), "--duration=1"});
+    argv.insert(argv.end(), {"--mode=initiator", "--segment_id=127.0.0.1:" + std::to_string(port_),
+                             "--operation=" + cell_.op, fmt::format("--block_size={}", cell_.block),
+                             fmt::format("--batch_size={}", cell_.ops),
+                             fmt::format("--threads={}", cell_.threads), "--duration=1"});
     KVF_ASSIGN_OR_RETURN(ChildProcess initiator, ChildProcess::spawn(argv));
-    std::optional<MooncakeWindow> window;
-    std::string last;
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    for (;;) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      auto line = initiator.read_line(std::max(left, std::chrono::milliseconds(1)));
-      if (line.ok()) {
-        last = *line;
-        if (auto w = parse_mooncake_report(*line); w.ok()) window = *w;
-        continue;
-      }
-      if (line.status().code() == StatusCode::kPeerDisconnected) break;  // it has finished
+    auto lines = initiator.read_to_end(std::chrono::seconds(60));
+    if (!lines.ok()) {
       initiator.kill_now();
       return Internal("bench engine: Mooncake's initiator did not finish in 60 s");
     }
+    std::optional<MooncakeWindow> window;
+    for (const std::string& line : *lines) {
+      if (auto w = parse_mooncake_report(line); w.ok()) window = *w;
+    }
     KVF_ASSIGN_OR_RETURN(int exit_code, initiator.finish(std::chrono::seconds(5)));
     if (!window || exit_code != 0) {
-      return Internal(fmt::format("bench engine: Mooncake's initiator exited with {} (last line: '{}')",
-                                  exit_code, last.substr(0, 200)));
+      return Internal(
+          fmt::format("bench engine: Mooncake's initiator exited with {} (last line: '{}')",
+                      exit_code, lines->empty() ? std::string() : lines->back().substr(0, 200)));
     }
     if (measuring) {
       total_.batches += window->batches;
@@ -152,7 +145,10 @@ class MooncakeContestant {
 
  private:
   MooncakeContestant(std::string binary, MooncakeCell cell, unsigned port, ChildProcess target)
-      : binary_(std::move(binary)), cell_(std::move(cell)), port_(port), target_(std::move(target)) {}
+      : binary_(std::move(binary)),
+        cell_(std::move(cell)),
+        port_(port),
+        target_(std::move(target)) {}
 
   // Through sh, to set the pool switch (Mooncake reads it from the environment) and to read
   // glog's stderr on the pipe: "$0" "$@" keep the path and flags as given.

@@ -7,8 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <thread>
+#include <utility>
 
 #include "core/net.h"
 
@@ -80,6 +82,22 @@ Result<std::string> ChildProcess::read_line(std::chrono::milliseconds timeout) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return PeerDisconnected("child " + std::to_string(pid_) + " closed its output");
     buffered_.append(buf, static_cast<size_t>(n));
+  }
+}
+
+Result<std::vector<std::string>> ChildProcess::read_to_end(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  std::vector<std::string> lines;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    auto line = read_line(std::max(left, std::chrono::milliseconds(0)));
+    if (line.ok()) {
+      lines.push_back(std::move(*line));
+      continue;
+    }
+    if (line.status().code() != StatusCode::kPeerDisconnected) return line.status();
+    if (!buffered_.empty()) lines.push_back(std::exchange(buffered_, {}));
+    return lines;
   }
 }
 

@@ -34,6 +34,9 @@ class ChildProcess {
   // Reads one line from the child's stdout (without the newline). Timeout or
   // PeerDisconnected (the child closed stdout).
   Result<std::string> read_line(std::chrono::milliseconds timeout);
+  // Reads lines until the child closes its stdout (a last line without a newline included).
+  // Timeout if it has not closed it within `timeout`.
+  Result<std::vector<std::string>> read_to_end(std::chrono::milliseconds timeout);
   // send_line then read_line.
   Result<std::string> ask(const std::string& line, std::chrono::milliseconds timeout);
   void kill_now();  // SIGKILL and reap

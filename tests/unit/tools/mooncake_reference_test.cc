@@ -30,8 +30,9 @@ TEST(MooncakeReport, GivesBatchesAndSecondsFromTheClosingLine) {
 }
 
 TEST(MooncakeReport, RejectsOtherLinesAndAZeroDuration) {
-  for (const char* line : {"E20261207 transfer_metadata.cpp:1050] Local segment descriptor not found",
-                           "Test completed: duration 0.00, batch count 3, throughput 0 GB/s", ""}) {
+  for (const char* line :
+       {"E20261207 transfer_metadata.cpp:1050] Local segment descriptor not found",
+        "Test completed: duration 0.00, batch count 3, throughput 0 GB/s", ""}) {
     EXPECT_FALSE(parse_mooncake_report(line).ok()) << line;
   }
 }
@@ -52,20 +53,22 @@ class StandIn {
     char dir_template[] = "/tmp/kvferry-mooncake-XXXXXX";
     dir_ = ::mkdtemp(dir_template);
     path_ = dir_ + "/transfer_engine_bench";
-    std::ofstream(path_) << "#!/bin/sh\n"
-                         << "case \" $* \" in\n"
-                         << "  *' --mode=target '*) " << target_body << " ;;\n"
-                         << "esac\n"
-                         << "[ \"$MC_TCP_ENABLE_CONNECTION_POOL\" = 1 ] || exit 3\n"
-                         << "for f in --mode=initiator --protocol=tcp --metadata_server=P2PHANDSHAKE "
-                            "--segment_id=127.0.0.1:15021 --operation=write --block_size=65536 "
-                            "--batch_size=128 --threads=1 --duration=1 --buffer_size=8388608; do\n"
-                         << "  case \" $* \" in *\" $f \"*) ;; *) echo \"missing $f\"; exit 3;; esac\n"
-                         << "done\n"
-                         << "echo 'E20261207 transfer_metadata.cpp:1050] Local segment descriptor "
-                            "not found' >&2\n"
-                         << "echo 'I20261207 transfer_engine_bench.cpp:569] " << "Test completed: "
-                         << "duration 0.50, batch count 250, throughput 4.19 GB/s' >&2\n";
+    std::ofstream(path_)
+        << "#!/bin/sh\n"
+        << "case \" $* \" in\n"
+        << "  *' --mode=target '*) " << target_body << " ;;\n"
+        << "esac\n"
+        << "[ \"$MC_TCP_ENABLE_CONNECTION_POOL\" = 1 ] || exit 3\n"
+        << "for f in --mode=initiator --protocol=tcp --metadata_server=P2PHANDSHAKE "
+           "--segment_id=127.0.0.1:15021 --operation=write --block_size=65536 "
+           "--batch_size=128 --threads=1 --duration=1 --buffer_size=8388608; do\n"
+        << "  case \" $* \" in *\" $f \"*) ;; *) echo \"missing $f\"; exit 3;; esac\n"
+        << "done\n"
+        << "echo 'E20261207 transfer_metadata.cpp:1050] Local segment descriptor "
+           "not found' >&2\n"
+        << "echo 'I20261207 transfer_engine_bench.cpp:569] "
+        << "Test completed: "
+        << "duration 0.50, batch count 250, throughput 4.19 GB/s' >&2\n";
     ::chmod(path_.c_str(), 0755);
   }
   ~StandIn() {
@@ -108,7 +111,8 @@ TEST(MooncakeContestant, ATargetThatExitsIsAnError) {
   StandIn bench("echo 'bind failed' >&2; exit 1");
   auto c = MooncakeContestant::start(bench.path(), kCell);
   ASSERT_FALSE(c.ok());
-  EXPECT_NE(c.status().to_string().find("bind failed"), std::string::npos) << c.status().to_string();
+  EXPECT_NE(c.status().to_string().find("bind failed"), std::string::npos)
+      << c.status().to_string();
 }
 
 TEST(MooncakeContestant, AnInitiatorWithoutItsReportIsAnErrorNamingItsLastLine) {
