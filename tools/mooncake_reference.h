@@ -12,12 +12,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/child_process.h"
@@ -34,24 +36,29 @@ struct MooncakeWindow {
 // transfer_engine_bench.cpp:569] Test completed: duration 5.00, batch count 574, throughput
 // 0.96 GB/s". InvalidArgument when `line` is not that line.
 inline Result<MooncakeWindow> parse_mooncake_report(const std::string& line) {
-  static const std::regex kDone(R"(Test completed: duration ([0-9.]+), batch count ([0-9]+))");
-  std::smatch m;
-  if (!std::regex_search(line, m, kDone)) {
+  constexpr std::string_view kDone = "Test completed: duration ";
+  const size_t at = line.find(kDone);
+  MooncakeWindow w;
+  if (at == std::string::npos || std::sscanf(line.c_str() + at + kDone.size(),
+                                             "%lf, batch count %lf", &w.seconds, &w.batches) != 2) {
     return InvalidArgument("not a transfer_engine_bench report: " + line.substr(0, 200));
   }
-  MooncakeWindow w{std::stod(m[2].str()), std::stod(m[1].str())};
-  if (w.seconds <= 0) return Internal("transfer_engine_bench reported duration " + m[1].str());
+  if (w.seconds <= 0) {
+    return Internal(fmt::format("transfer_engine_bench reported duration {}", w.seconds));
+  }
   return w;
 }
 
 // The port a target listens on, from its log line "... listening on 127.0.0.1:PORT"; 0 if the
 // line has none.
 inline unsigned mooncake_target_port(const std::string& line) {
-  static const std::regex kListening(R"(listening on 127\.0\.0\.1:([0-9]{1,5}))");
-  std::smatch m;
-  if (!std::regex_search(line, m, kListening)) return 0;
-  const unsigned long port = std::stoul(m[1].str());
-  return port <= 65535 ? static_cast<unsigned>(port) : 0;
+  constexpr std::string_view kListening = "listening on 127.0.0.1:";
+  const size_t at = line.find(kListening);
+  if (at == std::string::npos) return 0;
+  const char* digits = line.c_str() + at + kListening.size();
+  unsigned port = 0;
+  const auto [end, ec] = std::from_chars(digits, line.c_str() + line.size(), port);
+  return ec == std::errc() && end != digits && port <= 65535 ? port : 0;
 }
 
 // What a cell asks of Mooncake.
