@@ -51,7 +51,9 @@ class StandIn {
  public:
   explicit StandIn(const std::string& target_body) {
     char dir_template[] = "/tmp/kvferry-mooncake-XXXXXX";
-    dir_ = ::mkdtemp(dir_template);
+    const char* dir = ::mkdtemp(dir_template);
+    EXPECT_NE(dir, nullptr) << "mkdtemp";
+    dir_ = dir != nullptr ? dir : "/nonexistent";
     path_ = dir_ + "/transfer_engine_bench";
     std::ofstream(path_)
         << "#!/bin/sh\n"
@@ -66,9 +68,8 @@ class StandIn {
         << "done\n"
         << "echo 'E20261207 transfer_metadata.cpp:1050] Local segment descriptor "
            "not found' >&2\n"
-        << "echo 'I20261207 transfer_engine_bench.cpp:569] "
-        << "Test completed: "
-        << "duration 0.50, batch count 250, throughput 4.19 GB/s' >&2\n";
+        << "echo 'I20261207 transfer_engine_bench.cpp:569] Test completed: duration 0.50, "
+           "batch count 250, throughput 4.19 GB/s' >&2\n";
     ::chmod(path_.c_str(), 0755);
   }
   ~StandIn() {
